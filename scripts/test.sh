@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The project's test command (README and CI run exactly this):
+# services, formatting, lints, then the unit and integration tests.
+# The integration tests need RabbitMQ (with a working rabbitmqctl) and PostgreSQL; they
+# create and drop their own vhosts and databases. Extra arguments go to `cargo test`,
+# e.g. scripts/test.sh cascade
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# rustup puts cargo in ~/.cargo/bin; non-login shells (CI, sudo) often miss it.
+if ! command -v cargo >/dev/null 2>&1 && [[ -x ${HOME:-/nonexistent}/.cargo/bin/cargo ]]; then
+    PATH=$HOME/.cargo/bin:$PATH
+fi
+
+export RUST_BACKTRACE=1
+export RUST_LOG=${RUST_LOG:-warn}
+
+START=$SECONDS
+section() { printf '\n==== [%4ds] %s\n' "$((SECONDS - START))" "$*"; }
+
+section "services: scripts/ensure-services.sh"
+scripts/ensure-services.sh
+
+section "format: cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+section "lint: cargo clippy --locked --all-targets -- -D warnings"
+cargo clippy --locked --all-targets -- -D warnings
+
+section "test: cargo test --locked $*"
+cargo test --locked "$@"
+
+section "all checks passed"

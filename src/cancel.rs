@@ -1,0 +1,370 @@
+//! Cancelling due orders, exactly once in effect, in batches.
+//!
+//! Due messages from the consumer are gathered into batches (whatever is
+//! waiting, up to `batch_max`; more pile up while all `batch_concurrency`
+//! batches are busy, so load makes batches bigger, not slower). Per batch:
+//!
+//! 1. [`Store::cancel_due`]: one statement flips every UNPAID, overdue
+//!    order to CANCELLED and records its outbox row;
+//! 2. for every order cancelled now or earlier with outbox work pending:
+//!    `ReleaseStock` (idempotent by order id) and the `order.cancelled`
+//!    event, concurrently across orders;
+//! 3. the outbox rows are marked done;
+//! 4. the deliveries are acked, last.
+//!
+//! A crash between any two steps redelivers the message, and the redelivery
+//! finds the order CANCELLED with its outbox row still pending and finishes
+//! the work: the inventory server's idempotency key makes the second
+//! release a no-op. Paid orders never match the UPDATE.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::Retryable;
+use chrono::Utc;
+use futures_util::{StreamExt, stream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::task::TaskTracker;
+
+use crate::config::UnknownOrderPolicy;
+use crate::consumer::{Context, Job, park};
+use crate::message::OrderId;
+use crate::metrics::Outcome;
+use crate::publisher::CancelledEvent;
+use crate::store::{Cancellation, OrderState};
+
+/// How often a batch re-asks about orders another transaction was changing
+/// at the same moment, before treating it as a transient failure.
+const CONTENDED_ROUNDS: u32 = 5;
+
+/// The batcher: runs until every sender of `due` is gone (the consumer has
+/// stopped and no held message is still waiting).
+pub async fn run(
+    ctx: Arc<Context>,
+    mut due: mpsc::Receiver<Job>,
+    resend: mpsc::WeakSender<Job>,
+    tracker: TaskTracker,
+) {
+    let slots = Arc::new(Semaphore::new(ctx.settings.batch_concurrency.max(1)));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = due.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < ctx.settings.batch_max {
+            match due.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let ctx = ctx.clone();
+        let resend = resend.clone();
+        let tracker2 = tracker.clone();
+        tracker.spawn(async move {
+            process_batch(&ctx, batch, &resend, &tracker2).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Jobs of one batch grouped by order (duplicates of one order travel
+/// together and are settled together).
+type ByOrder = HashMap<OrderId, Vec<Job>>;
+
+#[tracing::instrument(skip_all, fields(messages = jobs.len()))]
+async fn process_batch(
+    ctx: &Arc<Context>,
+    jobs: Vec<Job>,
+    resend: &mpsc::WeakSender<Job>,
+    tracker: &TaskTracker,
+) {
+    let mut by_order: ByOrder = HashMap::new();
+    for job in jobs {
+        by_order
+            .entry(job.order_id().clone())
+            .or_default()
+            .push(job);
+    }
+
+    let mut ids: Vec<OrderId> = by_order.keys().cloned().collect();
+    let mut to_finish = Vec::new();
+    for round in 0..=CONTENDED_ROUNDS {
+        if ids.is_empty() {
+            break;
+        }
+        if round == CONTENDED_ROUNDS {
+            for id in ids.drain(..) {
+                let jobs = by_order.remove(&id).unwrap_or_default();
+                settle_failed(
+                    ctx,
+                    jobs,
+                    "order row kept changing under us".into(),
+                    resend,
+                    tracker,
+                );
+            }
+            break;
+        }
+        if round > 0 {
+            tokio::time::sleep(Duration::from_millis(10 * u64::from(round))).await;
+        }
+        let states = match ctx
+            .store
+            .cancel_due(&ids, &ctx.settings.cancel_reason)
+            .await
+        {
+            Ok(states) => states,
+            Err(e) => {
+                let error = e.to_string();
+                for (_, jobs) in by_order.drain() {
+                    settle_failed(ctx, jobs, error.clone(), resend, tracker);
+                }
+                return;
+            }
+        };
+        ids.clear();
+        for (id, state) in states {
+            let Some(jobs) = by_order.remove(&id) else {
+                continue;
+            };
+            match state {
+                OrderState::Contended => {
+                    ids.push(id.clone());
+                    by_order.insert(id, jobs);
+                }
+                OrderState::Cancelled(c) => to_finish.push((id, c, jobs)),
+                other => settle(ctx, id, other, jobs, resend, tracker).await,
+            }
+        }
+    }
+    finish(ctx, to_finish, resend, tracker).await;
+}
+
+/// Settles orders that need no outbox work.
+async fn settle(
+    ctx: &Arc<Context>,
+    id: OrderId,
+    state: OrderState,
+    jobs: Vec<Job>,
+    resend: &mpsc::WeakSender<Job>,
+    tracker: &TaskTracker,
+) {
+    match state {
+        OrderState::Paid => ack_all(ctx, jobs, Outcome::AlreadyPaid).await,
+        OrderState::CancelledElsewhere => ack_all(ctx, jobs, Outcome::AlreadyCancelled).await,
+        OrderState::NotYetDue { expires_at, db_now } => {
+            // The row's deadline is later than the message's (extended, or a
+            // bare order id): wait for the row's deadline. One message is
+            // enough; duplicates are dropped.
+            tracing::debug!(order_id = %id, %expires_at, "not due yet; re-scheduling for the row's deadline");
+            let mut jobs = jobs.into_iter();
+            let first = jobs.next();
+            ack_all(ctx, jobs.collect(), Outcome::Rescheduled).await;
+            if let Some(job) = first {
+                let Some(due) = resend.upgrade() else {
+                    return job.requeue().await;
+                };
+                let ctx = ctx.clone();
+                tracker.spawn(async move {
+                    let attempts = job.attempts.clone();
+                    job.wait_until(
+                        &ctx,
+                        expires_at,
+                        db_now,
+                        attempts,
+                        Outcome::Rescheduled,
+                        &due,
+                    )
+                    .await;
+                });
+            }
+        }
+        OrderState::Unknown => {
+            for job in jobs {
+                match ctx.settings.unknown_order {
+                    UnknownOrderPolicy::Park => {
+                        let error =
+                            format!("unknown order: no row in orders with id {:?}", id.as_str());
+                        let attempts = job.attempts.failed(Utc::now(), error.clone());
+                        park(
+                            ctx,
+                            job.delivery,
+                            error,
+                            "unknown_order",
+                            Some(id.clone()),
+                            attempts,
+                        )
+                        .await;
+                    }
+                    UnknownOrderPolicy::Drop => {
+                        tracing::warn!(order_id = %id, "unknown order; dropped by configuration");
+                        job.ack(ctx, Outcome::Dropped).await;
+                    }
+                }
+            }
+        }
+        OrderState::Contended | OrderState::Cancelled(_) => {
+            unreachable!("handled by process_batch")
+        }
+    }
+}
+
+async fn ack_all(ctx: &Context, jobs: Vec<Job>, outcome: Outcome) {
+    for job in jobs {
+        job.ack(ctx, outcome).await;
+    }
+}
+
+/// A transient failure for an order: the first message is retried with
+/// backoff (its own task: a hold must not block the batch), duplicates are
+/// acked since one retry is enough.
+fn settle_failed(
+    ctx: &Arc<Context>,
+    jobs: Vec<Job>,
+    error: String,
+    resend: &mpsc::WeakSender<Job>,
+    tracker: &TaskTracker,
+) {
+    let ctx = ctx.clone();
+    let resend = resend.clone();
+    tracker.spawn(async move {
+        let mut jobs = jobs.into_iter();
+        let Some(first) = jobs.next() else { return };
+        match resend.upgrade() {
+            Some(due) => first.fail(&ctx, error, &due).await,
+            None => first.requeue().await,
+        }
+        ack_all(&ctx, jobs.collect(), Outcome::AlreadyCancelled).await;
+    });
+}
+
+/// Steps 2–4 for cancelled orders: release stock, publish the event, mark
+/// the outbox, ack.
+#[tracing::instrument(skip_all, fields(orders = orders.len()))]
+async fn finish(
+    ctx: &Arc<Context>,
+    orders: Vec<(OrderId, Cancellation, Vec<Job>)>,
+    resend: &mpsc::WeakSender<Job>,
+    tracker: &TaskTracker,
+) {
+    if orders.is_empty() {
+        return;
+    }
+    let need_items: Vec<&OrderId> = orders
+        .iter()
+        .filter(|(_, c, _)| c.release_pending)
+        .map(|(id, _, _)| id)
+        .collect();
+    let items = if need_items.is_empty() {
+        HashMap::new()
+    } else {
+        match ctx.store.items(&need_items).await {
+            Ok(items) => items,
+            Err(e) => {
+                let error = e.to_string();
+                for (_, _, jobs) in orders {
+                    settle_failed(ctx, jobs, error.clone(), resend, tracker);
+                }
+                return;
+            }
+        }
+    };
+
+    let items = &items;
+    let done: Vec<Finished> = stream::iter(orders)
+        .map(|(id, c, jobs)| async move {
+            let mut errors = Vec::new();
+            let mut released = false;
+            if c.release_pending {
+                let order_items = items.get(id.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+                let call = || ctx.inventory.release(id.as_str(), order_items);
+                match call.retry(ctx.retry.quick_backoff()).await {
+                    Ok(first_time) => {
+                        released = true;
+                        if !first_time {
+                            tracing::info!(order_id = %id, "stock was already released (a retried release)");
+                        }
+                    }
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+            let mut published = false;
+            if c.event_pending {
+                let event = CancelledEvent {
+                    order_id: id.as_str().to_owned(),
+                    expires_at: c.expires_at,
+                    cancelled_at: c.cancelled_at,
+                    lateness_ms: (c.cancelled_at - c.expires_at).num_milliseconds(),
+                };
+                match ctx.publisher.cancelled(&event).await {
+                    Ok(()) => published = true,
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+            Finished {
+                id,
+                cancellation: c,
+                jobs,
+                released,
+                published,
+                errors,
+            }
+        })
+        .buffer_unordered(ctx.settings.inventory_concurrency.max(1))
+        .collect()
+        .await;
+
+    let released: Vec<&str> = done
+        .iter()
+        .filter(|f| f.released)
+        .map(|f| f.id.as_str())
+        .collect();
+    let published: Vec<&str> = done
+        .iter()
+        .filter(|f| f.published)
+        .map(|f| f.id.as_str())
+        .collect();
+    let marked = ctx.store.mark_done(&released, &published).await;
+    if let Err(e) = &marked {
+        tracing::warn!(error = %e, "cannot mark outbox rows done; the work will be redone (idempotently)");
+    }
+    for f in done {
+        let error = match &marked {
+            Err(e) => Some(e.to_string()),
+            Ok(()) if !f.errors.is_empty() => Some(f.errors.join("; ")),
+            Ok(()) => None,
+        };
+        match error {
+            Some(error) => settle_failed(ctx, f.jobs, error, resend, tracker),
+            None => {
+                let mut jobs = f.jobs.into_iter();
+                if let Some(first) = jobs.next() {
+                    if f.cancellation.just_now {
+                        tracing::info!(
+                            order_id = %f.id,
+                            lateness_ms = (f.cancellation.cancelled_at - f.cancellation.expires_at).num_milliseconds(),
+                            "cancelled unpaid order"
+                        );
+                        first.ack(ctx, Outcome::Cancelled).await;
+                    } else {
+                        first.ack(ctx, Outcome::AlreadyCancelled).await;
+                    }
+                }
+                ack_all(ctx, jobs.collect(), Outcome::AlreadyCancelled).await;
+            }
+        }
+    }
+}
+
+struct Finished {
+    id: OrderId,
+    cancellation: Cancellation,
+    jobs: Vec<Job>,
+    released: bool,
+    published: bool,
+    errors: Vec<String>,
+}

@@ -1,0 +1,27 @@
+//! order-timeout: cancels unpaid orders when their payment window runs out,
+//! on RabbitMQ fixed-TTL delay queues.
+//!
+//! Where to look:
+//! - [`topology`]: exchange/queue names and **the delay cascade**;
+//! - [`consumer`]: what happens to each message (hold, re-schedule, park);
+//! - [`cancel`] and [`store`]: **the cancel transaction**, outbox, stock release;
+//! - [`retry`]: **the retry policy**;
+//! - [`message`]: the accepted message formats;
+//! - [`startup`]: wiring and reconnects; [`cli`]: the commands.
+
+pub mod cancel;
+pub mod cli;
+pub mod config;
+pub mod consumer;
+pub mod demo;
+pub mod inventory;
+pub mod message;
+pub mod metrics;
+pub mod publisher;
+pub mod retry;
+pub mod shop;
+pub mod shutdown;
+pub mod startup;
+pub mod store;
+pub mod telemetry;
+pub mod topology;

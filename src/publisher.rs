@@ -1,0 +1,263 @@
+//! Publishing with publisher confirms: every message this service sends
+//! (a re-schedule into the delay cascade, a parked failure, an
+//! `order.cancelled` event, a timeout from the CLI) is confirmed by the
+//! broker before the caller moves on, so nothing is acked upstream that was
+//! not safely handed over.
+
+use chrono::{DateTime, Utc};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection};
+use serde::Serialize;
+
+use crate::message::{OrderId, TimeoutRequest, format_instant};
+use crate::retry::Attempts;
+use crate::topology::{
+    CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, PARKED_QUEUE, SCHEDULE_ROUTING_KEY,
+    cascade_route,
+};
+
+/// Header: the deadline (Unix epoch milliseconds) a re-scheduled message
+/// waits for. It overrides the body's deadline, which stays as the order
+/// service sent it (e.g. after the order row's deadline was extended).
+pub const H_DEADLINE_MS: &str = "x-deadline-ms";
+/// Header on parked messages: a short machine-readable reason.
+pub const H_ERROR_KIND: &str = "x-error-kind";
+/// Header on parked messages: the order id, when the body had one.
+pub const H_ORDER_ID: &str = "x-order-id";
+/// Header on parked messages: the queue the message was consumed from.
+pub const H_SOURCE_QUEUE: &str = "x-source-queue";
+/// Header on parked messages: the exchange it was last published to.
+pub const H_SOURCE_EXCHANGE: &str = "x-source-exchange";
+/// Header on parked messages: the routing key it was last published with.
+pub const H_SOURCE_ROUTING_KEY: &str = "x-source-routing-key";
+/// Header on parked messages: when it was parked (RFC 3339).
+pub const H_PARKED_AT: &str = "x-parked-at";
+
+/// Errors publishing a message.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// The channel or connection failed.
+    #[error("publishing to {exchange:?} with key {routing_key:?}: {source}")]
+    Amqp {
+        exchange: String,
+        routing_key: String,
+        source: lapin::Error,
+    },
+    /// The broker refused the message (nack), e.g. a full queue.
+    #[error("broker refused the message (nack) on {exchange:?} with key {routing_key:?}")]
+    Nacked {
+        exchange: String,
+        routing_key: String,
+    },
+    /// A mandatory message matched no queue: the topology is missing.
+    #[error(
+        "message to {exchange:?} with key {routing_key:?} was unroutable (is the topology declared?)"
+    )]
+    Unroutable {
+        exchange: String,
+        routing_key: String,
+    },
+}
+
+/// Why and where a message is parked; written as headers beside the
+/// original body.
+#[derive(Clone, Debug)]
+pub struct ParkInfo {
+    /// Human-readable reason (`x-error`).
+    pub error: String,
+    /// Short label (`x-error-kind`), e.g. `not_json`, `unknown_order`.
+    pub kind: String,
+    /// Order id if the body had a valid one.
+    pub order_id: Option<OrderId>,
+    /// Failure history including this failure.
+    pub attempts: Attempts,
+    /// Queue it was consumed from.
+    pub source_queue: String,
+    /// Exchange and routing key it arrived with.
+    pub source_exchange: String,
+    /// See `source_exchange`.
+    pub source_routing_key: String,
+}
+
+/// The `order.cancelled` event body.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct CancelledEvent {
+    /// The cancelled order.
+    pub order_id: String,
+    /// The deadline it was cancelled for (`orders.expires_at`).
+    pub expires_at: DateTime<Utc>,
+    /// When the cancellation committed.
+    pub cancelled_at: DateTime<Utc>,
+    /// `cancelled_at - expires_at`, in milliseconds.
+    pub lateness_ms: i64,
+}
+
+/// A confirm-mode channel. Cheap to clone; clones share the channel.
+#[derive(Clone)]
+pub struct Publisher {
+    channel: Channel,
+}
+
+impl Publisher {
+    /// Opens a channel on `connection` and puts it in confirm mode.
+    pub async fn new(connection: &Connection) -> Result<Self, lapin::Error> {
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Self { channel })
+    }
+
+    /// The underlying channel (for declarations).
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// Publishes one persistent message and waits for the broker's confirm.
+    pub async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        mandatory: bool,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), PublishError> {
+        let amqp = |source| PublishError::Amqp {
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+            source,
+        };
+        let confirm = self
+            .channel
+            .basic_publish(
+                ShortString::from(exchange),
+                ShortString::from(routing_key),
+                BasicPublishOptions {
+                    mandatory,
+                    ..Default::default()
+                },
+                body,
+                properties.with_delivery_mode(2),
+            )
+            .await
+            .map_err(amqp)?
+            .await
+            .map_err(amqp)?;
+        if confirm.is_nack() {
+            return Err(PublishError::Nacked {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            });
+        }
+        if confirm.take_message().is_some() {
+            return Err(PublishError::Unroutable {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes a timeout the way the order service does: to the entry
+    /// exchange with routing key `schedule`.
+    #[tracing::instrument(skip(self), fields(order_id = %request.order_id))]
+    pub async fn schedule(&self, request: &TimeoutRequest) -> Result<(), PublishError> {
+        self.publish(
+            ENTRY_EXCHANGE,
+            SCHEDULE_ROUTING_KEY,
+            true,
+            &request.to_json(),
+            json_properties(FieldTable::default()),
+        )
+        .await
+    }
+
+    /// Sends `body` through the delay cascade so it comes back to the
+    /// consumer at `deadline` rounded down to the second (the consumer holds
+    /// the sub-second rest). Returns the number of cascade hops.
+    #[tracing::instrument(skip(self, body, attempts), fields(attempts = attempts.count))]
+    pub async fn delay(
+        &self,
+        body: &[u8],
+        order_id: &OrderId,
+        deadline: DateTime<Utc>,
+        now: DateTime<Utc>,
+        attempts: &Attempts,
+    ) -> Result<u32, PublishError> {
+        let secs = (deadline - now).num_milliseconds().max(0) as u64 / 1000;
+        let route = cascade_route(secs);
+        let mut headers = FieldTable::default();
+        headers.insert(
+            H_DEADLINE_MS.into(),
+            AMQPValue::LongLongInt(deadline.timestamp_millis()),
+        );
+        attempts.write(&mut headers);
+        self.publish(
+            &route.exchange,
+            &route.routing_key,
+            true,
+            body,
+            json_properties(headers),
+        )
+        .await?;
+        Ok(route.hops)
+    }
+
+    /// Parks a message: original body, headers saying why.
+    #[tracing::instrument(skip(self, body, info), fields(kind = %info.kind, order_id = ?info.order_id))]
+    pub async fn park(&self, body: &[u8], info: &ParkInfo) -> Result<(), PublishError> {
+        let mut headers = FieldTable::default();
+        info.attempts.write(&mut headers);
+        let mut text = |k: &str, v: &str| {
+            headers.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
+        };
+        text(crate::retry::H_ERROR, &info.error);
+        text(H_ERROR_KIND, &info.kind);
+        text(H_SOURCE_QUEUE, &info.source_queue);
+        text(H_SOURCE_EXCHANGE, &info.source_exchange);
+        text(H_SOURCE_ROUTING_KEY, &info.source_routing_key);
+        text(H_PARKED_AT, &format_instant(Utc::now()));
+        if let Some(id) = &info.order_id {
+            text(H_ORDER_ID, id.as_str());
+        }
+        headers.insert(
+            crate::retry::H_ATTEMPTS.into(),
+            AMQPValue::LongLongInt(info.attempts.count.into()),
+        );
+        self.publish(
+            "",
+            PARKED_QUEUE,
+            true,
+            body,
+            BasicProperties::default().with_headers(headers),
+        )
+        .await
+    }
+
+    /// Publishes `order.cancelled`.
+    #[tracing::instrument(skip(self, event), fields(order_id = %event.order_id))]
+    pub async fn cancelled(&self, event: &CancelledEvent) -> Result<(), PublishError> {
+        let body = serde_json::to_vec(event).expect("event serializes");
+        self.publish(
+            EVENTS_EXCHANGE,
+            CANCELLED_ROUTING_KEY,
+            false,
+            &body,
+            json_properties(FieldTable::default()).with_message_id(event.order_id.as_str().into()),
+        )
+        .await
+    }
+}
+
+fn json_properties(headers: FieldTable) -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_headers(headers)
+}
+
+/// The deadline header of a re-scheduled message, if present.
+pub fn deadline_header(headers: Option<&FieldTable>) -> Option<DateTime<Utc>> {
+    let ms = crate::retry::header_int(headers?.inner().get(H_DEADLINE_MS)?)?;
+    DateTime::from_timestamp_millis(ms)
+}

@@ -1,0 +1,336 @@
+//! The broker topology, and the **delay cascade** at its heart.
+//!
+//! RabbitMQ dead-letters expired messages only from the head of a queue, so a
+//! queue with a different TTL per message makes short timeouts wait behind
+//! long ones. Here every delay queue has one fixed TTL, so queue order is
+//! expiry order:
+//!
+//! ```text
+//! order-timeout (direct) --"schedule"--> order-timeout.due  <-- order-timeout.ready (fanout)
+//!                                              |  consumer                ^
+//!                                              v  (delay = d s)           |
+//! order-timeout.delay.K (topic) ... bit K of d set -> queue .delay.K (TTL 2^K s) --DLX--+
+//!         | bit K clear                                 dead-letters into exchange K-1 |
+//!         v                                                                              |
+//! order-timeout.delay.K-1 ... -> order-timeout.delay.0 -- bit 0 clear ------------------+
+//! ```
+//!
+//! A message's routing key spells the bits of its delay in seconds, most
+//! significant first (`0.0.1.0.1…`, [`LEVELS`] words). At each level's topic
+//! exchange, the message goes into the level's queue if its bit is set, or
+//! falls through (exchange-to-exchange binding) to the next lower level if
+//! not. When the queue's TTL runs out the message dead-letters into the next
+//! lower level's exchange with the same routing key, and after level 0 into
+//! `order-timeout.ready`, which feeds the consumer's queue. The broker does
+//! every hop; a 30-minute delay (`11100001000` in binary) makes 4 hops.
+
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, ExchangeKind};
+
+use crate::config::QueueType;
+
+/// Entry exchange the order service publishes timeouts to (direct, durable).
+pub const ENTRY_EXCHANGE: &str = "order-timeout";
+/// Routing key of a timeout message on [`ENTRY_EXCHANGE`].
+pub const SCHEDULE_ROUTING_KEY: &str = "schedule";
+/// The consumer's queue: fresh timeouts and messages leaving the cascade.
+pub const DUE_QUEUE: &str = "order-timeout.due";
+/// Exit of the cascade (fanout into [`DUE_QUEUE`]).
+pub const READY_EXCHANGE: &str = "order-timeout.ready";
+/// Failure queue: messages that cannot be processed, with their reason.
+pub const PARKED_QUEUE: &str = "order-timeout.parked";
+/// Topic exchange for `order.cancelled` events.
+pub const EVENTS_EXCHANGE: &str = "order-timeout.events";
+/// Routing key of the cancellation event.
+pub const CANCELLED_ROUTING_KEY: &str = "order.cancelled";
+/// Number of cascade levels: level k delays 2^k seconds, so 28 levels reach
+/// 2^28 - 1 s, about 8.5 years. Longer delays are clamped and simply go
+/// round again.
+pub const LEVELS: u32 = 28;
+/// The longest delay one pass through the cascade can express, in seconds.
+pub const MAX_CASCADE_SECS: u64 = (1 << LEVELS) - 1;
+
+/// Name of cascade level `k`'s exchange and queue (they share it).
+pub fn level_name(k: u32) -> String {
+    format!("order-timeout.delay.{k:02}")
+}
+
+/// Where to publish a message that must wait `delay_secs` whole seconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CascadeRoute {
+    /// Exchange of the highest set bit: the first level that holds it.
+    pub exchange: String,
+    /// The delay's bits, most significant first, one word per level.
+    pub routing_key: String,
+    /// Number of delay queues the message passes through.
+    pub hops: u32,
+}
+
+/// Routes a delay of `delay_secs` (≥ 1; clamped to [`MAX_CASCADE_SECS`]).
+pub fn cascade_route(delay_secs: u64) -> CascadeRoute {
+    let d = delay_secs.clamp(1, MAX_CASCADE_SECS);
+    let routing_key = (0..LEVELS)
+        .rev()
+        .map(|k| if d >> k & 1 == 1 { "1" } else { "0" })
+        .collect::<Vec<_>>()
+        .join(".");
+    let top = 63 - d.leading_zeros();
+    CascadeRoute {
+        exchange: level_name(top),
+        routing_key,
+        hops: d.count_ones(),
+    }
+}
+
+/// Topic pattern matching messages whose bit `k` is `bit`.
+fn bit_pattern(k: u32, bit: char) -> String {
+    let mut p = "*.".repeat((LEVELS - 1 - k) as usize);
+    p.push(bit);
+    p.push_str(".#");
+    p
+}
+
+/// Errors declaring the topology.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// The broker refused a declaration, usually because an object of that
+    /// name exists with other arguments (e.g. classic vs quorum).
+    #[error(
+        "declaring {what}: {source} (does an object of that name exist with other arguments, e.g. classic vs quorum?)"
+    )]
+    Declare { what: String, source: lapin::Error },
+}
+
+fn queue_args(queue_type: QueueType, ttl_ms: Option<u64>, dlx: Option<&str>) -> FieldTable {
+    let mut args = FieldTable::default();
+    let mut put = |k: &str, v: AMQPValue| {
+        args.insert(ShortString::from(k), v);
+    };
+    let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+    match queue_type {
+        QueueType::Quorum => {
+            put("x-queue-type", text("quorum"));
+            if dlx.is_some() {
+                // Dead-letter at least once: the message leaves this level only
+                // after the next level has confirmed it. Requires reject-publish.
+                put("x-dead-letter-strategy", text("at-least-once"));
+                put("x-overflow", text("reject-publish"));
+            }
+        }
+        QueueType::Classic => {
+            put("x-queue-type", text("classic"));
+        }
+    }
+    if let Some(ttl) = ttl_ms {
+        put("x-message-ttl", AMQPValue::LongLongInt(ttl as i64));
+    }
+    if let Some(dlx) = dlx {
+        put("x-dead-letter-exchange", text(dlx));
+    }
+    args
+}
+
+/// One queue as the service expects it; also used by `topology` checks.
+#[derive(Clone, Debug)]
+pub struct QueueSpec {
+    /// Queue name.
+    pub name: String,
+    /// Declaration arguments.
+    pub args: FieldTable,
+}
+
+/// Every queue the service declares, with its arguments.
+pub fn queue_specs(queue_type: QueueType) -> Vec<QueueSpec> {
+    let mut specs = vec![
+        QueueSpec {
+            name: DUE_QUEUE.into(),
+            args: queue_args(queue_type, None, None),
+        },
+        QueueSpec {
+            name: PARKED_QUEUE.into(),
+            args: queue_args(queue_type, None, None),
+        },
+    ];
+    for k in 0..LEVELS {
+        let dlx = if k == 0 {
+            READY_EXCHANGE.to_string()
+        } else {
+            level_name(k - 1)
+        };
+        specs.push(QueueSpec {
+            name: level_name(k),
+            args: queue_args(queue_type, Some(1000u64 << k), Some(&dlx)),
+        });
+    }
+    specs
+}
+
+async fn declare_exchange(
+    channel: &Channel,
+    name: &str,
+    kind: ExchangeKind,
+) -> Result<(), TopologyError> {
+    channel
+        .exchange_declare(
+            name.into(),
+            kind,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|source| TopologyError::Declare {
+            what: format!("exchange {name}"),
+            source,
+        })
+}
+
+/// Declares every exchange, queue and binding. Idempotent: safe to run on
+/// every start and from several replicas at once.
+#[tracing::instrument(skip(channel))]
+pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), TopologyError> {
+    declare_exchange(channel, ENTRY_EXCHANGE, ExchangeKind::Direct).await?;
+    declare_exchange(channel, READY_EXCHANGE, ExchangeKind::Fanout).await?;
+    declare_exchange(channel, EVENTS_EXCHANGE, ExchangeKind::Topic).await?;
+    for k in 0..LEVELS {
+        declare_exchange(channel, &level_name(k), ExchangeKind::Topic).await?;
+    }
+    for spec in queue_specs(queue_type) {
+        channel
+            .queue_declare(
+                spec.name.as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                spec.args,
+            )
+            .await
+            .map_err(|source| TopologyError::Declare {
+                what: format!("queue {}", spec.name),
+                source,
+            })?;
+    }
+    let bind_queue = |queue: String, exchange: String, key: String| async move {
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|source| TopologyError::Declare {
+                what: format!("binding {exchange} -> {queue} ({key})"),
+                source,
+            })
+    };
+    bind_queue(
+        DUE_QUEUE.into(),
+        ENTRY_EXCHANGE.into(),
+        SCHEDULE_ROUTING_KEY.into(),
+    )
+    .await?;
+    bind_queue(DUE_QUEUE.into(), READY_EXCHANGE.into(), String::new()).await?;
+    for k in 0..LEVELS {
+        bind_queue(level_name(k), level_name(k), bit_pattern(k, '1')).await?;
+        let below = if k == 0 {
+            READY_EXCHANGE.to_string()
+        } else {
+            level_name(k - 1)
+        };
+        let key = bit_pattern(k, '0');
+        channel
+            .exchange_bind(
+                below.as_str().into(),
+                level_name(k).as_str().into(),
+                key.as_str().into(),
+                ExchangeBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|source| TopologyError::Declare {
+                what: format!("binding {} -> {below} ({key})", level_name(k)),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_the_bits_of_the_delay() {
+        let r = cascade_route(1800);
+        assert_eq!(r.hops, 4, "a 30-minute timeout makes 4 hops");
+        assert_eq!(r.exchange, "order-timeout.delay.10");
+        let words: Vec<&str> = r.routing_key.split('.').collect();
+        assert_eq!(words.len(), LEVELS as usize);
+        let set: Vec<u32> = (0..LEVELS)
+            .filter(|k| words[(LEVELS - 1 - k) as usize] == "1")
+            .collect();
+        assert_eq!(set, vec![3, 8, 9, 10]);
+
+        let r = cascade_route(1);
+        assert_eq!((r.exchange.as_str(), r.hops), ("order-timeout.delay.00", 1));
+        assert!(r.routing_key.ends_with(".0.1"));
+        assert_eq!(cascade_route(0), cascade_route(1), "0 is clamped up to 1");
+        let r = cascade_route(u64::MAX);
+        assert_eq!(
+            (r.exchange.as_str(), r.hops),
+            ("order-timeout.delay.27", LEVELS)
+        );
+    }
+
+    #[test]
+    fn patterns_select_exactly_one_bit() {
+        // Check the topic pattern semantics by hand: `*` one word, `#` any.
+        fn matches(pattern: &str, key: &str) -> bool {
+            let p: Vec<&str> = pattern.split('.').collect();
+            let k: Vec<&str> = key.split('.').collect();
+            assert_eq!(p.last(), Some(&"#"));
+            let fixed = &p[..p.len() - 1];
+            k.len() >= fixed.len() && fixed.iter().zip(&k).all(|(p, k)| *p == "*" || p == k)
+        }
+        for d in [1u64, 2, 3, 5, 8, 15, 1800, 86_400 * 30] {
+            let key = cascade_route(d).routing_key;
+            for k in 0..LEVELS {
+                let set = d >> k & 1 == 1;
+                assert_eq!(matches(&bit_pattern(k, '1'), &key), set, "d={d} k={k}");
+                assert_eq!(matches(&bit_pattern(k, '0'), &key), !set, "d={d} k={k}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_has_a_fixed_ttl_and_dead_letters_one_level_down() {
+        let specs = queue_specs(QueueType::Quorum);
+        let level3 = specs.iter().find(|s| s.name == level_name(3)).unwrap();
+        let args = level3.args.inner();
+        assert_eq!(
+            args.get("x-message-ttl"),
+            Some(&AMQPValue::LongLongInt(8000))
+        );
+        assert_eq!(
+            args.get("x-dead-letter-exchange"),
+            Some(&AMQPValue::LongString(level_name(2).as_str().into()))
+        );
+        assert_eq!(
+            args.get("x-dead-letter-strategy"),
+            Some(&AMQPValue::LongString("at-least-once".into()))
+        );
+        let level0 = specs.iter().find(|s| s.name == level_name(0)).unwrap();
+        assert_eq!(
+            level0.args.inner().get("x-dead-letter-exchange"),
+            Some(&AMQPValue::LongString(READY_EXCHANGE.into()))
+        );
+    }
+}
