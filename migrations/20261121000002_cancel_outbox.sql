@@ -7,7 +7,12 @@ CREATE TABLE IF NOT EXISTS cancel_outbox (
     order_id           TEXT PRIMARY KEY REFERENCES orders (id) ON DELETE CASCADE,
     created_at         TIMESTAMPTZ NOT NULL DEFAULT now(),
     stock_released_at  TIMESTAMPTZ,
-    event_published_at TIMESTAMPTZ
+    event_published_at TIMESTAMPTZ,
+    -- Lease: the worker finishing this row's work. Another delivery for the
+    -- same order (a duplicate, another replica) waits for the lease instead
+    -- of calling the inventory concurrently; after a crash the lease runs
+    -- out and a redelivery takes over.
+    claimed_until      TIMESTAMPTZ
 );
 
 CREATE INDEX IF NOT EXISTS cancel_outbox_pending ON cancel_outbox (created_at)

@@ -114,7 +114,7 @@ async fn process_batch(
         }
         let states = match ctx
             .store
-            .cancel_due(&ids, &ctx.settings.cancel_reason)
+            .cancel_due(&ids, &ctx.settings.cancel_reason, ctx.settings.outbox_lease)
             .await
         {
             Ok(states) => states,
@@ -158,30 +158,37 @@ async fn settle(
         OrderState::CancelledElsewhere => ack_all(ctx, jobs, Outcome::AlreadyCancelled).await,
         OrderState::NotYetDue { expires_at, db_now } => {
             // The row's deadline is later than the message's (extended, or a
-            // bare order id): wait for the row's deadline. One message is
-            // enough; duplicates are dropped.
+            // bare order id): wait for the row's deadline.
             tracing::debug!(order_id = %id, %expires_at, "not due yet; re-scheduling for the row's deadline");
-            let mut jobs = jobs.into_iter();
-            let first = jobs.next();
-            ack_all(ctx, jobs.collect(), Outcome::Rescheduled).await;
-            if let Some(job) = first {
-                let Some(due) = resend.upgrade() else {
-                    return job.requeue().await;
-                };
-                let ctx = ctx.clone();
-                tracker.spawn(async move {
-                    let attempts = job.attempts.clone();
-                    job.wait_until(
-                        &ctx,
-                        expires_at,
-                        db_now,
-                        attempts,
-                        Outcome::Rescheduled,
-                        &due,
-                    )
-                    .await;
-                });
-            }
+            wait_again(
+                ctx,
+                jobs,
+                expires_at,
+                db_now,
+                Outcome::Rescheduled,
+                resend,
+                tracker,
+            )
+            .await;
+        }
+        OrderState::LeasedElsewhere { until, db_now } => {
+            // Another worker is finishing this order's release right now.
+            // It normally takes milliseconds: look again in a second, and
+            // keep looking until the lease runs out (the worker crashed) and
+            // this delivery can take over.
+            tracing::debug!(order_id = %id, %until, "release in progress elsewhere; checking again shortly");
+            let at = (until + chrono::Duration::milliseconds(100))
+                .min(db_now + chrono::Duration::seconds(1));
+            wait_again(
+                ctx,
+                jobs,
+                at,
+                db_now,
+                Outcome::AlreadyCancelled,
+                resend,
+                tracker,
+            )
+            .await;
         }
         OrderState::Unknown => {
             for job in jobs {
@@ -210,6 +217,34 @@ async fn settle(
         OrderState::Contended | OrderState::Cancelled(_) => {
             unreachable!("handled by process_batch")
         }
+    }
+}
+
+/// Sends one of an order's messages back toward `at` (on the database's
+/// clock, `db_now`); duplicates are acked with `duplicates` as their
+/// outcome, one message is enough.
+async fn wait_again(
+    ctx: &Arc<Context>,
+    jobs: Vec<Job>,
+    at: chrono::DateTime<Utc>,
+    db_now: chrono::DateTime<Utc>,
+    duplicates: Outcome,
+    resend: &mpsc::WeakSender<Job>,
+    tracker: &TaskTracker,
+) {
+    let mut jobs = jobs.into_iter();
+    let first = jobs.next();
+    ack_all(ctx, jobs.collect(), duplicates).await;
+    if let Some(job) = first {
+        let Some(due) = resend.upgrade() else {
+            return job.requeue().await;
+        };
+        let ctx = ctx.clone();
+        tracker.spawn(async move {
+            let attempts = job.attempts.clone();
+            job.wait_until(&ctx, at, db_now, attempts, Outcome::Rescheduled, &due)
+                .await;
+        });
     }
 }
 
@@ -332,6 +367,16 @@ async fn finish(
     if let Err(e) = &marked {
         tracing::warn!(error = %e, "cannot mark outbox rows done; the work will be redone (idempotently)");
     }
+    // Give back the leases of orders whose work failed, so their retries
+    // can take them at once.
+    let failed: Vec<&str> = done
+        .iter()
+        .filter(|f| f.cancellation.leased && (marked.is_err() || !f.errors.is_empty()))
+        .map(|f| f.id.as_str())
+        .collect();
+    if let Err(e) = ctx.store.release_leases(&failed).await {
+        tracing::warn!(error = %e, "cannot give back outbox leases; they will run out");
+    }
     for f in done {
         let error = match &marked {
             Err(e) => Some(e.to_string()),
@@ -344,7 +389,7 @@ async fn finish(
                 let mut jobs = f.jobs.into_iter();
                 if let Some(first) = jobs.next() {
                     if f.cancellation.just_now {
-                        tracing::info!(
+                        tracing::debug!(
                             order_id = %f.id,
                             lateness_ms = (f.cancellation.cancelled_at - f.cancellation.expires_at).num_milliseconds(),
                             "cancelled unpaid order"

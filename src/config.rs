@@ -122,6 +122,11 @@ pub struct Settings {
     pub inventory_timeout: Duration,
     /// Concurrent inventory calls per batch.
     pub inventory_concurrency: usize,
+    /// How long a worker owns a cancelled order's pending release before
+    /// another delivery may take it over (after a crash). Longer than one
+    /// release normally takes, inventory retries included.
+    #[serde(with = "humantime_serde")]
+    pub outbox_lease: Duration,
     /// Retry policy.
     pub retry: RetrySettings,
     /// What to do with messages for unknown orders.
@@ -149,6 +154,7 @@ impl Default for Settings {
             db_max_connections: 10,
             inventory_timeout: Duration::from_secs(5),
             inventory_concurrency: 64,
+            outbox_lease: Duration::from_secs(15),
             retry: RetrySettings::default(),
             unknown_order: UnknownOrderPolicy::Park,
             max_body_bytes: 64 * 1024,

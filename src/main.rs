@@ -6,8 +6,14 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    order_timeout::telemetry::init();
     let cli = order_timeout::cli::Cli::parse();
+    // The demo talks through its progress bar and summary; keep logs to
+    // warnings there unless RUST_LOG asks for more.
+    let default_filter = match cli.command {
+        order_timeout::cli::Command::Demo(_) => "warn",
+        _ => "info",
+    };
+    order_timeout::telemetry::init(default_filter);
     match order_timeout::cli::run(cli).await {
         Ok(code) => code,
         Err(e) => {

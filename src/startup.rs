@@ -101,6 +101,7 @@ async fn session(
     let publisher = Publisher::new(&conn).await?;
     topology::declare(publisher.channel(), settings.queue_type).await?;
     let consume_channel = conn.create_channel().await?;
+    let publish_channel = publisher.channel().clone();
     let ctx = Arc::new(Context {
         settings: settings.clone(),
         publisher,
@@ -110,7 +111,13 @@ async fn session(
         stats: stats.clone(),
     });
     let tracker = TaskTracker::new();
-    let result = consumer::run(ctx, consume_channel, shutdown.clone(), tracker.clone()).await;
+    let result = consumer::run(
+        ctx,
+        consume_channel.clone(),
+        shutdown.clone(),
+        tracker.clone(),
+    )
+    .await;
     tracker.close();
     if tokio::time::timeout(settings.shutdown_timeout, tracker.wait())
         .await
@@ -121,6 +128,9 @@ async fn session(
             "in-flight work did not finish in time; unacked messages return to the queue"
         );
     }
+    // Closing the consuming channel returns every unacked delivery to the queue.
+    let _ = consume_channel.close(200, "bye".into()).await;
+    let _ = publish_channel.close(200, "bye".into()).await;
     let _ = conn.close(200, "bye".into()).await;
     result?;
     Ok(())

@@ -55,6 +55,13 @@ pub enum OrderState {
     /// Cancelled by someone other than this service (no outbox row): nothing
     /// for us to release.
     CancelledElsewhere,
+    /// Cancelled, with outbox work pending that another worker has leased
+    /// until `until`: check again then (if that worker crashed, the lease
+    /// will have run out and this delivery takes over).
+    LeasedElsewhere {
+        until: DateTime<Utc>,
+        db_now: DateTime<Utc>,
+    },
 }
 
 /// A cancellation this service made, and what is still to do for it.
@@ -62,6 +69,9 @@ pub enum OrderState {
 pub struct Cancellation {
     /// True when the statement just now cancelled it.
     pub just_now: bool,
+    /// True when this caller holds the outbox lease (and so must finish the
+    /// pending work, or give the lease back with [`Store::release_leases`]).
+    pub leased: bool,
     /// The deadline it was cancelled for.
     pub expires_at: DateTime<Utc>,
     /// When it was cancelled.
@@ -103,6 +113,8 @@ struct StateRow {
     expires_at: Option<DateTime<Utc>>,
     cancelled_at: Option<DateTime<Utc>>,
     just_cancelled: bool,
+    leased: bool,
+    claimed_until: Option<DateTime<Utc>>,
     has_outbox: bool,
     stock_released: bool,
     event_published: bool,
@@ -160,13 +172,16 @@ impl Store {
     }
 
     /// **The cancel transaction**, for a batch of distinct order ids: cancel
-    /// every order that is UNPAID and overdue, record its outbox row, and
-    /// report every order's state. One statement, so it commits atomically.
+    /// every order that is UNPAID and overdue, record its outbox row leased
+    /// to the caller for `lease`, take the lease of earlier cancellations
+    /// whose work is pending and whose lease ran out, and report every
+    /// order's state. One statement, so it commits atomically.
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]
     pub async fn cancel_due(
         &self,
         ids: &[OrderId],
         reason: &str,
+        lease: std::time::Duration,
     ) -> Result<Vec<(OrderId, OrderState)>, StoreError> {
         let ids_text: Vec<&str> = ids.iter().map(OrderId::as_str).collect();
         let rows: Vec<StateRow> = sqlx::query_as(
@@ -177,15 +192,24 @@ impl Store {
                  WHERE id = ANY($1) AND status = 'UNPAID' AND expires_at <= now()
                 RETURNING id, expires_at, cancelled_at
             ), outbox AS (
-                INSERT INTO cancel_outbox (order_id, created_at)
-                SELECT id, cancelled_at FROM cancelled
+                INSERT INTO cancel_outbox (order_id, created_at, claimed_until)
+                SELECT id, cancelled_at, now() + $3 FROM cancelled
                 ON CONFLICT (order_id) DO NOTHING
+            ), leased AS (
+                UPDATE cancel_outbox
+                   SET claimed_until = now() + $3
+                 WHERE order_id = ANY($1)
+                   AND (stock_released_at IS NULL OR event_published_at IS NULL)
+                   AND (claimed_until IS NULL OR claimed_until <= now())
+                RETURNING order_id
             )
             SELECT req.id,
                    CASE WHEN c.id IS NOT NULL THEN 'CANCELLED' ELSE o.status END AS status,
                    coalesce(c.expires_at, o.expires_at) AS expires_at,
                    coalesce(c.cancelled_at, o.cancelled_at) AS cancelled_at,
                    c.id IS NOT NULL AS just_cancelled,
+                   (c.id IS NOT NULL OR l.order_id IS NOT NULL) AS leased,
+                   ob.claimed_until,
                    (c.id IS NOT NULL OR ob.order_id IS NOT NULL) AS has_outbox,
                    coalesce(ob.stock_released_at IS NOT NULL, false) AS stock_released,
                    coalesce(ob.event_published_at IS NOT NULL, false) AS event_published,
@@ -194,10 +218,12 @@ impl Store {
               LEFT JOIN orders o ON o.id = req.id
               LEFT JOIN cancelled c ON c.id = req.id
               LEFT JOIN cancel_outbox ob ON ob.order_id = req.id
+              LEFT JOIN leased l ON l.order_id = req.id
             "#,
         )
         .bind(&ids_text)
         .bind(reason)
+        .bind(lease)
         .fetch_all(&self.pool)
         .await?;
 
@@ -207,9 +233,20 @@ impl Store {
                 let state = match (r.status.as_deref(), r.expires_at) {
                     (None, _) | (_, None) => OrderState::Unknown,
                     (Some("PAID"), _) => OrderState::Paid,
+                    (Some("CANCELLED"), Some(_))
+                        if r.has_outbox
+                            && !r.leased
+                            && !(r.stock_released && r.event_published) =>
+                    {
+                        OrderState::LeasedElsewhere {
+                            until: r.claimed_until.unwrap_or(r.db_now),
+                            db_now: r.db_now,
+                        }
+                    }
                     (Some("CANCELLED"), Some(expires_at)) if r.has_outbox => {
                         OrderState::Cancelled(Cancellation {
                             just_now: r.just_cancelled,
+                            leased: r.leased,
                             expires_at,
                             cancelled_at: r.cancelled_at.unwrap_or(r.db_now),
                             release_pending: !r.stock_released,
@@ -251,6 +288,20 @@ impl Store {
                 .push(OrderItem { sku, quantity });
         }
         Ok(map)
+    }
+
+    /// Gives leases back early (after a failure), so the retry does not
+    /// wait for them to run out.
+    #[tracing::instrument(skip_all, fields(orders = ids.len()))]
+    pub async fn release_leases(&self, ids: &[&str]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query("UPDATE cancel_outbox SET claimed_until = NULL WHERE order_id = ANY($1)")
+            .bind(ids)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Marks outbox work done: stock released for `released`, event

@@ -1,0 +1,452 @@
+//! Test harness: every test gets its own RabbitMQ vhost and its own
+//! PostgreSQL database (migrated), a reference inventory server on a free
+//! port, and helpers to play the order service. Everything is removed when
+//! the [`TestEnv`] is dropped, also when the test fails.
+//!
+//! Needs a local RabbitMQ (`rabbitmqctl` creates the vhosts, as root) and
+//! PostgreSQL; `scripts/test.sh` makes sure both run. `AMQP_URL` and
+//! `DATABASE_URL` name the servers (their vhost / database part is replaced).
+
+#![allow(dead_code)]
+
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+use order_timeout::config::{self, Settings};
+use order_timeout::inventory::{InventoryClient, ReferenceInventory};
+use order_timeout::shop::{self, NewOrder};
+use order_timeout::shutdown::Shutdown;
+use order_timeout::startup::{self, RunningService};
+use order_timeout::store::{OrderItem, Store};
+use order_timeout::topology;
+use sqlx::PgPool;
+
+/// Initial stock of every SKU a test uses.
+pub const STOCK: i64 = 1_000;
+
+/// One test's isolated world.
+pub struct TestEnv {
+    /// Unique name of this test's vhost and database.
+    pub name: String,
+    /// Settings pointing at this test's vhost, database and inventory.
+    pub settings: Settings,
+    /// Pool on this test's database.
+    pub pool: PgPool,
+    /// Client of this test's inventory server.
+    pub inventory: InventoryClient,
+    /// A plain AMQP connection playing the order service / an observer.
+    pub amqp: Connection,
+    /// Confirm-mode channel on `amqp`.
+    pub channel: Channel,
+    stop_inventory: Shutdown,
+    base_db_url: String,
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn with_path(url: &str, path: &str) -> String {
+    let mut url = url::Url::parse(url).expect("valid URL");
+    url.set_path(path);
+    url.to_string()
+}
+
+impl TestEnv {
+    /// Creates the vhost and database, migrates, declares the topology and
+    /// starts the inventory server.
+    pub async fn new() -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let name = format!("ot_test_{}", uuid::Uuid::new_v4().simple());
+        let amqp_base =
+            std::env::var("AMQP_URL").unwrap_or_else(|_| config::DEFAULT_AMQP_URL.into());
+        let user = url::Url::parse(&amqp_base)
+            .ok()
+            .map(|u| u.username().to_owned())
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "guest".into());
+        run(Command::new("rabbitmqctl").args(["-q", "add_vhost", &name]));
+        run(Command::new("rabbitmqctl").args([
+            "-q",
+            "set_permissions",
+            "-p",
+            &name,
+            &user,
+            ".*",
+            ".*",
+            ".*",
+        ]));
+
+        let base_db_url =
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| config::DEFAULT_DATABASE_URL.into());
+        let database_url = with_path(&base_db_url, &name);
+        Store::migrate(&database_url)
+            .await
+            .expect("migrate test database");
+        let store = Store::connect_lazy(&database_url, 10).unwrap();
+        let pool = store.pool().clone();
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let inventory_url = format!("http://{}", listener.local_addr().unwrap());
+        let stop_inventory = Shutdown::new();
+        {
+            let stop = stop_inventory.clone();
+            tokio::spawn(
+                ReferenceInventory::new(pool.clone())
+                    .serve(listener, async move { stop.wait().await }),
+            );
+        }
+        let inventory =
+            InventoryClient::connect_lazy(&inventory_url, Duration::from_secs(5)).unwrap();
+
+        let mut settings = Settings {
+            amqp_url: with_path(&amqp_base, &format!("/{name}")),
+            database_url,
+            inventory_url,
+            ..Settings::default()
+        };
+        settings.shutdown_timeout = Duration::from_secs(10);
+        startup::declare_topology(&settings)
+            .await
+            .expect("declare topology");
+        let amqp = startup::connect_amqp(&settings.amqp_url, "test-client")
+            .await
+            .unwrap();
+        let channel = amqp.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        Self {
+            name,
+            settings,
+            pool,
+            inventory,
+            amqp,
+            channel,
+            stop_inventory,
+            base_db_url,
+        }
+    }
+
+    /// Starts an in-process service instance on this world.
+    pub fn service(&self) -> RunningService {
+        RunningService::spawn(self.settings.clone())
+    }
+
+    /// The SKU name `n` of this test.
+    pub fn sku(&self, n: usize) -> String {
+        format!("sku-{n}")
+    }
+
+    /// Stocks SKUs 0..n with [`STOCK`] each.
+    pub async fn stock_skus(&self, n: usize) {
+        let stock: Vec<(String, i64)> = (0..n).map(|i| (self.sku(i), STOCK)).collect();
+        shop::set_stock(&self.pool, &stock).await.unwrap();
+    }
+
+    /// Creates an order as the order service would: reserves its stock,
+    /// then inserts the row with `expires_at = now + timeout`. Does not
+    /// publish.
+    pub async fn create_order(
+        &self,
+        id: &str,
+        timeout: Duration,
+        items: &[(usize, i64)],
+    ) -> NewOrder {
+        let order = NewOrder {
+            id: id.to_owned(),
+            expires_at: Utc::now() + chrono::Duration::from_std(timeout).unwrap(),
+            items: items
+                .iter()
+                .map(|(sku, quantity)| OrderItem {
+                    sku: self.sku(*sku),
+                    quantity: *quantity,
+                })
+                .collect(),
+        };
+        self.inventory
+            .reserve(&order.id, &order.items)
+            .await
+            .expect("reserve");
+        shop::insert_order(&self.pool, &order)
+            .await
+            .expect("insert order");
+        order
+    }
+
+    /// Publishes raw bytes to the entry exchange with a plain AMQP client,
+    /// as any order service would, and waits for the confirm.
+    pub async fn publish_raw(&self, body: &[u8]) {
+        let confirm = self
+            .channel
+            .basic_publish(
+                topology::ENTRY_EXCHANGE.into(),
+                topology::SCHEDULE_ROUTING_KEY.into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_content_type("application/json".into()),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+    }
+
+    /// Publishes `{"order_id", "cancel_at"}` for `order`.
+    pub async fn publish_timeout(&self, order: &NewOrder) {
+        let body = serde_json::json!({
+            "order_id": order.id,
+            "cancel_at": order_timeout::message::format_instant(order.expires_at),
+        });
+        self.publish_raw(body.to_string().as_bytes()).await;
+    }
+
+    /// An exclusive queue bound to the `order.cancelled` events.
+    pub async fn subscribe_events(&self) -> lapin::Consumer {
+        let channel = self.amqp.create_channel().await.unwrap();
+        let queue = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.name().clone(),
+                topology::EVENTS_EXCHANGE.into(),
+                topology::CANCELLED_ROUTING_KEY.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .basic_consume(
+                queue.name().clone(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Takes every message now in the parked queue (acking them).
+    pub async fn drain_parked(&self) -> Vec<lapin::message::BasicGetMessage> {
+        let channel = self.amqp.create_channel().await.unwrap();
+        let mut out = Vec::new();
+        while let Some(msg) = channel
+            .basic_get(topology::PARKED_QUEUE.into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+        {
+            msg.ack(BasicAckOptions::default()).await.unwrap();
+            out.push(msg);
+        }
+        out
+    }
+
+    /// `(status, expires_at, cancelled_at)` of an order.
+    pub async fn order_state(&self, id: &str) -> (String, DateTime<Utc>, Option<DateTime<Utc>>) {
+        sqlx::query_as("SELECT status, expires_at, cancelled_at FROM orders WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Available stock of SKU `n`.
+    pub async fn stock(&self, n: usize) -> i64 {
+        let sku = self.sku(n);
+        *self
+            .inventory
+            .stock(&[sku.clone()])
+            .await
+            .unwrap()
+            .get(&sku)
+            .unwrap()
+    }
+
+    /// How many `ReleaseStock` calls the inventory saw for an order (None:
+    /// never released).
+    pub async fn release_calls(&self, id: &str) -> Option<i64> {
+        sqlx::query_scalar("SELECT calls FROM inventory.releases WHERE order_id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Counts orders by status among ids starting with `prefix`.
+    pub async fn count(&self, prefix: &str, status: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE starts_with(id, $1) AND status = $2")
+            .bind(prefix)
+            .bind(status)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Polls `check` every 50 ms until it holds or `timeout` passes.
+    pub async fn eventually<F, Fut>(&self, timeout: Duration, what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let end = tokio::time::Instant::now() + timeout;
+        loop {
+            if check().await {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "timed out after {timeout:?} waiting for: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the order with `id` is no longer UNPAID.
+    pub async fn wait_settled(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> (String, DateTime<Utc>, Option<DateTime<Utc>>) {
+        self.eventually(timeout, &format!("order {id} settled"), || async {
+            self.order_state(id).await.0 != "UNPAID"
+        })
+        .await;
+        self.order_state(id).await
+    }
+
+    /// Asserts that the inventory holds exactly `STOCK - reserved by
+    /// orders not cancelled` for SKUs 0..n, and that every cancelled order's
+    /// stock was released exactly once.
+    pub async fn assert_stock_exact(&self, skus: usize) {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            r#"
+            SELECT i.sku, sum(i.quantity)::bigint
+              FROM order_items i JOIN orders o ON o.id = i.order_id
+             WHERE o.status <> 'CANCELLED'
+             GROUP BY i.sku
+            "#,
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        for n in 0..skus {
+            let held: i64 = rows
+                .iter()
+                .find(|(s, _)| *s == self.sku(n))
+                .map(|(_, q)| *q)
+                .unwrap_or(0);
+            assert_eq!(
+                self.stock(n).await,
+                STOCK - held,
+                "stock of {}",
+                self.sku(n)
+            );
+        }
+        let (cancelled, released): (i64, i64) = sqlx::query_as(
+            r#"
+            SELECT (SELECT count(*) FROM orders WHERE status = 'CANCELLED'),
+                   (SELECT count(*) FROM inventory.releases)
+            "#,
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        assert_eq!(released, cancelled, "one release per cancelled order");
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM cancel_outbox WHERE stock_released_at IS NULL OR event_published_at IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        assert_eq!(pending, 0, "outbox rows left pending");
+    }
+
+    /// Reads up to `n` events within `timeout`.
+    pub async fn read_events(
+        consumer: &mut lapin::Consumer,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<order_timeout::publisher::CancelledEvent> {
+        let mut events = Vec::new();
+        let _ = tokio::time::timeout(timeout, async {
+            while events.len() < n {
+                let Some(Ok(delivery)) = consumer.next().await else {
+                    break;
+                };
+                events.push(serde_json::from_slice(&delivery.data).expect("event is JSON"));
+            }
+        })
+        .await;
+        events
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        self.stop_inventory.trigger();
+        let _ = Command::new("rabbitmqctl")
+            .args(["-q", "delete_vhost", &self.name])
+            .output();
+        let admin = with_path(&self.base_db_url, "/postgres");
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime; use a fresh one on a thread.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                use sqlx::{Connection, Executor};
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
+                    let _ = conn
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                        )))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
