@@ -296,7 +296,7 @@ impl TestEnv {
         let sku = self.sku(n);
         *self
             .inventory
-            .stock(&[sku.clone()])
+            .stock(std::slice::from_ref(&sku))
             .await
             .unwrap()
             .get(&sku)
