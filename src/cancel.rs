@@ -2,7 +2,8 @@
 //!
 //! Due messages from the consumer are gathered into batches (whatever is
 //! waiting, up to `batch_max`; more pile up while all `batch_concurrency`
-//! batches are busy, so load makes batches bigger, not slower). Per batch:
+//! cancel statements are running, so load makes batches bigger, not
+//! slower). Per batch:
 //!
 //! 1. [`Store::cancel_due`]: one statement flips every UNPAID, overdue
 //!    order to CANCELLED and records its outbox row;
@@ -24,7 +25,7 @@ use std::time::Duration;
 use backon::Retryable;
 use chrono::Utc;
 use futures_util::{StreamExt, stream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::task::TaskTracker;
 
 use crate::config::UnknownOrderPolicy;
@@ -65,8 +66,7 @@ pub async fn run(
         let resend = resend.clone();
         let tracker2 = tracker.clone();
         tracker.spawn(async move {
-            process_batch(&ctx, batch, &resend, &tracker2).await;
-            drop(slot);
+            process_batch(&ctx, batch, slot, &resend, &tracker2).await;
         });
     }
 }
@@ -79,6 +79,7 @@ type ByOrder = HashMap<OrderId, Vec<Job>>;
 async fn process_batch(
     ctx: &Arc<Context>,
     jobs: Vec<Job>,
+    slot: OwnedSemaphorePermit,
     resend: &mpsc::WeakSender<Job>,
     tracker: &TaskTracker,
 ) {
@@ -141,6 +142,9 @@ async fn process_batch(
             }
         }
     }
+    // The slot bounds concurrent cancel statements only: the next batch's
+    // cancellation must not wait for this batch's inventory calls.
+    drop(slot);
     finish(ctx, to_finish, resend, tracker).await;
 }
 

@@ -26,16 +26,13 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The config file could not be read.
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read config file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     /// The config file is not valid TOML for [`Settings`].
-    #[error("invalid config file {path}: {source}")]
+    #[error("invalid config file {path}: {error}")]
     Parse {
         path: String,
-        source: Box<toml::de::Error>,
+        error: Box<toml::de::Error>,
     },
     /// An environment variable holds a value that does not parse.
     #[error("invalid value for {name}: {reason}")]
@@ -179,13 +176,13 @@ impl Settings {
     }
 
     fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        toml::from_str(&text).map_err(|error| ConfigError::Parse {
             path: path.display().to_string(),
-            source: Box::new(source),
+            error: Box::new(error),
         })
     }
 
@@ -249,6 +246,13 @@ mod tests {
             .unwrap();
         assert_eq!(s.amqp_url, "amqp://x/%2f");
         assert_eq!(s.database_url, DEFAULT_DATABASE_URL);
+    }
+
+    #[test]
+    fn the_example_file_lists_the_defaults() {
+        let example: Settings =
+            toml::from_str(include_str!("../config/order-timeout.example.toml")).unwrap();
+        assert_eq!(format!("{example:?}"), format!("{:?}", Settings::default()));
     }
 
     #[test]

@@ -227,10 +227,16 @@ pub async fn park(
 pub enum ConsumerError {
     /// The channel or connection failed.
     #[error("consumer channel: {0}")]
-    Amqp(#[from] lapin::Error),
+    Amqp(lapin::Error),
     /// The broker ended the consumer (queue deleted, channel closed).
     #[error("the broker ended the consumer")]
     Ended,
+}
+
+impl From<lapin::Error> for ConsumerError {
+    fn from(e: lapin::Error) -> Self {
+        Self::Amqp(e)
+    }
 }
 
 /// Consumes until `shutdown` fires or the channel fails. On return, no new

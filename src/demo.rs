@@ -138,6 +138,7 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
         args.paid_ratio * 100.0
     );
     let pay_failures = Arc::new(AtomicU64::new(0));
+    let creating = std::time::Instant::now();
     let created: Vec<NewOrder> = stream::iter(plans)
         .map(|(mut order, timeout, will_pay)| {
             let (pool, inventory, publisher, pay_failures) =
@@ -175,6 +176,13 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
         .buffer_unordered(32)
         .try_collect()
         .await?;
+    let took = creating.elapsed();
+    eprintln!(
+        "== created {} orders in {:.1} s ({:.0} orders/s); waiting for their deadlines",
+        created.len(),
+        took.as_secs_f64(),
+        created.len() as f64 / took.as_secs_f64()
+    );
 
     let bar = ProgressBar::new(created.len() as u64).with_style(
         ProgressStyle::with_template(

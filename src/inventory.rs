@@ -232,7 +232,7 @@ impl pb::inventory_server::Inventory for ReferenceInventory {
             sqlx::query(
                 r#"
                 INSERT INTO inventory.stock (sku, available)
-                SELECT * FROM unnest($1::text[], $2::bigint[])
+                SELECT * FROM unnest($1::text[], $2::bigint[]) AS r(sku, quantity) ORDER BY sku
                 ON CONFLICT (sku) DO UPDATE SET available = inventory.stock.available + EXCLUDED.available
                 "#,
             )
@@ -268,6 +268,13 @@ impl pb::inventory_server::Inventory for ReferenceInventory {
         if inserted == 0 {
             return Ok(Response::new(pb::ReserveStockResponse { reserved: false }));
         }
+        // Lock the rows in SKU order first: concurrent reservations of
+        // overlapping SKUs then queue up instead of deadlocking.
+        sqlx::query("SELECT 1 FROM inventory.stock WHERE sku = ANY($1) ORDER BY sku FOR UPDATE")
+            .bind(&skus)
+            .execute(&mut *tx)
+            .await
+            .map_err(internal)?;
         let updated = sqlx::query(
             r#"
             UPDATE inventory.stock s SET available = s.available - r.quantity

@@ -38,11 +38,11 @@ pub const H_PARKED_AT: &str = "x-parked-at";
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     /// The channel or connection failed.
-    #[error("publishing to {exchange:?} with key {routing_key:?}: {source}")]
+    #[error("publishing to {exchange:?} with key {routing_key:?}: {error}")]
     Amqp {
         exchange: String,
         routing_key: String,
-        source: lapin::Error,
+        error: lapin::Error,
     },
     /// The broker refused the message (nack), e.g. a full queue.
     #[error("broker refused the message (nack) on {exchange:?} with key {routing_key:?}")]
@@ -123,10 +123,10 @@ impl Publisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), PublishError> {
-        let amqp = |source| PublishError::Amqp {
+        let amqp = |error| PublishError::Amqp {
             exchange: exchange.into(),
             routing_key: routing_key.into(),
-            source,
+            error,
         };
         let confirm = self
             .channel

@@ -24,14 +24,28 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The URL does not parse.
-    #[error("invalid DATABASE_URL {url}: {source}")]
-    Url { url: String, source: sqlx::Error },
+    #[error("invalid DATABASE_URL {url}: {error}")]
+    Url { url: String, error: sqlx::Error },
     /// A query or connection failed; transient as far as we can tell.
     #[error("database: {0}")]
-    Sql(#[from] sqlx::Error),
+    Sql(sqlx::Error),
     /// Applying migrations failed.
     #[error("migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(sqlx::migrate::MigrateError),
+}
+
+// Hand-written (not `#[from]`) so the inner error is shown once, in the
+// message, and not again as a `source` in `{:#}` chains.
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        Self::Migrate(e)
+    }
 }
 
 /// Where an order stands after [`Store::cancel_due`].
@@ -100,9 +114,9 @@ pub struct Store {
 fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
     url.parse::<PgConnectOptions>()
         .map(|o| o.log_statements(tracing::log::LevelFilter::Trace))
-        .map_err(|source| StoreError::Url {
+        .map_err(|error| StoreError::Url {
             url: crate::config::redact_url(url),
-            source,
+            error,
         })
 }
 

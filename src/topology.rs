@@ -99,9 +99,9 @@ pub enum TopologyError {
     /// The broker refused a declaration, usually because an object of that
     /// name exists with other arguments (e.g. classic vs quorum).
     #[error(
-        "declaring {what}: {source} (does an object of that name exist with other arguments, e.g. classic vs quorum?)"
+        "declaring {what}: {error} (does an object of that name exist with other arguments, e.g. classic vs quorum?)"
     )]
-    Declare { what: String, source: lapin::Error },
+    Declare { what: String, error: lapin::Error },
 }
 
 fn queue_args(queue_type: QueueType, ttl_ms: Option<u64>, dlx: Option<&str>) -> FieldTable {
@@ -184,9 +184,9 @@ async fn declare_exchange(
             FieldTable::default(),
         )
         .await
-        .map_err(|source| TopologyError::Declare {
+        .map_err(|error| TopologyError::Declare {
             what: format!("exchange {name}"),
-            source,
+            error,
         })
 }
 
@@ -211,9 +211,9 @@ pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), Top
                 spec.args,
             )
             .await
-            .map_err(|source| TopologyError::Declare {
+            .map_err(|error| TopologyError::Declare {
                 what: format!("queue {}", spec.name),
-                source,
+                error,
             })?;
     }
     let bind_queue = |queue: String, exchange: String, key: String| async move {
@@ -226,9 +226,9 @@ pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), Top
                 FieldTable::default(),
             )
             .await
-            .map_err(|source| TopologyError::Declare {
+            .map_err(|error| TopologyError::Declare {
                 what: format!("binding {exchange} -> {queue} ({key})"),
-                source,
+                error,
             })
     };
     bind_queue(
@@ -255,9 +255,9 @@ pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), Top
                 FieldTable::default(),
             )
             .await
-            .map_err(|source| TopologyError::Declare {
+            .map_err(|error| TopologyError::Declare {
                 what: format!("binding {} -> {below} ({key})", level_name(k)),
-                source,
+                error,
             })?;
     }
     Ok(())
