@@ -355,10 +355,26 @@ impl TestEnv {
         self.order_state(id).await
     }
 
+    /// Waits until no cancelled order has outbox work (stock release,
+    /// event) pending: the order row flips to CANCELLED before the release.
+    pub async fn wait_outbox_done(&self, timeout: Duration) {
+        self.eventually(timeout, "no outbox work pending", || async {
+            let pending: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM cancel_outbox WHERE stock_released_at IS NULL OR event_published_at IS NULL",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .unwrap();
+            pending == 0
+        })
+        .await;
+    }
+
     /// Asserts that the inventory holds exactly `STOCK - reserved by
     /// orders not cancelled` for SKUs 0..n, and that every cancelled order's
-    /// stock was released exactly once.
+    /// stock was released exactly once (after waiting for pending releases).
     pub async fn assert_stock_exact(&self, skus: usize) {
+        self.wait_outbox_done(Duration::from_secs(10)).await;
         let rows: Vec<(String, i64)> = sqlx::query_as(
             r#"
             SELECT i.sku, sum(i.quantity)::bigint
@@ -393,13 +409,6 @@ impl TestEnv {
         .await
         .unwrap();
         assert_eq!(released, cancelled, "one release per cancelled order");
-        let pending: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM cancel_outbox WHERE stock_released_at IS NULL OR event_published_at IS NULL",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .unwrap();
-        assert_eq!(pending, 0, "outbox rows left pending");
     }
 
     /// Reads up to `n` events within `timeout`.
