@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::UnknownOrderPolicy;
 use crate::consumer::{Context, Job, park};
 use crate::message::OrderId;
-use crate::metrics::Outcome;
+use crate::metrics::{Outcome, Stage};
 use crate::publisher::CancelledEvent;
 use crate::store::{Cancellation, OrderState};
 
@@ -113,11 +113,13 @@ async fn process_batch(
         if round > 0 {
             tokio::time::sleep(Duration::from_millis(10 * u64::from(round))).await;
         }
-        let states = match ctx
+        let started = std::time::Instant::now();
+        let result = ctx
             .store
             .cancel_due(&ids, &ctx.settings.cancel_reason, ctx.settings.outbox_lease)
-            .await
-        {
+            .await;
+        ctx.metrics.stage(Stage::Db, started.elapsed());
+        let states = match result {
             Ok(states) => states,
             Err(e) => {
                 let error = e.to_string();
@@ -284,7 +286,7 @@ fn settle_failed(
 /// Steps 2–4 for cancelled orders: release stock, publish the event, mark
 /// the outbox, ack.
 #[tracing::instrument(skip_all, fields(orders = orders.len()))]
-async fn finish(
+pub(crate) async fn finish(
     ctx: &Arc<Context>,
     orders: Vec<(OrderId, Cancellation, Vec<Job>)>,
     resend: &mpsc::WeakSender<Job>,
@@ -320,7 +322,12 @@ async fn finish(
             let mut released = false;
             if c.release_pending {
                 let order_items = items.get(id.as_str()).map(Vec::as_slice).unwrap_or(&[]);
-                let call = || ctx.inventory.release(id.as_str(), order_items);
+                let call = || async {
+                    let started = std::time::Instant::now();
+                    let result = ctx.inventory.release(id.as_str(), order_items).await;
+                    ctx.metrics.stage(Stage::Inventory, started.elapsed());
+                    result
+                };
                 match call.retry(ctx.retry.quick_backoff()).await {
                     Ok(first_time) => {
                         released = true;
@@ -328,7 +335,10 @@ async fn finish(
                             tracing::info!(order_id = %id, "stock was already released (a retried release)");
                         }
                     }
-                    Err(e) => errors.push(e.to_string()),
+                    Err(e) => {
+                        ctx.metrics.release_failed();
+                        errors.push(e.to_string());
+                    }
                 }
             }
             let mut published = false;
@@ -339,7 +349,10 @@ async fn finish(
                     cancelled_at: c.cancelled_at,
                     lateness_ms: (c.cancelled_at - c.expires_at).num_milliseconds(),
                 };
-                match ctx.publisher.cancelled(&event).await {
+                let started = std::time::Instant::now();
+                let sent = ctx.publisher.cancelled(&event).await;
+                ctx.metrics.stage(Stage::Publish, started.elapsed());
+                match sent {
                     Ok(()) => published = true,
                     Err(e) => errors.push(e.to_string()),
                 }
@@ -380,6 +393,12 @@ async fn finish(
         .collect();
     if let Err(e) = ctx.store.release_leases(&failed).await {
         tracing::warn!(error = %e, "cannot give back outbox leases; they will run out");
+    }
+    for f in &done {
+        if f.cancellation.just_now {
+            ctx.metrics
+                .lateness(f.cancellation.cancelled_at - f.cancellation.expires_at);
+        }
     }
     for f in done {
         let error = match &marked {

@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -14,7 +13,6 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{self, Settings};
 use crate::inventory::ReferenceInventory;
 use crate::message::{Deadline, OrderId, TimeoutRequest, format_instant};
-use crate::metrics::Stats;
 use crate::publisher::Publisher;
 use crate::shutdown::Shutdown;
 use crate::startup;
@@ -88,7 +86,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve => {
             let shutdown = Shutdown::new();
             shutdown.trigger_on_signals();
-            startup::run(settings, shutdown, Arc::new(Stats::default())).await?;
+            startup::run(settings, shutdown).await?;
         }
         Command::InventoryServer { addr } => {
             let store = Store::connect_lazy(&settings.database_url, 10)?;

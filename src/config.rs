@@ -90,6 +90,36 @@ impl Default for RetrySettings {
     }
 }
 
+/// The sweeper: the safety net for orders whose timeout message was never
+/// published (see [`crate::sweeper`]).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SweeperSettings {
+    /// Run it at all.
+    pub enabled: bool,
+    /// Time between sweeps.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Only orders overdue by more than this are swept: the normal path
+    /// handles everything younger.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// Orders per statement; a sweep takes batches until one comes back
+    /// short (at most 100 batches per sweep).
+    pub batch: u32,
+}
+
+impl Default for SweeperSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(30),
+            grace: Duration::from_secs(60),
+            batch: 500,
+        }
+    }
+}
+
 /// Everything the service needs to run. Built by [`Settings::load`].
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -126,6 +156,8 @@ pub struct Settings {
     pub outbox_lease: Duration,
     /// Retry policy.
     pub retry: RetrySettings,
+    /// The sweeper.
+    pub sweeper: SweeperSettings,
     /// What to do with messages for unknown orders.
     pub unknown_order: UnknownOrderPolicy,
     /// Bodies above this size are parked unread.
@@ -153,6 +185,7 @@ impl Default for Settings {
             inventory_concurrency: 64,
             outbox_lease: Duration::from_secs(15),
             retry: RetrySettings::default(),
+            sweeper: SweeperSettings::default(),
             unknown_order: UnknownOrderPolicy::Park,
             max_body_bytes: 64 * 1024,
             shutdown_timeout: Duration::from_secs(20),

@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Settings;
 use crate::inventory::InventoryClient;
 use crate::message::{Deadline, MessageError, OrderId, TimeoutRequest};
-use crate::metrics::{Outcome, Stats};
+use crate::metrics::{GaugeGuard, Metrics, Outcome, Stage};
 use crate::publisher::{ParkInfo, Publisher, deadline_header};
 use crate::retry::{Attempts, RetryDecision, RetryPolicy};
 use crate::shutdown::Shutdown;
@@ -53,8 +53,8 @@ pub struct Context {
     pub inventory: InventoryClient,
     /// Retry policy.
     pub retry: RetryPolicy,
-    /// Outcome counters.
-    pub stats: Arc<Stats>,
+    /// Metrics of this instance.
+    pub metrics: Arc<Metrics>,
 }
 
 /// A parsed delivery on its way through the service.
@@ -65,6 +65,9 @@ pub struct Job {
     pub request: TimeoutRequest,
     /// The failure history from the headers.
     pub attempts: Attempts,
+    /// Counts the delivery in `order_timeout_in_flight_messages` until the
+    /// job is dropped (acked, requeued, parked).
+    pub in_flight: GaugeGuard,
 }
 
 impl Job {
@@ -87,7 +90,7 @@ impl Job {
     /// Acks the delivery, recording `outcome`. A failed ack (lost channel)
     /// only means the broker will redeliver, which is safe.
     pub async fn ack(self, ctx: &Context, outcome: Outcome) {
-        ctx.stats.record(outcome);
+        ctx.metrics.record(outcome);
         if let Err(e) = self.delivery.ack(BasicAckOptions::default()).await {
             tracing::warn!(order_id = %self.request.order_id, error = %e, "ack failed; the message will be redelivered");
         }
@@ -119,10 +122,11 @@ impl Job {
         let remaining = (deadline - now).to_std().unwrap_or_default();
         if remaining < HOLD_BELOW {
             // Count it when it is finally processed, not now.
-            hold(self, remaining, due).await;
+            hold(self, remaining, due, &ctx.metrics).await;
             return;
         }
-        match ctx
+        let started = std::time::Instant::now();
+        let published = ctx
             .publisher
             .delay(
                 &self.delivery.data,
@@ -131,8 +135,9 @@ impl Job {
                 now,
                 &attempts,
             )
-            .await
-        {
+            .await;
+        ctx.metrics.stage(Stage::Publish, started.elapsed());
+        match published {
             Ok(hops) => {
                 tracing::debug!(order_id = %self.order_id(), %deadline, hops, "scheduled in the delay cascade");
                 self.ack(ctx, outcome).await;
@@ -174,9 +179,11 @@ impl Job {
 }
 
 /// Holds a job for `remaining`, then hands it to the batcher.
-async fn hold(job: Job, remaining: Duration, due: &mpsc::Sender<Job>) {
+async fn hold(job: Job, remaining: Duration, due: &mpsc::Sender<Job>, metrics: &Arc<Metrics>) {
+    let held = metrics.held();
     // +1 ms: timers fire at millisecond resolution; never a hair early.
     tokio::time::sleep(remaining + Duration::from_millis(1)).await;
+    drop(held);
     if let Err(mpsc::error::SendError(job)) = due.send(job).await {
         // The batcher is gone (shutting down): let the broker redeliver.
         job.requeue().await;
@@ -202,10 +209,14 @@ pub async fn park(
         source_exchange: delivery.exchange.to_string(),
         source_routing_key: delivery.routing_key.to_string(),
     };
-    match ctx.publisher.park(&delivery.data, &info).await {
+    let started = std::time::Instant::now();
+    let parked = ctx.publisher.park(&delivery.data, &info).await;
+    ctx.metrics.stage(Stage::Publish, started.elapsed());
+    match parked {
         Ok(()) => {
             tracing::warn!(kind = %info.kind, error = %info.error, order_id = ?info.order_id, "parked a message");
-            ctx.stats.record(Outcome::Parked);
+            ctx.metrics.record(Outcome::Parked);
+            ctx.metrics.parked(&info.kind);
             if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
                 tracing::warn!(error = %e, "ack after parking failed; it may be parked twice");
             }
@@ -267,6 +278,14 @@ pub async fn run(
     );
 
     let (due_tx, due_rx) = mpsc::channel::<Job>(usize::from(ctx.settings.prefetch).max(1));
+    // Tasks that live as long as this consumer (the sweeper).
+    let session = shutdown.child();
+    tracker.spawn(crate::sweeper::run(
+        ctx.clone(),
+        due_tx.downgrade(),
+        tracker.clone(),
+        session.clone(),
+    ));
     tracker.spawn(crate::cancel::run(
         ctx.clone(),
         due_rx,
@@ -285,6 +304,7 @@ pub async fn run(
             None => break Err(ConsumerError::Ended),
         }
     };
+    session.trigger();
     if result.is_ok() {
         // Stop deliveries; what the broker already sent us is returned when
         // the channel closes.
@@ -305,6 +325,7 @@ async fn dispatch(
     due: &mpsc::Sender<Job>,
     tracker: &TaskTracker,
 ) {
+    let in_flight = ctx.metrics.in_flight();
     let attempts = Attempts::from_headers(delivery.properties.headers().as_ref());
     let request = match TimeoutRequest::parse(&delivery.data, ctx.settings.max_body_bytes) {
         Ok(request) => request,
@@ -312,6 +333,7 @@ async fn dispatch(
             let ctx = ctx.clone();
             tracker.spawn(async move {
                 park_bad(&ctx, delivery, e, attempts).await;
+                drop(in_flight);
             });
             return;
         }
@@ -320,6 +342,7 @@ async fn dispatch(
         delivery,
         request,
         attempts,
+        in_flight,
     };
     let now = Utc::now();
     match job.deadline() {

@@ -84,10 +84,13 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
 
     eprintln!("== starting the service (inventory at {inventory_url})");
     startup::declare_topology(&settings).await?;
-    let service = RunningService::spawn(Settings {
+    let service = RunningService::start(Settings {
         inventory_url: inventory_url.clone(),
+        // The demo may run beside a `serve` that holds HTTP_ADDR.
+        http_addr: "127.0.0.1:0".parse().expect("valid address"),
         ..settings.clone()
-    });
+    })
+    .await?;
 
     // The order service's side: its own connection and publisher.
     let amqp = startup::connect_amqp(&settings.amqp_url, "order-timeout-demo-shop").await?;

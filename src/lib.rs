@@ -5,7 +5,8 @@
 //! - [`topology`]: exchange/queue names and **the delay cascade**;
 //! - [`consumer`]: what happens to each message (hold, re-schedule, park);
 //! - [`cancel`] and [`store`]: **the cancel transaction**, outbox, stock release;
-//! - [`retry`]: **the retry policy**;
+//! - [`retry`]: **the retry policy**; [`sweeper`]: the safety net;
+//! - [`metrics`] and [`http`]: `/metrics`, `/healthz`, `/readyz`;
 //! - [`message`]: the accepted message formats;
 //! - [`startup`]: wiring and reconnects; [`cli`]: the commands.
 
@@ -14,6 +15,7 @@ pub mod cli;
 pub mod config;
 pub mod consumer;
 pub mod demo;
+pub mod http;
 pub mod inventory;
 pub mod message;
 pub mod metrics;
@@ -23,5 +25,6 @@ pub mod shop;
 pub mod shutdown;
 pub mod startup;
 pub mod store;
+pub mod sweeper;
 pub mod telemetry;
 pub mod topology;

@@ -1,9 +1,19 @@
-//! What happened to each message, counted per service instance.
+//! Prometheus metrics of one service instance, served on `/metrics`.
 //!
-//! The outcome names are the `result` label values the Prometheus exporter
-//! uses; the counters here are what tests and the demo read directly.
+//! Each instance owns its registry (no global recorder), so several
+//! instances in one process (tests, the demo) count separately. Names follow
+//! Prometheus conventions: `order_timeout_` prefix, base units (seconds),
+//! `_total` on counters.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
 
 /// The end of one message's visit to the consumer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +47,7 @@ impl Outcome {
         Outcome::Dropped,
     ];
 
-    /// The label value, e.g. `already_paid`.
+    /// The `result` label value, e.g. `already_paid`.
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Cancelled => "cancelled",
@@ -51,25 +61,325 @@ impl Outcome {
     }
 }
 
-/// Outcome counters of one service instance.
-#[derive(Debug, Default)]
-pub struct Stats {
-    outcomes: [AtomicU64; Outcome::ALL.len()],
+/// A timed step of the work, for `order_timeout_stage_duration_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The cancel statement for a batch.
+    Db,
+    /// One `ReleaseStock` call.
+    Inventory,
+    /// One confirmed publish (re-schedule, event, parking).
+    Publish,
 }
 
-impl Stats {
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Db => "db",
+            Stage::Inventory => "inventory",
+            Stage::Publish => "publish",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabel {
+    target: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: &'static str,
+}
+
+#[derive(Clone)]
+struct StageBuckets;
+
+impl MetricConstructor<Histogram> for StageBuckets {
+    fn new_metric(&self) -> Histogram {
+        // 0.5 ms … ~16 s
+        Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+            0.0005, 2.0, 16,
+        ))
+    }
+}
+
+/// The instance's metrics.
+pub struct Metrics {
+    registry: Registry,
+    messages: Family<ResultLabel, Counter>,
+    parked: Family<ReasonLabel, Counter>,
+    lateness: Histogram,
+    in_flight: Gauge,
+    held: Gauge,
+    stage: Family<StageLabel, Histogram, StageBuckets>,
+    reconnects: Family<TargetLabel, Counter>,
+    release_failures: Counter,
+    swept: Counter,
+    ready: Gauge,
+    queue_messages: Family<QueueLabel, Gauge>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("order_timeout");
+        let messages = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "messages",
+            "Timeout messages processed, by result",
+            messages.clone(),
+        );
+        let parked = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "parked",
+            "Messages moved to the parked queue, by reason",
+            parked.clone(),
+        );
+        // 1 ms … ~65 s: ms-level lateness is the product, minutes are an incident.
+        let lateness = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+            0.001, 2.0, 17,
+        ));
+        registry.register_with_unit(
+            "cancel_lateness",
+            "Actual cancel time minus the order's deadline",
+            Unit::Seconds,
+            lateness.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "in_flight_messages",
+            "Deliveries received and not yet acked",
+            in_flight.clone(),
+        );
+        let held = Gauge::default();
+        registry.register(
+            "held_messages",
+            "Deliveries held in-process for their sub-second remainder",
+            held.clone(),
+        );
+        let stage =
+            Family::<StageLabel, Histogram, StageBuckets>::new_with_constructor(StageBuckets);
+        registry.register_with_unit(
+            "stage_duration",
+            "Duration of one step: db (cancel statement), inventory (ReleaseStock), publish",
+            Unit::Seconds,
+            stage.clone(),
+        );
+        let reconnects = Family::<TargetLabel, Counter>::default();
+        registry.register(
+            "reconnects",
+            "Broker sessions re-established after a failure",
+            reconnects.clone(),
+        );
+        let release_failures = Counter::default();
+        registry.register(
+            "inventory_release_failures",
+            "ReleaseStock calls that failed after in-process retries",
+            release_failures.clone(),
+        );
+        let swept = Counter::default();
+        registry.register(
+            "sweeper_orders",
+            "Orders the sweeper cancelled or finished (no timeout message did)",
+            swept.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 when broker, database and inventory are reachable, else 0",
+            ready.clone(),
+        );
+        let queue_messages = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "queue_messages",
+            "Messages ready in the service's queues (due, parked)",
+            queue_messages.clone(),
+        );
+        Self {
+            registry,
+            messages,
+            parked,
+            lateness,
+            in_flight,
+            held,
+            stage,
+            reconnects,
+            release_failures,
+            swept,
+            ready,
+            queue_messages,
+        }
+    }
+
     /// Counts one message ending with `outcome`.
     pub fn record(&self, outcome: Outcome) {
-        self.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        self.messages
+            .get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            })
+            .inc();
     }
 
     /// How many messages ended with `outcome`.
     pub fn count(&self, outcome: Outcome) -> u64 {
-        self.outcomes[outcome as usize].load(Ordering::Relaxed)
+        self.messages
+            .get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            })
+            .get()
     }
 
     /// Messages processed to any outcome.
     pub fn total(&self) -> u64 {
         Outcome::ALL.iter().map(|o| self.count(*o)).sum()
+    }
+
+    /// Counts a parked message by its reason (`x-error-kind`).
+    pub fn parked(&self, reason: &str) {
+        self.parked
+            .get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records a cancellation's lateness (negative values, impossible by
+    /// construction, would land in the first bucket).
+    pub fn lateness(&self, lateness: chrono::Duration) {
+        self.lateness
+            .observe(lateness.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6);
+    }
+
+    /// Times one step.
+    pub fn stage(&self, stage: Stage, took: Duration) {
+        self.stage
+            .get_or_create(&StageLabel {
+                stage: stage.as_str(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts a broker reconnect.
+    pub fn reconnect(&self) {
+        self.reconnects
+            .get_or_create(&TargetLabel { target: "amqp" })
+            .inc();
+    }
+
+    /// Counts a failed stock release.
+    pub fn release_failed(&self) {
+        self.release_failures.inc();
+    }
+
+    /// Counts orders the sweeper settled.
+    pub fn swept(&self, n: u64) {
+        self.swept.inc_by(n);
+    }
+
+    /// Sets the readiness gauge.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    /// Sets a queue depth gauge.
+    pub fn set_queue_depth(&self, queue: &'static str, messages: u32) {
+        self.queue_messages
+            .get_or_create(&QueueLabel { queue })
+            .set(i64::from(messages));
+    }
+
+    /// A guard counting one in-flight delivery until dropped.
+    pub fn in_flight(self: &Arc<Self>) -> GaugeGuard {
+        GaugeGuard::new(self.in_flight.clone())
+    }
+
+    /// A guard counting one held delivery until dropped.
+    pub fn held(self: &Arc<Self>) -> GaugeGuard {
+        GaugeGuard::new(self.held.clone())
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Increments a gauge on creation and decrements it on drop, so every
+/// path out of a piece of work (ack, requeue, panic) is counted.
+#[derive(Debug)]
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_uses_prometheus_names() {
+        let m = Arc::new(Metrics::new());
+        m.record(Outcome::Cancelled);
+        m.record(Outcome::AlreadyPaid);
+        m.parked("not_json");
+        m.lateness(chrono::Duration::milliseconds(12));
+        m.stage(Stage::Db, Duration::from_millis(3));
+        let guard = m.in_flight();
+        let text = m.render();
+        for needle in [
+            r#"order_timeout_messages_total{result="cancelled"} 1"#,
+            r#"order_timeout_messages_total{result="already_paid"} 1"#,
+            r#"order_timeout_parked_total{reason="not_json"} 1"#,
+            "order_timeout_cancel_lateness_seconds_count 1",
+            r#"order_timeout_stage_duration_seconds_count{stage="db"} 1"#,
+            "order_timeout_in_flight_messages 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+        drop(guard);
+        assert!(m.render().contains("order_timeout_in_flight_messages 0"));
+        assert_eq!(m.count(Outcome::Cancelled), 1);
+        assert_eq!(m.total(), 2);
     }
 }

@@ -34,6 +34,14 @@ impl Shutdown {
         self.token.cancelled().await;
     }
 
+    /// A signal that fires with this one, and can also fire on its own
+    /// (e.g. for one broker session's tasks).
+    pub fn child(&self) -> Self {
+        Self {
+            token: self.token.child_token(),
+        }
+    }
+
     /// Fires the signal on SIGINT or SIGTERM, from a background task.
     pub fn trigger_on_signals(&self) {
         let this = self.clone();

@@ -1,24 +1,29 @@
-//! Wiring: connect, declare the topology, consume, and reconnect with backoff
-//! when the broker connection is lost. Used by `serve`, the demo and the
-//! integration tests, so all three run the same code.
+//! Wiring: bind the operations endpoint, connect, declare the topology,
+//! consume, and reconnect with backoff when the broker connection is lost.
+//! Used by `serve`, the demo and the integration tests, so all three run the
+//! same code.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backon::BackoffBuilder;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Settings, redact_url};
 use crate::consumer::{self, Context};
+use crate::http::{self, Health};
 use crate::inventory::InventoryClient;
-use crate::metrics::Stats;
+use crate::metrics::Metrics;
 use crate::publisher::Publisher;
 use crate::retry::RetryPolicy;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
-use crate::topology;
+use crate::topology::{self, DUE_QUEUE, PARKED_QUEUE};
 
 /// Connects to RabbitMQ with this service's connection name.
 #[tracing::instrument(skip_all, fields(url = %redact_url(url)))]
@@ -30,8 +35,8 @@ pub async fn connect_amqp(url: &str, name: &str) -> Result<Connection, lapin::Er
     .await
 }
 
-/// Declares the topology on a fresh connection (used by `migrate`-style
-/// commands and tests; `serve` declares on every (re)connect).
+/// Declares the topology on a fresh connection (for the demo and tests;
+/// `serve` declares on every (re)connect).
 pub async fn declare_topology(settings: &Settings) -> anyhow::Result<()> {
     let conn = connect_amqp(&settings.amqp_url, "order-timeout-setup").await?;
     let channel = conn.create_channel().await?;
@@ -40,44 +45,114 @@ pub async fn declare_topology(settings: &Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the service until `shutdown` fires: one broker session after
-/// another, with exponential backoff between failed ones.
-pub async fn run(settings: Settings, shutdown: Shutdown, stats: Arc<Stats>) -> anyhow::Result<()> {
-    let store = Store::connect_lazy(&settings.database_url, settings.db_max_connections)?;
-    let inventory =
-        InventoryClient::connect_lazy(&settings.inventory_url, settings.inventory_timeout)?;
-    tracing::info!(
-        amqp = %redact_url(&settings.amqp_url),
-        database = %redact_url(&settings.database_url),
-        inventory = %settings.inventory_url,
-        queue_type = ?settings.queue_type,
-        "starting order-timeout"
-    );
-    let mut backoff = reconnect_backoff();
-    loop {
-        let started = std::time::Instant::now();
-        let result = session(&settings, &store, &inventory, &shutdown, &stats).await;
-        if shutdown.is_triggered() {
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "session ended with an error during shutdown");
+/// A service instance, built (endpoint bound, clients created) but not yet
+/// running.
+pub struct Service {
+    settings: Settings,
+    store: Store,
+    inventory: InventoryClient,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    listener: tokio::net::TcpListener,
+}
+
+impl Service {
+    /// Binds `HTTP_ADDR` and creates the (lazy) database and inventory
+    /// clients. Fails only on a bad address or URL, never because a
+    /// dependency is down: those are waited for.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        let store = Store::connect_lazy(&settings.database_url, settings.db_max_connections)?;
+        let inventory =
+            InventoryClient::connect_lazy(&settings.inventory_url, settings.inventory_timeout)?;
+        let listener = tokio::net::TcpListener::bind(settings.http_addr)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("cannot listen on HTTP_ADDR {}: {e}", settings.http_addr)
+            })?;
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::new(
+            store.clone(),
+            &settings.inventory_url,
+            metrics.clone(),
+        ));
+        Ok(Self {
+            settings,
+            store,
+            inventory,
+            metrics,
+            health,
+            listener,
+        })
+    }
+
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(self.settings.http_addr)
+    }
+
+    /// This instance's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Runs until `shutdown` fires: the endpoints, and one broker session
+    /// after another with exponential backoff between failed ones.
+    pub async fn run(self, shutdown: Shutdown) -> anyhow::Result<()> {
+        let Self {
+            settings,
+            store,
+            inventory,
+            metrics,
+            health,
+            listener,
+        } = self;
+        tracing::info!(
+            amqp = %redact_url(&settings.amqp_url),
+            database = %redact_url(&settings.database_url),
+            inventory = %redact_url(&settings.inventory_url),
+            http = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            queue_type = ?settings.queue_type,
+            "starting order-timeout"
+        );
+        let http_task = tokio::spawn(http::serve(listener, health.clone(), shutdown.clone()));
+        tokio::spawn(http::refresh_readiness(health.clone(), shutdown.clone()));
+
+        let mut backoff = reconnect_backoff();
+        loop {
+            let started = std::time::Instant::now();
+            let result = session(&settings, &store, &inventory, &shutdown, &metrics, &health).await;
+            health.set_broker(false);
+            if shutdown.is_triggered() {
+                if let Err(e) = result {
+                    tracing::warn!(error = %format!("{e:#}"), "session ended with an error during shutdown");
+                }
+                let _ = http_task.await;
+                tracing::info!("stopped");
+                return Ok(());
             }
-            tracing::info!("stopped");
-            return Ok(());
-        }
-        let error = match result {
-            Ok(()) => anyhow::anyhow!("session ended unexpectedly"),
-            Err(e) => e,
-        };
-        if started.elapsed() > Duration::from_secs(30) {
-            backoff = reconnect_backoff();
-        }
-        let delay = backoff.next().unwrap_or(Duration::from_secs(30));
-        tracing::warn!(error = %format!("{error:#}"), retry_in = ?delay, "broker session failed; reconnecting");
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.wait() => return Ok(()),
+            let error = match result {
+                Ok(()) => anyhow::anyhow!("session ended unexpectedly"),
+                Err(e) => e,
+            };
+            if started.elapsed() > Duration::from_secs(30) {
+                backoff = reconnect_backoff();
+            }
+            let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+            metrics.reconnect();
+            tracing::warn!(error = %format!("{error:#}"), retry_in = ?delay, "broker session failed; reconnecting");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.wait() => return Ok(()),
+            }
         }
     }
+}
+
+/// Builds and runs a service (what `serve` does).
+pub async fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
+    Service::build(settings).await?.run(shutdown).await
 }
 
 fn reconnect_backoff() -> backon::ExponentialBackoff {
@@ -95,12 +170,14 @@ async fn session(
     store: &Store,
     inventory: &InventoryClient,
     shutdown: &Shutdown,
-    stats: &Arc<Stats>,
+    metrics: &Arc<Metrics>,
+    health: &Arc<Health>,
 ) -> anyhow::Result<()> {
     let conn = connect_amqp(&settings.amqp_url, "order-timeout").await?;
     let publisher = Publisher::new(&conn).await?;
     topology::declare(publisher.channel(), settings.queue_type).await?;
     let consume_channel = conn.create_channel().await?;
+    let depth_channel = conn.create_channel().await?;
     let publish_channel = publisher.channel().clone();
     let ctx = Arc::new(Context {
         settings: settings.clone(),
@@ -108,9 +185,16 @@ async fn session(
         store: store.clone(),
         inventory: inventory.clone(),
         retry: RetryPolicy::new(settings.retry.clone()),
-        stats: stats.clone(),
+        metrics: metrics.clone(),
     });
     let tracker = TaskTracker::new();
+    let stop_depths = shutdown.child();
+    tokio::spawn(poll_queue_depths(
+        depth_channel.clone(),
+        metrics.clone(),
+        stop_depths.clone(),
+    ));
+    health.set_broker(true);
     let result = consumer::run(
         ctx,
         consume_channel.clone(),
@@ -118,6 +202,8 @@ async fn session(
         tracker.clone(),
     )
     .await;
+    health.set_broker(false);
+    stop_depths.trigger();
     tracker.close();
     if tokio::time::timeout(settings.shutdown_timeout, tracker.wait())
         .await
@@ -130,10 +216,41 @@ async fn session(
     }
     // Closing the consuming channel returns every unacked delivery to the queue.
     let _ = consume_channel.close(200, "bye".into()).await;
+    let _ = depth_channel.close(200, "bye".into()).await;
     let _ = publish_channel.close(200, "bye".into()).await;
     let _ = conn.close(200, "bye".into()).await;
     result?;
     Ok(())
+}
+
+/// Keeps `order_timeout_queue_messages` current for the due and parked
+/// queues (the parked-backlog alert reads it).
+async fn poll_queue_depths(channel: lapin::Channel, metrics: Arc<Metrics>, stop: Shutdown) {
+    loop {
+        for queue in [DUE_QUEUE, PARKED_QUEUE] {
+            let declared = channel
+                .queue_declare(
+                    queue.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            match declared {
+                Ok(q) => metrics.set_queue_depth(queue, q.message_count()),
+                Err(e) => {
+                    tracing::debug!(error = %e, queue, "queue depth poll failed");
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = stop.wait() => return,
+        }
+    }
 }
 
 /// A service instance running in the background of this process (demo,
@@ -141,21 +258,26 @@ async fn session(
 pub struct RunningService {
     shutdown: Shutdown,
     handle: JoinHandle<anyhow::Result<()>>,
-    /// Its outcome counters.
-    pub stats: Arc<Stats>,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+    /// Where its `/metrics`, `/healthz`, `/readyz` are served.
+    pub http_addr: SocketAddr,
 }
 
 impl RunningService {
-    /// Starts the service with `settings` on the current runtime.
-    pub fn spawn(settings: Settings) -> Self {
+    /// Builds the service with `settings` and runs it on the current runtime.
+    pub async fn start(settings: Settings) -> anyhow::Result<Self> {
+        let service = Service::build(settings).await?;
         let shutdown = Shutdown::new();
-        let stats = Arc::new(Stats::default());
-        let handle = tokio::spawn(run(settings, shutdown.clone(), stats.clone()));
-        Self {
+        let metrics = service.metrics();
+        let http_addr = service.http_addr();
+        let handle = tokio::spawn(service.run(shutdown.clone()));
+        Ok(Self {
             shutdown,
             handle,
-            stats,
-        }
+            metrics,
+            http_addr,
+        })
     }
 
     /// Graceful stop: finishes in-flight work, then returns.

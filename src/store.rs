@@ -304,6 +304,60 @@ impl Store {
         Ok(map)
     }
 
+    /// UNPAID orders overdue by more than `grace`, oldest first: what the
+    /// sweeper cancels. An index range scan on `(status, expires_at)`.
+    #[tracing::instrument(skip(self))]
+    pub async fn overdue(
+        &self,
+        grace: std::time::Duration,
+        limit: u32,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            r#"
+            SELECT id FROM orders
+             WHERE status = 'UNPAID' AND expires_at < now() - $1
+             ORDER BY expires_at
+             LIMIT $2
+            "#,
+        )
+        .bind(grace)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(ids
+            .iter()
+            .filter_map(|id| OrderId::parse(id).ok())
+            .collect())
+    }
+
+    /// Cancelled orders whose release or event is still pending after
+    /// `grace`, with no live lease: work a crashed or parked delivery left.
+    #[tracing::instrument(skip(self))]
+    pub async fn stale_outbox(
+        &self,
+        grace: std::time::Duration,
+        limit: u32,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        let ids: Vec<String> = sqlx::query_scalar(
+            r#"
+            SELECT order_id FROM cancel_outbox
+             WHERE (stock_released_at IS NULL OR event_published_at IS NULL)
+               AND created_at < now() - $1
+               AND (claimed_until IS NULL OR claimed_until <= now())
+             ORDER BY created_at
+             LIMIT $2
+            "#,
+        )
+        .bind(grace)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(ids
+            .iter()
+            .filter_map(|id| OrderId::parse(id).ok())
+            .collect())
+    }
+
     /// Gives leases back early (after a failure), so the retry does not
     /// wait for them to run out.
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]

@@ -29,7 +29,7 @@ async fn an_unpaid_order_is_cancelled_after_never_before_its_deadline() {
     let env = TestEnv::new().await;
     env.stock_skus(2).await;
     let mut events = env.subscribe_events().await;
-    let service = env.service();
+    let service = env.service().await;
 
     let a = env
         .create_order("late-1", Duration::from_millis(1500), &[(0, 3), (1, 2)])
@@ -76,7 +76,7 @@ async fn an_unpaid_order_is_cancelled_after_never_before_its_deadline() {
             (e.cancelled_at - e.expires_at).num_milliseconds()
         );
     }
-    assert_eq!(service.stats.count(Outcome::Cancelled), 2);
+    assert_eq!(service.metrics.count(Outcome::Cancelled), 2);
     service.stop().await.unwrap();
 }
 
@@ -84,7 +84,7 @@ async fn an_unpaid_order_is_cancelled_after_never_before_its_deadline() {
 async fn a_paid_order_is_left_alone() {
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
-    let service = env.service();
+    let service = env.service().await;
     let order = env
         .create_order("paid-1", Duration::from_millis(1200), &[(0, 5)])
         .await;
@@ -95,7 +95,7 @@ async fn a_paid_order_is_left_alone() {
     env.eventually(
         Duration::from_secs(10),
         "the timeout was processed",
-        || async { service.stats.count(Outcome::AlreadyPaid) == 1 },
+        || async { service.metrics.count(Outcome::AlreadyPaid) == 1 },
     )
     .await;
     let (status, _, cancelled_at) = env.order_state("paid-1").await;
@@ -113,7 +113,7 @@ async fn a_paid_order_is_left_alone() {
 async fn an_extended_deadline_is_respected() {
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
-    let service = env.service();
+    let service = env.service().await;
     let order = env
         .create_order("ext-1", Duration::from_millis(1000), &[(0, 1)])
         .await;
@@ -131,7 +131,7 @@ async fn an_extended_deadline_is_respected() {
     // Past the old deadline, well before the new one: still unpaid.
     tokio::time::sleep(Duration::from_millis(2200)).await;
     assert_eq!(env.order_state("ext-1").await.0, "UNPAID");
-    assert!(service.stats.count(Outcome::Rescheduled) >= 1);
+    assert!(service.metrics.count(Outcome::Rescheduled) >= 1);
 
     let (status, expires_at, cancelled_at) =
         env.wait_settled("ext-1", Duration::from_secs(10)).await;
@@ -153,7 +153,7 @@ async fn duplicated_messages_release_stock_once() {
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
     let mut events = env.subscribe_events().await;
-    let service = env.service();
+    let service = env.service().await;
     let order = env
         .create_order("dup-1", Duration::from_millis(1000), &[(0, 7)])
         .await;
@@ -166,14 +166,14 @@ async fn duplicated_messages_release_stock_once() {
         Duration::from_secs(10),
         "all 5 copies processed",
         || async {
-            service.stats.total() >= 5 + service.stats.count(Outcome::Rescheduled)
-                && service.stats.count(Outcome::Cancelled)
-                    + service.stats.count(Outcome::AlreadyCancelled)
+            service.metrics.total() >= 5 + service.metrics.count(Outcome::Rescheduled)
+                && service.metrics.count(Outcome::Cancelled)
+                    + service.metrics.count(Outcome::AlreadyCancelled)
                     == 5
         },
     )
     .await;
-    assert_eq!(service.stats.count(Outcome::Cancelled), 1);
+    assert_eq!(service.metrics.count(Outcome::Cancelled), 1);
     env.assert_stock_exact(1).await;
     assert_eq!(env.release_calls("dup-1").await, Some(1));
     assert_eq!(env.stock(0).await, STOCK);
@@ -211,13 +211,13 @@ async fn a_redelivery_after_a_crash_finishes_the_pending_release_once() {
     assert!(env.inventory.release(&b.id, &b.items).await.unwrap());
     assert_eq!(env.stock(0).await, STOCK - 4);
 
-    let service = env.service();
+    let service = env.service().await;
     env.publish_timeout(&a).await;
     env.publish_timeout(&b).await;
     env.eventually(
         Duration::from_secs(10),
         "both redeliveries processed",
-        || async { service.stats.count(Outcome::AlreadyCancelled) == 2 },
+        || async { service.metrics.count(Outcome::AlreadyCancelled) == 2 },
     )
     .await;
     assert_eq!(env.release_calls("crash-a").await, Some(1));
@@ -242,6 +242,7 @@ async fn a_killed_service_loses_nothing_and_releases_once() {
             .env("DATABASE_URL", &env.settings.database_url)
             .env("INVENTORY_URL", &env.settings.inventory_url)
             .env("RUST_LOG", "warn")
+            .env("HTTP_ADDR", "127.0.0.1:0")
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("start order-timeout serve")
@@ -298,8 +299,8 @@ async fn a_killed_service_loses_nothing_and_releases_once() {
 async fn two_consumers_on_one_queue_cancel_each_order_once() {
     let env = TestEnv::new().await;
     env.stock_skus(3).await;
-    let one = env.service();
-    let two = env.service();
+    let one = env.service().await;
+    let two = env.service().await;
     let n = 200;
     for i in 0..n {
         let order = env
@@ -318,17 +319,17 @@ async fn two_consumers_on_one_queue_cancel_each_order_once() {
     .await;
     env.eventually(Duration::from_secs(10), "every copy processed", || async {
         let done = |s: &order_timeout::startup::RunningService| {
-            s.stats.count(Outcome::Cancelled) + s.stats.count(Outcome::AlreadyCancelled)
+            s.metrics.count(Outcome::Cancelled) + s.metrics.count(Outcome::AlreadyCancelled)
         };
         done(&one) + done(&two) == 2 * n
     })
     .await;
     assert_eq!(
-        one.stats.count(Outcome::Cancelled) + two.stats.count(Outcome::Cancelled),
+        one.metrics.count(Outcome::Cancelled) + two.metrics.count(Outcome::Cancelled),
         n
     );
     assert!(
-        one.stats.total() > 0 && two.stats.total() > 0,
+        one.metrics.total() > 0 && two.metrics.total() > 0,
         "both consumers got work"
     );
     env.assert_stock_exact(3).await;
@@ -345,7 +346,7 @@ async fn two_consumers_on_one_queue_cancel_each_order_once() {
 async fn mixed_timeouts_do_not_block_each_other() {
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
-    let service = env.service();
+    let service = env.service().await;
     // Longest first: with one per-message-TTL queue the short ones would
     // wait behind the 8 s ones.
     let timeouts_ms = [8000u64, 5000, 3000, 2000, 1300, 800, 500, 300];
@@ -384,7 +385,7 @@ async fn mixed_timeouts_do_not_block_each_other() {
 async fn raw_json_in_every_accepted_form_is_handled() {
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
-    let service = env.service();
+    let service = env.service().await;
     let t = |ms| Duration::from_millis(ms);
     let a = env.create_order("raw-z", t(1200), &[(0, 1)]).await;
     let b = env.create_order("raw-offset", t(1400), &[(0, 1)]).await;
@@ -442,7 +443,7 @@ async fn raw_json_in_every_accepted_form_is_handled() {
         assert!(cancelled_at >= expires_at, "{} early", order.id);
         assert!(cancelled_at - expires_at < late_ok(), "{} late", order.id);
     }
-    assert_eq!(service.stats.count(Outcome::Parked), 0);
+    assert_eq!(service.metrics.count(Outcome::Parked), 0);
     env.assert_stock_exact(1).await;
     service.stop().await.unwrap();
 }
@@ -451,7 +452,7 @@ async fn raw_json_in_every_accepted_form_is_handled() {
 async fn bad_messages_are_parked_with_their_reason_and_do_not_block() {
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
-    let service = env.service();
+    let service = env.service().await;
     let good = env
         .create_order("good-1", Duration::from_millis(1000), &[(0, 1)])
         .await;
@@ -469,7 +470,7 @@ async fn bad_messages_are_parked_with_their_reason_and_do_not_block() {
     let (status, _, _) = env.wait_settled("good-1", Duration::from_secs(10)).await;
     assert_eq!(status, "CANCELLED");
     env.eventually(Duration::from_secs(10), "two messages parked", || async {
-        service.stats.count(Outcome::Parked) == 2
+        service.metrics.count(Outcome::Parked) == 2
     })
     .await;
     let parked = env.drain_parked().await;

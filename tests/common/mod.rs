@@ -46,7 +46,8 @@ pub struct TestEnv {
     pub amqp: Connection,
     /// Confirm-mode channel on `amqp`.
     pub channel: Channel,
-    stop_inventory: Shutdown,
+    stop_inventory: std::sync::Mutex<Shutdown>,
+    inventory_addr: std::net::SocketAddr,
     base_db_url: String,
 }
 
@@ -110,7 +111,8 @@ impl TestEnv {
         let pool = store.pool().clone();
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let inventory_url = format!("http://{}", listener.local_addr().unwrap());
+        let inventory_addr = listener.local_addr().unwrap();
+        let inventory_url = format!("http://{inventory_addr}");
         let stop_inventory = Shutdown::new();
         {
             let stop = stop_inventory.clone();
@@ -129,6 +131,8 @@ impl TestEnv {
             ..Settings::default()
         };
         settings.shutdown_timeout = Duration::from_secs(10);
+        // Several services per test: let each pick a free port.
+        settings.http_addr = "127.0.0.1:0".parse().unwrap();
         startup::declare_topology(&settings)
             .await
             .expect("declare topology");
@@ -147,14 +151,45 @@ impl TestEnv {
             inventory,
             amqp,
             channel,
-            stop_inventory,
+            stop_inventory: std::sync::Mutex::new(stop_inventory),
+            inventory_addr,
             base_db_url,
         }
     }
 
     /// Starts an in-process service instance on this world.
-    pub fn service(&self) -> RunningService {
-        RunningService::spawn(self.settings.clone())
+    pub async fn service(&self) -> RunningService {
+        self.service_with(self.settings.clone()).await
+    }
+
+    /// Starts an in-process service instance with other settings.
+    pub async fn service_with(&self, settings: Settings) -> RunningService {
+        RunningService::start(settings)
+            .await
+            .expect("start the service")
+    }
+
+    /// Stops the inventory server (calls then fail with "unavailable").
+    pub fn stop_inventory(&self) {
+        self.stop_inventory.lock().unwrap().trigger();
+    }
+
+    /// Starts the inventory server again on the same address.
+    pub async fn start_inventory(&self) {
+        let addr = self.inventory_addr;
+        // The old listener may take a moment to let go of the port.
+        let listener = loop {
+            match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        let stop = Shutdown::new();
+        *self.stop_inventory.lock().unwrap() = stop.clone();
+        tokio::spawn(
+            ReferenceInventory::new(self.pool.clone())
+                .serve(listener, async move { stop.wait().await }),
+        );
     }
 
     /// The SKU name `n` of this test.
@@ -433,7 +468,7 @@ impl TestEnv {
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
-        self.stop_inventory.trigger();
+        self.stop_inventory();
         let _ = Command::new("rabbitmqctl")
             .args(["-q", "delete_vhost", &self.name])
             .output();
