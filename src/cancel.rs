@@ -246,11 +246,15 @@ async fn wait_again(
             return job.requeue().await;
         };
         let ctx = ctx.clone();
-        tracker.spawn(async move {
-            let attempts = job.attempts.clone();
-            job.wait_until(&ctx, at, db_now, attempts, Outcome::Rescheduled, &due)
-                .await;
-        });
+        let span = job.span.clone();
+        tracker.spawn(tracing::Instrument::instrument(
+            async move {
+                let attempts = job.attempts.clone();
+                job.wait_until(&ctx, at, db_now, attempts, Outcome::Rescheduled, &due)
+                    .await;
+            },
+            span,
+        ));
     }
 }
 
@@ -272,15 +276,19 @@ fn settle_failed(
 ) {
     let ctx = ctx.clone();
     let resend = resend.clone();
-    tracker.spawn(async move {
-        let mut jobs = jobs.into_iter();
-        let Some(first) = jobs.next() else { return };
-        match resend.upgrade() {
-            Some(due) => first.fail(&ctx, error, &due).await,
-            None => first.requeue().await,
-        }
-        ack_all(&ctx, jobs.collect(), Outcome::AlreadyCancelled).await;
-    });
+    let mut jobs = jobs.into_iter();
+    let Some(first) = jobs.next() else { return };
+    let span = first.span.clone();
+    tracker.spawn(tracing::Instrument::instrument(
+        async move {
+            match resend.upgrade() {
+                Some(due) => first.fail(&ctx, error, &due).await,
+                None => first.requeue().await,
+            }
+            ack_all(&ctx, jobs.collect(), Outcome::AlreadyCancelled).await;
+        },
+        span,
+    ));
 }
 
 /// Steps 2–4 for cancelled orders: release stock, publish the event, mark
@@ -317,7 +325,12 @@ pub(crate) async fn finish(
 
     let items = &items;
     let done: Vec<Finished> = stream::iter(orders)
-        .map(|(id, c, jobs)| async move {
+        .map(|(id, c, jobs)| {
+            // The message's span, or (the sweeper has no message) a new one.
+            let span = jobs.first().map(|j| j.span.clone()).unwrap_or_else(
+                || tracing::info_span!("order", order_id = %id),
+            );
+            tracing::Instrument::instrument(async move {
             let mut errors = Vec::new();
             let mut released = false;
             if c.release_pending {
@@ -365,6 +378,7 @@ pub(crate) async fn finish(
                 published,
                 errors,
             }
+        }, span)
         })
         .buffer_unordered(ctx.settings.inventory_concurrency.max(1))
         .collect()

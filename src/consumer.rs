@@ -68,6 +68,9 @@ pub struct Job {
     /// Counts the delivery in `order_timeout_in_flight_messages` until the
     /// job is dropped (acked, requeued, parked).
     pub in_flight: GaugeGuard,
+    /// The message's span (`message{order_id}`): every log line about this
+    /// delivery, wherever it is handled, carries its order id.
+    pub span: tracing::Span,
 }
 
 impl Job {
@@ -327,29 +330,40 @@ async fn dispatch(
 ) {
     let in_flight = ctx.metrics.in_flight();
     let attempts = Attempts::from_headers(delivery.properties.headers().as_ref());
+    let span = tracing::info_span!(
+        "message",
+        order_id = tracing::field::Empty,
+        attempt = attempts.count + 1,
+        redelivered = delivery.redelivered,
+    );
     let request = match TimeoutRequest::parse(&delivery.data, ctx.settings.max_body_bytes) {
         Ok(request) => request,
         Err(e) => {
             let ctx = ctx.clone();
-            tracker.spawn(async move {
-                park_bad(&ctx, delivery, e, attempts).await;
-                drop(in_flight);
-            });
+            tracker.spawn(tracing::Instrument::instrument(
+                async move {
+                    park_bad(&ctx, delivery, e, attempts).await;
+                    drop(in_flight);
+                },
+                span,
+            ));
             return;
         }
     };
+    span.record("order_id", tracing::field::display(&request.order_id));
     let job = Job {
         delivery,
         request,
         attempts,
         in_flight,
+        span,
     };
     let now = Utc::now();
     match job.deadline() {
         Some(deadline) if deadline > now => {
             let ctx = ctx.clone();
             let due = due.clone();
-            let span = tracing::debug_span!("schedule", order_id = %job.order_id());
+            let span = job.span.clone();
             tracker.spawn(tracing::Instrument::instrument(
                 async move {
                     let attempts = job.attempts.clone();

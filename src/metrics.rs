@@ -223,6 +223,17 @@ impl Metrics {
             "Messages ready in the service's queues (due, parked)",
             queue_messages.clone(),
         );
+        // Every known series starts at 0, so rate() and alerts see the
+        // first increment instead of a series appearing out of nowhere.
+        for outcome in Outcome::ALL {
+            let _ = messages.get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            });
+        }
+        for s in [Stage::Db, Stage::Inventory, Stage::Publish] {
+            let _ = stage.get_or_create(&StageLabel { stage: s.as_str() });
+        }
+        let _ = reconnects.get_or_create(&TargetLabel { target: "amqp" });
         Self {
             registry,
             messages,
@@ -292,6 +303,18 @@ impl Metrics {
         self.reconnects
             .get_or_create(&TargetLabel { target: "amqp" })
             .inc();
+    }
+
+    /// Broker reconnects so far.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects
+            .get_or_create(&TargetLabel { target: "amqp" })
+            .get()
+    }
+
+    /// Orders the sweeper settled so far.
+    pub fn swept_total(&self) -> u64 {
+        self.swept.get()
     }
 
     /// Counts a failed stock release.
@@ -381,5 +404,34 @@ mod tests {
         assert!(m.render().contains("order_timeout_in_flight_messages 0"));
         assert_eq!(m.count(Outcome::Cancelled), 1);
         assert_eq!(m.total(), 2);
+    }
+
+    #[test]
+    fn every_metric_the_alert_rules_use_is_served() {
+        let m = Metrics::new();
+        m.set_queue_depth(crate::topology::PARKED_QUEUE, 0);
+        let text = m.render();
+        let rules = include_str!("../deploy/prometheus-alerts.yml");
+        let mut names: Vec<&str> = rules
+            .match_indices("order_timeout_")
+            .map(|(at, _)| {
+                let rest = &rules[at..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        assert!(names.len() >= 6, "{names:?}");
+        for name in names {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{'])),
+                "deploy/prometheus-alerts.yml uses {name}, which /metrics does not serve:\n{text}"
+            );
+        }
+        assert!(text.contains(r#"order_timeout_queue_messages{queue="order-timeout.parked"} 0"#));
     }
 }
