@@ -251,6 +251,61 @@ async fn inventory_down_orders_are_retried_then_released_once_it_is_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_inventory_times_out_and_is_retried_until_it_answers() {
+    let env = TestEnv::new().await;
+    env.stock_skus(1).await;
+    let service = env.service_with(fast_retries(&env, 20)).await;
+    let mut orders = Vec::new();
+    for i in 0..5 {
+        orders.push(
+            env.create_order(&format!("hang-{i}"), Duration::from_millis(800), &[(0, 1)])
+                .await,
+        );
+    }
+    // In the inventory's place: a server that accepts connections and never
+    // answers (a hung process, a black-holed proxy).
+    env.stop_inventory();
+    let addr: std::net::SocketAddr = env
+        .settings
+        .inventory_url
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let hung = loop {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let hold = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = hung.accept().await {
+            open.push(socket);
+        }
+    });
+    for order in &orders {
+        env.publish_timeout(order).await;
+    }
+    env.eventually(
+        Duration::from_secs(30),
+        "timed-out releases retried",
+        || async { service.metrics.count(Outcome::Retried) >= 5 },
+    )
+    .await;
+    assert_eq!(service.metrics.count(Outcome::Cancelled), 0);
+    hold.abort();
+    let _ = hold.await;
+    env.start_inventory().await;
+    env.wait_outbox_done(Duration::from_secs(30)).await;
+    for order in &orders {
+        assert_eq!(env.order_state(&order.id).await.0, "CANCELLED");
+        assert_eq!(env.release_calls(&order.id).await, Some(1));
+    }
+    assert_eq!(env.stock(0).await, STOCK);
+    service.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error() {
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
