@@ -9,11 +9,12 @@
 //! - [`metrics`] and [`http`]: `/metrics`, `/healthz`, `/readyz`;
 //! - [`message`]: the accepted message formats;
 //! - [`parked`] and [`topology_check`]: operator tooling (`parked list|replay|purge`,
-//!   `topology check`);
+//!   `topology check`, wired in [`cli_ops`]);
 //! - [`startup`]: wiring and reconnects; [`cli`]: the commands.
 
 pub mod cancel;
 pub mod cli;
+pub mod cli_ops;
 pub mod config;
 pub mod consumer;
 pub mod demo;
