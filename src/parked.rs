@@ -555,7 +555,12 @@ pub async fn replay(
                 error,
             });
         }
-        pass.ack(&delivery.acker).await?;
+        if let Err(e) = pass.ack(&delivery.acker).await {
+            // Replayed but still parked: a later replay repeats it, which
+            // is harmless. Return the rest in order.
+            let _ = pass.finish().await;
+            return Err(e);
+        }
         report.replayed += 1;
     }
     pass.finish().await?;
