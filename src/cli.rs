@@ -1,5 +1,6 @@
 //! The command line: `migrate`, `serve`, `inventory-server`, `schedule`,
-//! `demo`.
+//! `demo`, and the operator commands `parked` and `topology` (in
+//! [`crate::cli_ops`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -49,6 +50,12 @@ pub enum Command {
     Schedule(ScheduleArgs),
     /// Show the product working end to end on the local servers.
     Demo(crate::demo::DemoArgs),
+    /// Inspect, replay and purge parked (failed) messages.
+    #[command(subcommand)]
+    Parked(crate::cli_ops::ParkedCommand),
+    /// Check the broker's queues and exchanges against what the service expects.
+    #[command(subcommand)]
+    Topology(crate::cli_ops::TopologyCommand),
 }
 
 /// Arguments of `schedule`.
@@ -121,6 +128,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
         }
         Command::Demo(args) => return crate::demo::run(settings, args).await,
+        Command::Parked(command) => return crate::cli_ops::run_parked(settings, command).await,
+        Command::Topology(command) => {
+            return crate::cli_ops::run_topology(settings, command).await;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -8,10 +8,13 @@
 //! - [`retry`]: **the retry policy**; [`sweeper`]: the safety net;
 //! - [`metrics`] and [`http`]: `/metrics`, `/healthz`, `/readyz`;
 //! - [`message`]: the accepted message formats;
+//! - [`parked`] and [`topology_check`]: operator tooling (`parked list|replay|purge`,
+//!   `topology check`, wired in [`cli_ops`]);
 //! - [`startup`]: wiring and reconnects; [`cli`]: the commands.
 
 pub mod cancel;
 pub mod cli;
+pub mod cli_ops;
 pub mod config;
 pub mod consumer;
 pub mod demo;
@@ -19,6 +22,7 @@ pub mod http;
 pub mod inventory;
 pub mod message;
 pub mod metrics;
+pub mod parked;
 pub mod publisher;
 pub mod retry;
 pub mod shop;
@@ -28,3 +32,4 @@ pub mod store;
 pub mod sweeper;
 pub mod telemetry;
 pub mod topology;
+pub mod topology_check;

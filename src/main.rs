@@ -11,6 +11,10 @@ async fn main() -> ExitCode {
     // warnings there unless RUST_LOG asks for more.
     let default_filter = match cli.command {
         order_timeout::cli::Command::Demo(_) => "warn",
+        // Operator commands print their results; the expected channel
+        // errors of `topology check` (404/406) are results, not log noise.
+        order_timeout::cli::Command::Parked(_) => "warn",
+        order_timeout::cli::Command::Topology(_) => "warn,lapin=off",
         _ => "info",
     };
     order_timeout::telemetry::init(default_filter);

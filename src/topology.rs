@@ -168,97 +168,159 @@ pub fn queue_specs(queue_type: QueueType) -> Vec<QueueSpec> {
     specs
 }
 
-async fn declare_exchange(
-    channel: &Channel,
-    name: &str,
-    kind: ExchangeKind,
-) -> Result<(), TopologyError> {
-    channel
-        .exchange_declare(
-            name.into(),
-            kind,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|error| TopologyError::Declare {
-            what: format!("exchange {name}"),
-            error,
-        })
+/// One exchange as the service expects it; [`declare`] creates these and
+/// `topology check` compares the broker's against them.
+#[derive(Clone, Debug)]
+pub struct ExchangeSpec {
+    /// Exchange name.
+    pub name: String,
+    /// Exchange type (all are durable, not auto-delete, not internal).
+    pub kind: ExchangeKind,
+}
+
+/// Every exchange the service declares.
+pub fn exchange_specs() -> Vec<ExchangeSpec> {
+    let spec = |name: &str, kind| ExchangeSpec {
+        name: name.into(),
+        kind,
+    };
+    let mut specs = vec![
+        spec(ENTRY_EXCHANGE, ExchangeKind::Direct),
+        spec(READY_EXCHANGE, ExchangeKind::Fanout),
+        spec(EVENTS_EXCHANGE, ExchangeKind::Topic),
+    ];
+    specs.extend((0..LEVELS).map(|k| spec(&level_name(k), ExchangeKind::Topic)));
+    specs
+}
+
+/// Where a binding delivers: a queue, or another exchange (the cascade's
+/// fall-through from one level to the next).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BindingDestination {
+    /// A queue binding.
+    Queue(String),
+    /// An exchange-to-exchange binding.
+    Exchange(String),
+}
+
+/// One binding as the service expects it; [`declare`] creates these and
+/// `topology check` makes sure both ends exist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindingSpec {
+    /// Exchange the binding routes from.
+    pub source: String,
+    /// Queue or exchange it routes to.
+    pub destination: BindingDestination,
+    /// Binding key (a topic pattern on the cascade levels).
+    pub routing_key: String,
+}
+
+/// Every binding the service declares.
+pub fn binding_specs() -> Vec<BindingSpec> {
+    let queue = |source: &str, queue: &str, key: String| BindingSpec {
+        source: source.into(),
+        destination: BindingDestination::Queue(queue.into()),
+        routing_key: key,
+    };
+    let mut specs = vec![
+        queue(ENTRY_EXCHANGE, DUE_QUEUE, SCHEDULE_ROUTING_KEY.into()),
+        queue(READY_EXCHANGE, DUE_QUEUE, String::new()),
+    ];
+    for k in 0..LEVELS {
+        specs.push(queue(&level_name(k), &level_name(k), bit_pattern(k, '1')));
+        let below = if k == 0 {
+            READY_EXCHANGE.to_string()
+        } else {
+            level_name(k - 1)
+        };
+        specs.push(BindingSpec {
+            source: level_name(k),
+            destination: BindingDestination::Exchange(below),
+            routing_key: bit_pattern(k, '0'),
+        });
+    }
+    specs
+}
+
+/// Options every exchange of the service is declared with.
+pub fn exchange_options() -> ExchangeDeclareOptions {
+    ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+/// Options every queue of the service is declared with.
+pub fn queue_options() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
 }
 
 /// Declares every exchange, queue and binding. Idempotent: safe to run on
 /// every start and from several replicas at once.
 #[tracing::instrument(skip(channel))]
 pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), TopologyError> {
-    declare_exchange(channel, ENTRY_EXCHANGE, ExchangeKind::Direct).await?;
-    declare_exchange(channel, READY_EXCHANGE, ExchangeKind::Fanout).await?;
-    declare_exchange(channel, EVENTS_EXCHANGE, ExchangeKind::Topic).await?;
-    for k in 0..LEVELS {
-        declare_exchange(channel, &level_name(k), ExchangeKind::Topic).await?;
+    for spec in exchange_specs() {
+        channel
+            .exchange_declare(
+                spec.name.as_str().into(),
+                spec.kind,
+                exchange_options(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|error| TopologyError::Declare {
+                what: format!("exchange {}", spec.name),
+                error,
+            })?;
     }
     for spec in queue_specs(queue_type) {
         channel
-            .queue_declare(
-                spec.name.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                spec.args,
-            )
+            .queue_declare(spec.name.as_str().into(), queue_options(), spec.args)
             .await
             .map_err(|error| TopologyError::Declare {
                 what: format!("queue {}", spec.name),
                 error,
             })?;
     }
-    let bind_queue = |queue: String, exchange: String, key: String| async move {
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                exchange.as_str().into(),
-                key.as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|error| TopologyError::Declare {
-                what: format!("binding {exchange} -> {queue} ({key})"),
-                error,
-            })
-    };
-    bind_queue(
-        DUE_QUEUE.into(),
-        ENTRY_EXCHANGE.into(),
-        SCHEDULE_ROUTING_KEY.into(),
-    )
-    .await?;
-    bind_queue(DUE_QUEUE.into(), READY_EXCHANGE.into(), String::new()).await?;
-    for k in 0..LEVELS {
-        bind_queue(level_name(k), level_name(k), bit_pattern(k, '1')).await?;
-        let below = if k == 0 {
-            READY_EXCHANGE.to_string()
-        } else {
-            level_name(k - 1)
+    for spec in binding_specs() {
+        let source = spec.source.as_str().into();
+        let key = spec.routing_key.as_str().into();
+        let (result, destination) = match &spec.destination {
+            BindingDestination::Queue(queue) => (
+                channel
+                    .queue_bind(
+                        queue.as_str().into(),
+                        source,
+                        key,
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await,
+                queue,
+            ),
+            BindingDestination::Exchange(exchange) => (
+                channel
+                    .exchange_bind(
+                        exchange.as_str().into(),
+                        source,
+                        key,
+                        ExchangeBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await,
+                exchange,
+            ),
         };
-        let key = bit_pattern(k, '0');
-        channel
-            .exchange_bind(
-                below.as_str().into(),
-                level_name(k).as_str().into(),
-                key.as_str().into(),
-                ExchangeBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(|error| TopologyError::Declare {
-                what: format!("binding {} -> {below} ({key})", level_name(k)),
-                error,
-            })?;
+        result.map_err(|error| TopologyError::Declare {
+            what: format!(
+                "binding {} -> {destination} ({})",
+                spec.source, spec.routing_key
+            ),
+            error,
+        })?;
     }
     Ok(())
 }
@@ -332,5 +394,24 @@ mod tests {
             level0.args.inner().get("x-dead-letter-exchange"),
             Some(&AMQPValue::LongString(READY_EXCHANGE.into()))
         );
+    }
+
+    #[test]
+    fn every_binding_connects_declared_objects() {
+        let exchanges: Vec<String> = exchange_specs().into_iter().map(|e| e.name).collect();
+        let queues: Vec<String> = queue_specs(QueueType::Quorum)
+            .into_iter()
+            .map(|q| q.name)
+            .collect();
+        let bindings = binding_specs();
+        assert_eq!(bindings.len(), 2 + 2 * LEVELS as usize);
+        for b in &bindings {
+            assert!(exchanges.contains(&b.source), "{b:?}");
+            match &b.destination {
+                BindingDestination::Queue(q) => assert!(queues.contains(q), "{b:?}"),
+                BindingDestination::Exchange(e) => assert!(exchanges.contains(e), "{b:?}"),
+            }
+        }
+        assert_eq!(exchanges.len(), 3 + LEVELS as usize);
     }
 }

@@ -494,3 +494,119 @@ impl Drop for TestEnv {
         .join();
     }
 }
+
+// ---- Operator tooling helpers (tests/operations.rs) ----
+
+/// Output of one run of the real `order-timeout` binary.
+pub struct CliOutput {
+    /// Exit code (None: killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl TestEnv {
+    /// Runs the real binary against this test's vhost and database with
+    /// empty standard input, and waits for it (on a blocking thread, so the
+    /// test's runtime keeps serving the in-process service).
+    pub async fn cli(&self, args: &[&str]) -> CliOutput {
+        self.cli_stdin(args, "").await
+    }
+
+    /// [`TestEnv::cli`] with `stdin` as the binary's standard input.
+    pub async fn cli_stdin(&self, args: &[&str], stdin: &str) -> CliOutput {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let stdin = stdin.to_owned();
+        let env = EnvForCli {
+            amqp_url: self.settings.amqp_url.clone(),
+            database_url: self.settings.database_url.clone(),
+            inventory_url: self.settings.inventory_url.clone(),
+        };
+        tokio::task::spawn_blocking(move || env.run(&args, &stdin))
+            .await
+            .unwrap()
+    }
+
+    /// Messages ready in the parked queue (passive declare).
+    pub async fn parked_count(&self) -> u32 {
+        let channel = self.amqp.create_channel().await.unwrap();
+        let queue = channel
+            .queue_declare(
+                topology::PARKED_QUEUE.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = channel.close(200, "".into()).await;
+        queue.message_count()
+    }
+
+    /// Publishes a message straight into the parked queue with these
+    /// string headers, as the service's `park` would, and waits for the
+    /// confirm.
+    pub async fn park_raw(&self, body: &[u8], headers: &[(&str, String)]) {
+        let mut table = FieldTable::default();
+        for (k, v) in headers {
+            table.insert(
+                (*k).into(),
+                lapin::types::AMQPValue::LongString(v.as_str().into()),
+            );
+        }
+        let confirm = self
+            .channel
+            .basic_publish(
+                "".into(),
+                topology::PARKED_QUEUE.into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_headers(table),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+    }
+}
+
+/// What a CLI run needs from a [`TestEnv`], movable to a blocking thread.
+struct EnvForCli {
+    amqp_url: String,
+    database_url: String,
+    inventory_url: String,
+}
+
+impl EnvForCli {
+    fn run(&self, args: &[String], stdin: &str) -> CliOutput {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+            .args(args)
+            .env("AMQP_URL", &self.amqp_url)
+            .env("DATABASE_URL", &self.database_url)
+            .env("INVENTORY_URL", &self.inventory_url)
+            .env("RUST_LOG", "warn")
+            .env_remove("ORDER_TIMEOUT_CONFIG")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start order-timeout");
+        let mut input = child.stdin.take().unwrap();
+        let _ = input.write_all(stdin.as_bytes());
+        drop(input);
+        let out = child.wait_with_output().expect("wait for order-timeout");
+        CliOutput {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
