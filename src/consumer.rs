@@ -213,7 +213,10 @@ pub async fn park(
         source_routing_key: delivery.routing_key.to_string(),
     };
     let started = std::time::Instant::now();
-    let parked = ctx.publisher.park(&delivery.data, &info).await;
+    let parked = ctx
+        .publisher
+        .park(&delivery.data, &delivery.properties, &info)
+        .await;
     ctx.metrics.stage(Stage::Publish, started.elapsed());
     match parked {
         Ok(()) => {

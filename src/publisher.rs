@@ -204,10 +204,33 @@ impl Publisher {
         Ok(route.hops)
     }
 
-    /// Parks a message: original body, headers saying why.
-    #[tracing::instrument(skip(self, body, info), fields(kind = %info.kind, order_id = ?info.order_id))]
-    pub async fn park(&self, body: &[u8], info: &ParkInfo) -> Result<(), PublishError> {
+    /// Parks a message: original body and properties (content type,
+    /// message id, the sender's own headers…), plus headers saying why.
+    /// Broker bookkeeping (`x-death`, delivery counts), our re-schedule
+    /// deadline and any per-message `expiration` (which would expire the
+    /// parked copy) are dropped.
+    #[tracing::instrument(skip(self, body, original, info), fields(kind = %info.kind, order_id = ?info.order_id))]
+    pub async fn park(
+        &self,
+        body: &[u8],
+        original: &BasicProperties,
+        info: &ParkInfo,
+    ) -> Result<(), PublishError> {
         let mut headers = FieldTable::default();
+        if let Some(theirs) = original.headers() {
+            for (key, value) in theirs.inner() {
+                let k = key.as_str();
+                let bookkeeping = k == "x-death"
+                    || k.starts_with("x-first-death-")
+                    || k.starts_with("x-last-death-")
+                    || k == "x-delivery-count"
+                    || k == H_DEADLINE_MS
+                    || k == H_ORDER_ID;
+                if !bookkeeping {
+                    headers.insert(key.clone(), value.clone());
+                }
+            }
+        }
         info.attempts.write(&mut headers);
         let mut text = |k: &str, v: &str| {
             headers.insert(k.into(), AMQPValue::LongString(LongString::from(v)));
@@ -221,16 +244,12 @@ impl Publisher {
         if let Some(id) = &info.order_id {
             text(H_ORDER_ID, id.as_str());
         }
-        headers.insert(
-            crate::retry::H_ATTEMPTS.into(),
-            AMQPValue::LongLongInt(info.attempts.count.into()),
-        );
         self.publish(
             "",
             PARKED_QUEUE,
             true,
             body,
-            BasicProperties::default().with_headers(headers),
+            kept_properties(original).with_headers(headers),
         )
         .await
     }
@@ -248,6 +267,41 @@ impl Publisher {
         )
         .await
     }
+}
+
+/// The sender's properties worth keeping on a parked copy (everything but
+/// headers, which the caller rebuilds, `expiration`, `user-id`, which the
+/// broker checks against our login, and the delivery mode, always 2).
+fn kept_properties(original: &BasicProperties) -> BasicProperties {
+    let mut p = BasicProperties::default();
+    if let Some(v) = original.content_type() {
+        p = p.with_content_type(v.clone());
+    }
+    if let Some(v) = original.content_encoding() {
+        p = p.with_content_encoding(v.clone());
+    }
+    if let Some(v) = original.priority() {
+        p = p.with_priority(*v);
+    }
+    if let Some(v) = original.correlation_id() {
+        p = p.with_correlation_id(v.clone());
+    }
+    if let Some(v) = original.reply_to() {
+        p = p.with_reply_to(v.clone());
+    }
+    if let Some(v) = original.message_id() {
+        p = p.with_message_id(v.clone());
+    }
+    if let Some(v) = original.timestamp() {
+        p = p.with_timestamp(*v);
+    }
+    if let Some(v) = original.kind() {
+        p = p.with_type(v.clone());
+    }
+    if let Some(v) = original.app_id() {
+        p = p.with_app_id(v.clone());
+    }
+    p
 }
 
 fn json_properties(headers: FieldTable) -> BasicProperties {

@@ -40,6 +40,16 @@ async fn parked(env: &TestEnv) -> Vec<(String, String, i64, Vec<u8>)> {
             .clone()
             .unwrap_or_default();
         let h = headers.inner();
+        assert_eq!(
+            msg.delivery
+                .properties
+                .content_type()
+                .as_ref()
+                .map(|t| t.as_str()),
+            Some("application/json"),
+            "the sender's properties are kept"
+        );
+        assert!(h.get("x-death").is_none(), "no broker bookkeeping");
         for required in [
             "x-first-failure",
             "x-last-failure",
