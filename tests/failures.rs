@@ -496,16 +496,43 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows() {
     }
     let names = service_connections(&env.name);
     assert_eq!(names.len(), 1, "one service connection: {names:?}");
-    let out = Command::new("rabbitmqctl")
-        .args(["-q", "close_connection", &names[0], "test: connection lost"])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    env.eventually(Duration::from_secs(5), "a reconnect counted", || async {
-        service.metrics.reconnects() >= 1
+    // Lose the connection, and keep the broker refusing the service for a
+    // while (its user loses its permissions on the vhost; the harness's
+    // open channel keeps working).
+    let user = url::Url::parse(&env.settings.amqp_url)
+        .unwrap()
+        .username()
+        .to_owned();
+    let rabbitmqctl = |args: &[&str]| {
+        let out = Command::new("rabbitmqctl").args(args).output().unwrap();
+        assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
+    };
+    rabbitmqctl(&["-q", "clear_permissions", "-p", &env.name, &user]);
+    rabbitmqctl(&["-q", "close_connection", &names[0], "test: connection lost"]);
+    env.eventually(
+        Duration::from_secs(10),
+        "not ready, broker down",
+        || async {
+            let (status, body) = http_get(addr, "/readyz").await;
+            status == 503 && body.contains("\"broker\":false")
+        },
+    )
+    .await;
+    env.eventually(Duration::from_secs(10), "reconnects attempted", || async {
+        service.metrics.reconnects() >= 2
     })
     .await;
-    env.eventually(Duration::from_secs(20), "ready again", || async {
+    rabbitmqctl(&[
+        "-q",
+        "set_permissions",
+        "-p",
+        &env.name,
+        &user,
+        ".*",
+        ".*",
+        ".*",
+    ]);
+    env.eventually(Duration::from_secs(40), "ready again", || async {
         http_get(addr, "/readyz").await.0 == 200 && service_connections(&env.name).len() == 1
     })
     .await;
