@@ -1,5 +1,5 @@
 //! The command line: `migrate`, `serve`, `inventory-server`, `schedule`,
-//! `demo`.
+//! `demo`, `bench`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -49,6 +49,10 @@ pub enum Command {
     Schedule(ScheduleArgs),
     /// Show the product working end to end on the local servers.
     Demo(crate::demo::DemoArgs),
+    /// Load-generate on the real path and measure lateness, throughput,
+    /// resources; compare with the single-queue design and the broker's
+    /// one-hop ceiling (see docs/BENCHMARKS.md).
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Arguments of `schedule`.
@@ -121,6 +125,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
         }
         Command::Demo(args) => return crate::demo::run(settings, args).await,
+        Command::Bench(args) => return crate::bench::run(settings, cli.config, args).await,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -10,6 +10,7 @@
 //! - [`message`]: the accepted message formats;
 //! - [`startup`]: wiring and reconnects; [`cli`]: the commands.
 
+pub mod bench;
 pub mod cancel;
 pub mod cli;
 pub mod config;

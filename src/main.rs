@@ -10,7 +10,7 @@ async fn main() -> ExitCode {
     // The demo talks through its progress bar and summary; keep logs to
     // warnings there unless RUST_LOG asks for more.
     let default_filter = match cli.command {
-        order_timeout::cli::Command::Demo(_) => "warn",
+        order_timeout::cli::Command::Demo(_) | order_timeout::cli::Command::Bench(_) => "warn",
         _ => "info",
     };
     order_timeout::telemetry::init(default_filter);
