@@ -146,6 +146,7 @@ pub async fn broker_ceiling(
     let (total_tx, total_rx) = tokio::sync::watch::channel::<Option<u64>>(None);
     let consumer_task = tokio::spawn(async move {
         let mut lateness = Vec::new();
+        let mut arrivals = Vec::new();
         let mut first: Option<std::time::Instant> = None;
         let mut last = std::time::Instant::now();
         let mut unacked: Option<lapin::message::Delivery> = None;
@@ -162,6 +163,7 @@ pub async fn broker_ceiling(
                     let now = std::time::Instant::now();
                     first.get_or_insert(now);
                     last = now;
+                    arrivals.push(now);
                     if let Ok(bytes) = <[u8; 8]>::try_from(&d.data[..8.min(d.data.len())]) {
                         let sent_ms = i64::from_be_bytes(bytes);
                         let now_ms = chrono::Utc::now().timestamp_millis();
@@ -188,7 +190,7 @@ pub async fn broker_ceiling(
         if let Some(d) = unacked {
             let _ = d.ack(BasicAckOptions { multiple: true }).await;
         }
-        (lateness, first, last)
+        (lateness, arrivals, first, last)
     });
 
     // Publisher: as fast as confirms allow, a bounded window in flight.
@@ -234,13 +236,21 @@ pub async fn broker_ceiling(
         }));
     }
     join_all(tasks).await;
-    let publish_secs = started.elapsed().as_secs_f64();
+    let publish_end = std::time::Instant::now();
+    let publish_secs = (publish_end - started).as_secs_f64();
     let total = ok.load(Ordering::Relaxed);
     let _ = total_tx.send(Some(total));
-    let (lateness, first, last) = consumer_task
+    let (lateness, arrivals, first, last) = consumer_task
         .await
         .map_err(|e| BenchError::Setup(e.to_string()))?;
     let consumed = lateness.len() as u64;
+    // Deliveries while the publisher was still running: the rate the
+    // broker sustains while also taking publishes (the ceiling proper).
+    let sustained = first.and_then(|f| {
+        let window = publish_end.checked_duration_since(f)?.as_secs_f64();
+        let n = arrivals.iter().filter(|t| **t <= publish_end).count();
+        (window > 0.5).then(|| n as f64 / window)
+    });
     let consume_secs = match first {
         Some(f) => (last - f).as_secs_f64(),
         None => 0.0,
@@ -264,6 +274,7 @@ pub async fn broker_ceiling(
         } else {
             0.0
         },
+        sustained_rate: sustained,
         lateness: LatenessStats::from_ms(&lateness),
         ..Default::default()
     })

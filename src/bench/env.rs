@@ -100,6 +100,8 @@ pub struct BenchEnv {
     pub inventory: Option<ChildProc>,
     /// The service children.
     pub services: Vec<ChildProc>,
+    /// Their `/metrics` ports.
+    pub metrics_ports: Vec<u16>,
 }
 
 fn free_port() -> Result<u16, BenchError> {
@@ -153,6 +155,7 @@ impl BenchEnv {
             keep,
             inventory: None,
             services: Vec::new(),
+            metrics_ports: Vec::new(),
         };
         // From here on, `cleanup` removes what exists.
         Store::migrate(&database_url).await?;
@@ -215,6 +218,7 @@ impl BenchEnv {
                 &[("HTTP_ADDR", format!("127.0.0.1:{port}"))],
             )?;
             self.services.push(child);
+            self.metrics_ports.push(port);
         }
         self.wait_consumers(n, tokio::time::Instant::now() + Duration::from_secs(60))
             .await
@@ -251,6 +255,39 @@ impl BenchEnv {
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
+    }
+
+    /// The services' counters (`/metrics`, summed over instances): stage
+    /// durations (`_sum`, `_count`) and message outcomes. Empty where
+    /// unreadable.
+    pub async fn scrape(&self) -> std::collections::BTreeMap<String, f64> {
+        let mut out = std::collections::BTreeMap::new();
+        for port in &self.metrics_ports {
+            let Ok(Ok(text)) =
+                tokio::time::timeout(Duration::from_secs(3), http_get(*port, "/metrics")).await
+            else {
+                continue;
+            };
+            for line in text.lines() {
+                if line.starts_with('#') {
+                    continue;
+                }
+                let keep = line.starts_with("order_timeout_stage_duration_seconds_sum")
+                    || line.starts_with("order_timeout_stage_duration_seconds_count")
+                    || line.starts_with("order_timeout_messages_total")
+                    || line.starts_with("order_timeout_cancel_lateness_seconds_sum")
+                    || line.starts_with("order_timeout_cancel_lateness_seconds_count");
+                if !keep {
+                    continue;
+                }
+                if let Some((name, value)) = line.rsplit_once(' ')
+                    && let Ok(v) = value.parse::<f64>()
+                {
+                    *out.entry(name.to_owned()).or_default() += v;
+                }
+            }
+        }
+        out
     }
 
     /// Process ids of the service children.
@@ -297,5 +334,20 @@ impl BenchEnv {
         if let Err(e) = drop_db.await {
             eprintln!("warning: could not drop database {}: {e}", self.name);
         }
+        let _ = std::fs::remove_dir_all(&self.log_dir);
     }
+}
+
+async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
 }

@@ -149,6 +149,9 @@ pub struct PhaseReport {
     pub resources: BTreeMap<String, Usage>,
     /// `/proc/loadavg` at the start and the end of the phase.
     pub loadavg: (String, String),
+    /// The services' own counters over the phase (`/metrics` deltas):
+    /// time spent per stage (`…_sum` seconds, `…_count` calls), outcomes.
+    pub service_metrics: BTreeMap<String, f64>,
     /// Problems found (an empty list means every check passed).
     pub failures: Vec<String>,
 }
@@ -167,8 +170,13 @@ pub struct CeilingReport {
     pub consumed: u64,
     /// Confirmed publishes per second while publishing.
     pub publish_rate: f64,
-    /// Consumed per second, first to last delivery: the ceiling.
+    /// Consumed per second, first to last delivery (includes draining the
+    /// backlog after publishing stopped).
     pub consume_rate: f64,
+    /// Consumed per second while the publisher was still running (from
+    /// the first delivery to the end of publishing): the ceiling, a hop
+    /// sustained while taking publishes.
+    pub sustained_rate: Option<f64>,
     /// Lateness of the dead-lettered messages (delivery − publish − TTL).
     /// Saturated, so this grows with the backlog; for information only.
     pub lateness: LatenessStats,
