@@ -184,7 +184,7 @@ async fn session(
     topology::declare(publisher.channel(), settings.queue_type).await?;
     let consume_channel = conn.create_channel().await?;
     let depth_channel = conn.create_channel().await?;
-    let publish_channel = publisher.channel().clone();
+    let publish_channels = publisher.channels().to_vec();
     let ctx = Arc::new(Context {
         settings: settings.clone(),
         publisher,
@@ -230,7 +230,9 @@ async fn session(
     // Closing the consuming channel returns every unacked delivery to the queue.
     let _ = consume_channel.close(200, "bye".into()).await;
     let _ = depth_channel.close(200, "bye".into()).await;
-    let _ = publish_channel.close(200, "bye".into()).await;
+    for channel in publish_channels {
+        let _ = channel.close(200, "bye".into()).await;
+    }
     let _ = conn.close(200, "bye".into()).await;
     let _ = pub_conn.close(200, "bye".into()).await;
     result?;
