@@ -43,6 +43,9 @@ pub const CEILING_DELAY_QUEUE: &str = "bench.ceiling.delay";
 pub const CEILING_SINK_QUEUE: &str = "bench.ceiling.sink";
 /// TTL of the ceiling's delay queue.
 pub const CEILING_TTL_MS: u64 = 1000;
+/// Most messages the ceiling keeps between publish and consume: more than
+/// one TTL's worth at any rate this machine reaches.
+const IN_FLIGHT: u64 = 15_000;
 
 fn args(queue_type: QueueType, ttl_ms: Option<u64>, dlx: Option<(&str, &str)>) -> FieldTable {
     let mut t = FieldTable::default();
@@ -144,6 +147,8 @@ pub async fn broker_ceiling(
         .await?;
     // The total published, once publishing is over.
     let (total_tx, total_rx) = tokio::sync::watch::channel::<Option<u64>>(None);
+    let consumed_n = Arc::new(AtomicU64::new(0));
+    let consumed_c = consumed_n.clone();
     let consumer_task = tokio::spawn(async move {
         let mut lateness = Vec::new();
         let mut arrivals = Vec::new();
@@ -164,6 +169,7 @@ pub async fn broker_ceiling(
                     first.get_or_insert(now);
                     last = now;
                     arrivals.push(now);
+                    consumed_c.fetch_add(1, Ordering::Relaxed);
                     if let Ok(bytes) = <[u8; 8]>::try_from(&d.data[..8.min(d.data.len())]) {
                         let sent_ms = i64::from_be_bytes(bytes);
                         let now_ms = chrono::Utc::now().timestamp_millis();
@@ -201,6 +207,12 @@ pub async fn broker_ceiling(
     let mut i = 0usize;
     let mut tasks = Vec::new();
     while started.elapsed() < duration {
+        // Closed loop: at most IN_FLIGHT published but not yet consumed, so
+        // the publisher cannot starve the dead-lettering of CPU; it runs at
+        // the speed of the whole hop.
+        while ok.load(Ordering::Relaxed) >= consumed_n.load(Ordering::Relaxed) + IN_FLIGHT {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let permits = window
             .clone()
             .acquire_many_owned(100)
@@ -247,8 +259,12 @@ pub async fn broker_ceiling(
     // Deliveries while the publisher was still running: the rate the
     // broker sustains while also taking publishes (the ceiling proper).
     let sustained = first.and_then(|f| {
-        let window = publish_end.checked_duration_since(f)?.as_secs_f64();
-        let n = arrivals.iter().filter(|t| **t <= publish_end).count();
+        let from = f + Duration::from_secs(1);
+        let window = publish_end.checked_duration_since(from)?.as_secs_f64();
+        let n = arrivals
+            .iter()
+            .filter(|t| **t >= from && **t <= publish_end)
+            .count();
         (window > 0.5).then(|| n as f64 / window)
     });
     let consume_secs = match first {

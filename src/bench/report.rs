@@ -173,9 +173,10 @@ pub struct CeilingReport {
     /// Consumed per second, first to last delivery (includes draining the
     /// backlog after publishing stopped).
     pub consume_rate: f64,
-    /// Consumed per second while the publisher was still running (from
-    /// the first delivery to the end of publishing): the ceiling, a hop
-    /// sustained while taking publishes.
+    /// Consumed per second while the publisher was still running (from one
+    /// second after the first delivery to the end of publishing, the
+    /// publisher held to at most 15,000 messages ahead of the consumer):
+    /// the ceiling, one hop sustained while also taking the publishes.
     pub sustained_rate: Option<f64>,
     /// Lateness of the dead-lettered messages (delivery − publish − TTL).
     /// Saturated, so this grows with the backlog; for information only.
