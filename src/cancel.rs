@@ -35,6 +35,11 @@ use crate::metrics::{Outcome, Stage};
 use crate::publisher::CancelledEvent;
 use crate::store::{Cancellation, OrderState};
 
+/// How long the batcher waits for more due messages before it sends a batch
+/// that is not full: a few milliseconds of lateness for far fewer, larger
+/// cancel statements under load.
+const BATCH_LINGER: Duration = Duration::from_millis(3);
+
 /// How often a batch re-asks about orders another transaction was changing
 /// at the same moment, before treating it as a transient failure.
 const CONTENDED_ROUNDS: u32 = 5;
@@ -56,10 +61,21 @@ pub async fn run(
             return;
         };
         let mut batch = vec![first];
+        // Linger a moment for more: held messages fall due one timer at a
+        // time, and without this most batches were 1–2 orders (measured with
+        // `bench` at 1,000 orders/s: 1.6 orders per cancel statement, the
+        // database the busiest process).
+        let linger_until = tokio::time::Instant::now() + BATCH_LINGER;
         while batch.len() < ctx.settings.batch_max {
             match due.try_recv() {
                 Ok(job) => batch.push(job),
-                Err(_) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    match tokio::time::timeout_at(linger_until, due.recv()).await {
+                        Ok(Some(job)) => batch.push(job),
+                        Ok(None) | Err(_) => break,
+                    }
+                }
             }
         }
         let ctx = ctx.clone();

@@ -1,5 +1,5 @@
 //! The command line: `migrate`, `serve`, `inventory-server`, `schedule`,
-//! `demo`, and the operator commands `parked` and `topology` (in
+//! `demo`, `bench`, and the operator commands `parked` and `topology` (in
 //! [`crate::cli_ops`]).
 
 use std::net::SocketAddr;
@@ -56,6 +56,10 @@ pub enum Command {
     /// Check the broker's queues and exchanges against what the service expects.
     #[command(subcommand)]
     Topology(crate::cli_ops::TopologyCommand),
+    /// Load-generate on the real path and measure lateness, throughput,
+    /// resources; compare with the single-queue design and the broker's
+    /// one-hop ceiling (see docs/BENCHMARKS.md).
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Arguments of `schedule`.
@@ -132,6 +136,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Topology(command) => {
             return crate::cli_ops::run_topology(settings, command).await;
         }
+        Command::Bench(args) => return crate::bench::run(settings, cli.config, args).await,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -12,6 +12,7 @@
 //!   `topology check`, wired in [`cli_ops`]);
 //! - [`startup`]: wiring and reconnects; [`cli`]: the commands.
 
+pub mod bench;
 pub mod cancel;
 pub mod cli;
 pub mod cli_ops;

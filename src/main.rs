@@ -10,7 +10,7 @@ async fn main() -> ExitCode {
     // The demo talks through its progress bar and summary; keep logs to
     // warnings there unless RUST_LOG asks for more.
     let default_filter = match cli.command {
-        order_timeout::cli::Command::Demo(_) => "warn",
+        order_timeout::cli::Command::Demo(_) | order_timeout::cli::Command::Bench(_) => "warn",
         // Operator commands print their results; the expected channel
         // errors of `topology check` (404/406) are results, not log noise.
         order_timeout::cli::Command::Parked(_) => "warn",

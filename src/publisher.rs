@@ -93,25 +93,52 @@ pub struct CancelledEvent {
     pub lateness_ms: i64,
 }
 
-/// A confirm-mode channel. Cheap to clone; clones share the channel.
+/// Confirm-mode channels on one connection, used in turn. Cheap to clone;
+/// clones share the channels.
+///
+/// Several channels because the broker handles each channel's publishes in
+/// one process, one after the other: measured with `bench` at 2,000
+/// orders/s, a single channel's confirms took 700 ms on average and the
+/// service fell behind.
 #[derive(Clone)]
 pub struct Publisher {
-    channel: Channel,
+    channels: std::sync::Arc<[Channel]>,
+    next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// Channels a [`Publisher`] opens.
+pub const PUBLISH_CHANNELS: usize = 4;
+
 impl Publisher {
-    /// Opens a channel on `connection` and puts it in confirm mode.
+    /// Opens [`PUBLISH_CHANNELS`] channels on `connection` in confirm mode.
     pub async fn new(connection: &Connection) -> Result<Self, lapin::Error> {
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        Ok(Self { channel })
+        let mut channels = Vec::with_capacity(PUBLISH_CHANNELS);
+        for _ in 0..PUBLISH_CHANNELS {
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            channels.push(channel);
+        }
+        Ok(Self {
+            channels: channels.into(),
+            next: Default::default(),
+        })
     }
 
-    /// The underlying channel (for declarations).
+    /// The first channel (for declarations).
     pub fn channel(&self) -> &Channel {
-        &self.channel
+        &self.channels[0]
+    }
+
+    /// Every channel (to close them).
+    pub fn channels(&self) -> &[Channel] {
+        &self.channels
+    }
+
+    fn pick(&self) -> &Channel {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.channels[i % self.channels.len()]
     }
 
     /// Publishes one persistent message and waits for the broker's confirm.
@@ -129,7 +156,7 @@ impl Publisher {
             error,
         };
         let confirm = self
-            .channel
+            .pick()
             .basic_publish(
                 ShortString::from(exchange),
                 ShortString::from(routing_key),

@@ -113,7 +113,17 @@ pub struct Store {
 
 fn connect_options(url: &str) -> Result<PgConnectOptions, StoreError> {
     url.parse::<PgConnectOptions>()
-        .map(|o| o.log_statements(tracing::log::LevelFilter::Trace))
+        .map(|o| {
+            o.log_statements(tracing::log::LevelFilter::Trace)
+                // Plan every execution with its real parameters. With cached
+                // generic plans, a connection that prepared the cancel
+                // statement while `orders`/`cancel_outbox` were nearly empty
+                // kept seq-scanning them as they grew (measured with `bench`
+                // on a fresh database: one seq scan of each table per batch,
+                // cancellations capped near 700/s). Planning costs well under
+                // a millisecond per statement.
+                .options([("plan_cache_mode", "force_custom_plan")])
+        })
         .map_err(|error| StoreError::Url {
             url: crate::config::redact_url(url),
             error,

@@ -1,0 +1,273 @@
+//! The numbers a bench run reports, and the JSON they are written as.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::sys::{MemSample, Usage};
+
+/// Lateness percentiles (`cancelled_at - expires_at`, from the database).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct LatenessStats {
+    /// Cancellations measured.
+    pub count: u64,
+    /// Cancelled before the deadline (must be 0).
+    pub early: u64,
+    /// Most negative lateness seen (ms), if any order was early.
+    pub earliest_ms: Option<f64>,
+    /// Median, ms.
+    pub p50_ms: f64,
+    /// 90th percentile, ms.
+    pub p90_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// 99.9th percentile, ms.
+    pub p999_ms: f64,
+    /// Worst, ms.
+    pub max_ms: f64,
+    /// Mean, ms.
+    pub mean_ms: f64,
+}
+
+impl LatenessStats {
+    /// Percentiles of `lateness_ms` (one value per cancelled order; early
+    /// ones are negative and counted in `early`). Microsecond resolution,
+    /// 3 significant digits.
+    pub fn from_ms(lateness_ms: &[f64]) -> Self {
+        let mut hist =
+            Histogram::<u64>::new_with_bounds(1, 24 * 3600 * 1_000_000, 3).expect("valid bounds");
+        let mut early = 0;
+        let mut earliest: Option<f64> = None;
+        let mut sum = 0.0;
+        for &ms in lateness_ms {
+            sum += ms;
+            if ms < 0.0 {
+                early += 1;
+                earliest = Some(earliest.map_or(ms, |e: f64| e.min(ms)));
+            }
+            let us = (ms.max(0.0) * 1000.0).round() as u64;
+            hist.saturating_record(us.max(1));
+        }
+        let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
+        let n = lateness_ms.len() as u64;
+        if n == 0 {
+            return Self::default();
+        }
+        Self {
+            count: n,
+            early,
+            earliest_ms: earliest,
+            p50_ms: q(0.5),
+            p90_ms: q(0.9),
+            p99_ms: q(0.99),
+            p999_ms: q(0.999),
+            max_ms: hist.max() as f64 / 1000.0,
+            mean_ms: sum / n as f64,
+        }
+    }
+}
+
+/// Lateness of the orders due in one second of the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct SecondStats {
+    /// Seconds since the first order was created (by deadline).
+    pub t_s: u64,
+    /// Orders cancelled that were due in this second.
+    pub cancelled: u64,
+    /// Median lateness, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Worst, ms.
+    pub max_ms: f64,
+}
+
+/// Per-second lateness, by deadline: `points` are `(seconds since start,
+/// lateness ms)` of each cancelled order.
+pub fn per_second(points: &[(f64, f64)]) -> Vec<SecondStats> {
+    let mut buckets: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for &(t, ms) in points {
+        buckets.entry(t.max(0.0) as u64).or_default().push(ms);
+    }
+    buckets
+        .into_iter()
+        .map(|(t_s, v)| {
+            let s = LatenessStats::from_ms(&v);
+            SecondStats {
+                t_s,
+                cancelled: s.count,
+                p50_ms: s.p50_ms,
+                p99_ms: s.p99_ms,
+                max_ms: s.max_ms,
+            }
+        })
+        .collect()
+}
+
+/// The outcome of one workload phase (the product, or a baseline).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PhaseReport {
+    /// `cascade` (the product) or `single-queue` (the baseline).
+    pub design: String,
+    /// Orders per second asked for.
+    pub target_rate: f64,
+    /// Orders created.
+    pub orders: u64,
+    /// Orders per second achieved, from `orders.created_at` (first to last
+    /// insert).
+    pub achieved_rate: f64,
+    /// Seconds the generator took to create them.
+    pub create_seconds: f64,
+    /// Orders the generator could not create or publish (errors).
+    pub create_errors: u64,
+    /// Orders paid before their deadline (and so never to be cancelled).
+    pub paid: u64,
+    /// Payments that found the order no longer UNPAID (must be 0: that
+    /// would mean it was cancelled before its deadline).
+    pub pay_failures: u64,
+    /// Orders cancelled.
+    pub cancelled: u64,
+    /// Unpaid orders not cancelled by the end of the settle wait (must be 0).
+    pub not_cancelled: u64,
+    /// Paid orders that were touched (cancelled, outbox row, stock released;
+    /// must be 0).
+    pub paid_touched: u64,
+    /// Cancelled orders whose stock release or event is still pending.
+    pub outbox_pending: u64,
+    /// Orders whose stock was released (must equal `cancelled`).
+    pub stock_releases: u64,
+    /// Release calls beyond the first per order (absorbed duplicates).
+    pub duplicate_release_calls: u64,
+    /// Peak cancellations in one second (by `cancelled_at`).
+    pub peak_cancel_rate: u64,
+    /// Lateness percentiles.
+    pub lateness: LatenessStats,
+    /// Lateness per second of deadline.
+    pub per_second: Vec<SecondStats>,
+    /// CPU and memory per process group while the phase ran.
+    pub resources: BTreeMap<String, Usage>,
+    /// `/proc/loadavg` at the start and the end of the phase.
+    pub loadavg: (String, String),
+    /// The services' own counters over the phase (`/metrics` deltas):
+    /// time spent per stage (`…_sum` seconds, `…_count` calls), outcomes.
+    pub service_metrics: BTreeMap<String, f64>,
+    /// Problems found (an empty list means every check passed).
+    pub failures: Vec<String>,
+}
+
+/// The one-hop broker ceiling: publish (confirms) → fixed-TTL queue →
+/// dead-letter → consume, no database.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CeilingReport {
+    /// Queue type used.
+    pub queue_type: String,
+    /// TTL of the delay queue, ms.
+    pub ttl_ms: u64,
+    /// Messages published (and confirmed).
+    pub published: u64,
+    /// Messages consumed.
+    pub consumed: u64,
+    /// Confirmed publishes per second while publishing.
+    pub publish_rate: f64,
+    /// Consumed per second, first to last delivery (includes draining the
+    /// backlog after publishing stopped).
+    pub consume_rate: f64,
+    /// Consumed per second while the publisher was still running (from one
+    /// second after the first delivery to the end of publishing, the
+    /// publisher held to at most 15,000 messages ahead of the consumer):
+    /// the ceiling, one hop sustained while also taking the publishes.
+    pub sustained_rate: Option<f64>,
+    /// Lateness of the dead-lettered messages (delivery − publish − TTL).
+    /// Saturated, so this grows with the backlog; for information only.
+    pub lateness: LatenessStats,
+    /// CPU and memory per process group while it ran.
+    pub resources: BTreeMap<String, Usage>,
+    /// `/proc/loadavg` at start and end.
+    pub loadavg: (String, String),
+}
+
+/// Memory and disk with many orders pending (`--pending N`).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PendingReport {
+    /// Orders created and scheduled.
+    pub orders: u64,
+    /// Timeouts used.
+    pub timeouts: String,
+    /// Seconds to declare the topology.
+    pub declare_seconds: f64,
+    /// Seconds to insert the rows and publish the messages (confirmed).
+    pub publish_seconds: f64,
+    /// Seconds until every message had left `order-timeout.due` for the
+    /// cascade (from the first publish).
+    pub fill_seconds: f64,
+    /// Messages per cascade queue at the end (queue → count).
+    pub queue_messages: BTreeMap<String, u64>,
+    /// Broker memory of this vhost's queues (`rabbitmqctl list_queues
+    /// memory`), MiB, if readable.
+    pub queue_memory_mib: Option<f64>,
+    /// Broker's own total memory figure (`rabbitmqctl status`), MiB,
+    /// before and after, if readable.
+    pub broker_memory_mib: (Option<f64>, Option<f64>),
+    /// Broker data directory size before and after filling, MiB, if readable.
+    pub broker_disk_mib: (Option<f64>, Option<f64>),
+    /// Service memory over time (PSS/RSS, MiB).
+    pub service_memory: Vec<MemSample>,
+    /// Broker memory over time (PSS/RSS, MiB).
+    pub broker_memory: Vec<MemSample>,
+    /// CPU and memory per group over the whole fill.
+    pub resources: BTreeMap<String, Usage>,
+    /// `/proc/loadavg` at start and end.
+    pub loadavg: (String, String),
+    /// Problems found.
+    pub failures: Vec<String>,
+}
+
+/// Everything one `bench` run measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BenchReport {
+    /// The command line.
+    pub command: String,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// Machine: cores, memory, broker and database versions.
+    pub machine: BTreeMap<String, String>,
+    /// Service settings that matter for the numbers.
+    pub settings: BTreeMap<String, String>,
+    /// The one-hop broker ceiling, if measured.
+    pub broker_ceiling: Option<CeilingReport>,
+    /// The product's run.
+    pub cascade: Option<PhaseReport>,
+    /// The single-queue baseline's run, if asked for.
+    pub single_queue: Option<PhaseReport>,
+    /// The pending-orders measurement, if asked for.
+    pub pending: Option<PendingReport>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_and_early_count() {
+        let v: Vec<f64> = (1..=1000).map(|i| i as f64).collect();
+        let s = LatenessStats::from_ms(&v);
+        assert_eq!(s.count, 1000);
+        assert_eq!(s.early, 0);
+        assert!((s.p50_ms - 500.0).abs() < 1.0, "{}", s.p50_ms);
+        assert!((s.p99_ms - 990.0).abs() < 1.5, "{}", s.p99_ms);
+        assert!((s.max_ms - 1000.0).abs() < 1.0);
+        let s = LatenessStats::from_ms(&[-2.0, 1.0, 3.0]);
+        assert_eq!((s.early, s.earliest_ms), (1, Some(-2.0)));
+        assert_eq!(LatenessStats::from_ms(&[]), LatenessStats::default());
+    }
+
+    #[test]
+    fn buckets_by_second() {
+        let pts = [(0.1, 1.0), (0.9, 3.0), (1.5, 10.0)];
+        let s = per_second(&pts);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].t_s, s[0].cancelled), (0, 2));
+        assert!((s[1].max_ms - 10.0).abs() < 0.1);
+    }
+}

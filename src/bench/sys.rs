@@ -1,0 +1,270 @@
+//! CPU and memory of the processes taking part, read from `/proc`: the
+//! load generator (this process), the service and inventory children, the
+//! broker (`beam.smp`) and PostgreSQL (every `postgres` process). What
+//! cannot be read (no `/proc`, another user's process) is reported as
+//! missing, never guessed.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// Which processes a [`Group`] covers.
+#[derive(Clone, Debug)]
+pub enum Who {
+    /// These process ids.
+    Pids(Vec<u32>),
+    /// Every process whose `comm` is this name (looked up at each sample,
+    /// so PostgreSQL backends that come and go are counted).
+    Comm(&'static str),
+}
+
+/// A named set of processes to watch.
+#[derive(Clone, Debug)]
+pub struct Group {
+    /// Label in the report (`service`, `broker`, …).
+    pub name: String,
+    /// The processes.
+    pub who: Who,
+}
+
+/// One reading of one group.
+#[derive(Clone, Copy, Debug, Default)]
+struct Reading {
+    /// utime + stime, clock ticks, summed over the group.
+    ticks: u64,
+    /// Resident memory (PSS where readable, which does not count shared
+    /// pages several times; else RSS), bytes, summed.
+    mem_bytes: u64,
+    /// Processes read.
+    procs: usize,
+}
+
+/// CPU and memory of one group over a phase.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Usage {
+    /// Average CPU over the phase, in cores (1.0 = one core busy).
+    pub cpu_cores: Option<f64>,
+    /// Peak memory seen (PSS, or RSS where PSS is unreadable), MiB.
+    pub mem_peak_mib: Option<f64>,
+    /// Memory at the last sample, MiB.
+    pub mem_last_mib: Option<f64>,
+    /// Processes counted at the last sample (0: none found or unreadable).
+    pub processes: usize,
+}
+
+/// One memory sample of one group, for memory-over-time.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemSample {
+    /// Seconds since the sampler started.
+    pub t_s: f64,
+    /// Memory, MiB.
+    pub mib: f64,
+}
+
+fn clock_ticks_per_sec() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100)
+}
+
+/// Process ids whose `/proc/PID/comm` is `name`.
+pub fn pids_named(name: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .map(|c| c.trim() == name)
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn read_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are
+    // fields 14 and 15 of the whole line.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn kib_field(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn read_mem(pid: u32) -> Option<u64> {
+    if let Ok(rollup) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        && let Some(pss) = kib_field(&rollup, "Pss:")
+    {
+        return Some(pss * 1024);
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some(kib_field(&status, "VmRSS:")? * 1024)
+}
+
+fn read(who: &Who) -> Reading {
+    let pids = match who {
+        Who::Pids(p) => p.clone(),
+        Who::Comm(name) => pids_named(name),
+    };
+    let mut r = Reading::default();
+    for pid in pids {
+        if let (Some(t), Some(m)) = (read_ticks(pid), read_mem(pid)) {
+            r.ticks += t;
+            r.mem_bytes += m;
+            r.procs += 1;
+        }
+    }
+    r
+}
+
+/// Samples groups over time. Call [`Sampler::sample`] periodically (about
+/// once a second); [`Sampler::usage`] summarises.
+pub struct Sampler {
+    groups: Vec<Group>,
+    tck: u64,
+    started: Instant,
+    first: Vec<Option<(Instant, Reading)>>,
+    last: Vec<Option<(Instant, Reading)>>,
+    peak: Vec<u64>,
+    /// CPU ticks of processes that left a `Comm` group are lost; PostgreSQL
+    /// backends live as long as their pool connection, so this is small.
+    series: Vec<Vec<MemSample>>,
+}
+
+impl Sampler {
+    /// A sampler for `groups`, taking its first reading now.
+    pub fn new(groups: Vec<Group>) -> Self {
+        let n = groups.len();
+        let mut s = Self {
+            groups,
+            tck: clock_ticks_per_sec(),
+            started: Instant::now(),
+            first: vec![None; n],
+            last: vec![None; n],
+            peak: vec![0; n],
+            series: vec![Vec::new(); n],
+        };
+        s.sample();
+        s
+    }
+
+    /// Takes one reading of every group.
+    pub fn sample(&mut self) {
+        let now = Instant::now();
+        for (i, g) in self.groups.iter().enumerate() {
+            let r = read(&g.who);
+            if r.procs == 0 {
+                continue;
+            }
+            if self.first[i].is_none() {
+                self.first[i] = Some((now, r));
+            }
+            self.last[i] = Some((now, r));
+            self.peak[i] = self.peak[i].max(r.mem_bytes);
+            self.series[i].push(MemSample {
+                t_s: (now - self.started).as_secs_f64(),
+                mib: r.mem_bytes as f64 / 1048576.0,
+            });
+        }
+    }
+
+    /// Starts a new phase: CPU averages and peaks count from now.
+    pub fn reset(&mut self) {
+        let n = self.groups.len();
+        self.first = vec![None; n];
+        self.last = vec![None; n];
+        self.peak = vec![0; n];
+        self.sample();
+    }
+
+    /// Usage per group name since the last [`Sampler::reset`].
+    pub fn usage(&self) -> BTreeMap<String, Usage> {
+        let mut out = BTreeMap::new();
+        for (i, g) in self.groups.iter().enumerate() {
+            let u = match (self.first[i], self.last[i]) {
+                (Some((t0, r0)), Some((t1, r1))) => {
+                    let dt = (t1 - t0).as_secs_f64();
+                    Usage {
+                        cpu_cores: (dt > 0.5).then(|| {
+                            r1.ticks.saturating_sub(r0.ticks) as f64 / self.tck as f64 / dt
+                        }),
+                        mem_peak_mib: Some(self.peak[i] as f64 / 1048576.0),
+                        mem_last_mib: Some(r1.mem_bytes as f64 / 1048576.0),
+                        processes: r1.procs,
+                    }
+                }
+                _ => Usage::default(),
+            };
+            out.insert(g.name.clone(), u);
+        }
+        out
+    }
+
+    /// Memory over time of the group called `name`.
+    pub fn series(&self, name: &str) -> Vec<MemSample> {
+        self.groups
+            .iter()
+            .position(|g| g.name == name)
+            .map(|i| self.series[i].clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Disk used under `path` in bytes (`du -sb`), if readable.
+pub fn disk_usage(path: &str) -> Option<u64> {
+    let out = std::process::Command::new("du")
+        .args(["-sb", path])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let me = std::process::id();
+        assert!(read_ticks(me).is_some());
+        assert!(read_mem(me).unwrap() > 0);
+        let mut s = Sampler::new(vec![
+            Group {
+                name: "me".into(),
+                who: Who::Pids(vec![me]),
+            },
+            Group {
+                name: "nobody".into(),
+                who: Who::Comm("no-such-process-name"),
+            },
+        ]);
+        s.sample();
+        let u = s.usage();
+        assert_eq!(u["me"].processes, 1);
+        assert!(u["me"].mem_peak_mib.unwrap() > 0.0);
+        assert_eq!(u["nobody"].processes, 0);
+        assert!(u["nobody"].mem_peak_mib.is_none());
+    }
+}
