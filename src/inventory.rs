@@ -214,35 +214,35 @@ impl pb::inventory_server::Inventory for ReferenceInventory {
             return Err(Status::invalid_argument("order_id is empty"));
         }
         let (skus, quantities) = aggregate(&req.items)?;
-        let mut tx = self.pool.begin().await.map_err(internal)?;
-        // The idempotency key: only the first call for an order inserts.
-        let first: Option<bool> = sqlx::query_scalar(
+        // One statement (so one round trip and one commit): the idempotency
+        // key (only the first call for an order inserts) and, on the first
+        // call only, the stock. The service calls this once per cancelled
+        // order, so its cost sets the database's load (measured with
+        // `bench`: BEGIN + 2 statements + COMMIT made the database the
+        // busiest process at 1,000 orders/s).
+        let released: bool = sqlx::query_scalar(
             r#"
-            INSERT INTO inventory.releases (order_id) VALUES ($1)
-            ON CONFLICT (order_id) DO UPDATE SET calls = inventory.releases.calls + 1
-            RETURNING calls = 1
+            WITH release AS (
+                INSERT INTO inventory.releases (order_id) VALUES ($1)
+                ON CONFLICT (order_id) DO UPDATE SET calls = inventory.releases.calls + 1
+                RETURNING calls = 1 AS first
+            ), stock AS (
+                INSERT INTO inventory.stock (sku, available)
+                SELECT r.sku, r.quantity
+                  FROM unnest($2::text[], $3::bigint[]) AS r(sku, quantity), release
+                 WHERE release.first
+                 ORDER BY r.sku
+                ON CONFLICT (sku) DO UPDATE SET available = inventory.stock.available + EXCLUDED.available
+            )
+            SELECT first FROM release
             "#,
         )
         .bind(&req.order_id)
-        .fetch_optional(&mut *tx)
+        .bind(&skus)
+        .bind(&quantities)
+        .fetch_one(&self.pool)
         .await
         .map_err(internal)?;
-        let released = first.unwrap_or(false);
-        if released {
-            sqlx::query(
-                r#"
-                INSERT INTO inventory.stock (sku, available)
-                SELECT * FROM unnest($1::text[], $2::bigint[]) AS r(sku, quantity) ORDER BY sku
-                ON CONFLICT (sku) DO UPDATE SET available = inventory.stock.available + EXCLUDED.available
-                "#,
-            )
-            .bind(&skus)
-            .bind(&quantities)
-            .execute(&mut *tx)
-            .await
-            .map_err(internal)?;
-        }
-        tx.commit().await.map_err(internal)?;
         Ok(Response::new(pb::ReleaseStockResponse { released }))
     }
 

@@ -29,10 +29,10 @@ pub struct Group {
 }
 
 /// One reading of one group.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Reading {
-    /// utime + stime, clock ticks, summed over the group.
-    ticks: u64,
+    /// utime + stime, clock ticks, per process.
+    ticks: BTreeMap<u32, u64>,
     /// Resident memory (PSS where readable, which does not count shared
     /// pages several times; else RSS), bytes, summed.
     mem_bytes: u64,
@@ -124,7 +124,7 @@ fn read(who: &Who) -> Reading {
     let mut r = Reading::default();
     for pid in pids {
         if let (Some(t), Some(m)) = (read_ticks(pid), read_mem(pid)) {
-            r.ticks += t;
+            r.ticks.insert(pid, t);
             r.mem_bytes += m;
             r.procs += 1;
         }
@@ -141,9 +141,12 @@ pub struct Sampler {
     first: Vec<Option<(Instant, Reading)>>,
     last: Vec<Option<(Instant, Reading)>>,
     peak: Vec<u64>,
-    /// CPU ticks of processes that left a `Comm` group are lost; PostgreSQL
-    /// backends live as long as their pool connection, so this is small.
+    /// CPU of a process is counted from the first reading it appears in
+    /// (from 0 if it started during the phase) to its last; a process that
+    /// exits before the end of the phase is left out. PostgreSQL backends
+    /// live as long as their pool connection, so this is small.
     series: Vec<Vec<MemSample>>,
+    seen: Vec<BTreeMap<u32, (u64, u64)>>,
 }
 
 impl Sampler {
@@ -158,6 +161,7 @@ impl Sampler {
             last: vec![None; n],
             peak: vec![0; n],
             series: vec![Vec::new(); n],
+            seen: vec![BTreeMap::new(); n],
         };
         s.sample();
         s
@@ -171,10 +175,18 @@ impl Sampler {
             if r.procs == 0 {
                 continue;
             }
-            if self.first[i].is_none() {
-                self.first[i] = Some((now, r));
+            let first_reading = self.first[i].is_none();
+            for (pid, t) in &r.ticks {
+                let base = if first_reading { *t } else { 0 };
+                self.seen[i]
+                    .entry(*pid)
+                    .and_modify(|e| e.1 = *t)
+                    .or_insert((base, *t));
             }
-            self.last[i] = Some((now, r));
+            if first_reading {
+                self.first[i] = Some((now, r.clone()));
+            }
+            self.last[i] = Some((now, r.clone()));
             self.peak[i] = self.peak[i].max(r.mem_bytes);
             self.series[i].push(MemSample {
                 t_s: (now - self.started).as_secs_f64(),
@@ -189,6 +201,7 @@ impl Sampler {
         self.first = vec![None; n];
         self.last = vec![None; n];
         self.peak = vec![0; n];
+        self.seen = vec![BTreeMap::new(); n];
         self.sample();
     }
 
@@ -196,13 +209,18 @@ impl Sampler {
     pub fn usage(&self) -> BTreeMap<String, Usage> {
         let mut out = BTreeMap::new();
         for (i, g) in self.groups.iter().enumerate() {
-            let u = match (self.first[i], self.last[i]) {
-                (Some((t0, r0)), Some((t1, r1))) => {
-                    let dt = (t1 - t0).as_secs_f64();
+            let u = match (&self.first[i], &self.last[i]) {
+                (Some((t0, _)), Some((t1, r1))) => {
+                    let dt = (*t1 - *t0).as_secs_f64();
+                    // Processes alive at the last reading, from their first.
+                    let ticks: u64 = r1
+                        .ticks
+                        .keys()
+                        .filter_map(|pid| self.seen[i].get(pid))
+                        .map(|(a, b)| b.saturating_sub(*a))
+                        .sum();
                     Usage {
-                        cpu_cores: (dt > 0.5).then(|| {
-                            r1.ticks.saturating_sub(r0.ticks) as f64 / self.tck as f64 / dt
-                        }),
+                        cpu_cores: (dt > 0.5).then(|| ticks as f64 / self.tck as f64 / dt),
                         mem_peak_mib: Some(self.peak[i] as f64 / 1048576.0),
                         mem_last_mib: Some(r1.mem_bytes as f64 / 1048576.0),
                         processes: r1.procs,
