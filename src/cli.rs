@@ -122,7 +122,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     format!("connecting to {}", config::redact_url(&settings.amqp_url))
                 })?;
             let publisher = Publisher::new(&conn).await?;
-            crate::topology::declare(publisher.channel(), settings.queue_type).await?;
+            crate::topology::declare(publisher.channel(), &settings.layout()).await?;
             publisher.schedule(&request).await?;
             let _ = conn.close(200, "done".into()).await;
             println!(

@@ -266,7 +266,7 @@ pub async fn run_topology(
 ) -> anyhow::Result<ExitCode> {
     let TopologyCommand::Check(args) = command;
     let conn = connect(&settings, "order-timeout-topology-check").await?;
-    let report = topology_check::check(&conn, settings.queue_type).await;
+    let report = topology_check::check(&conn, &settings.layout()).await;
     let _ = conn.close(200, "done".into()).await;
     let report = report?;
     let vhost = url::Url::parse(&settings.amqp_url)
@@ -281,11 +281,12 @@ pub async fn run_topology(
         })
         .unwrap_or_else(|| "?".into());
     println!(
-        "topology check: vhost {vhost:?}, queue type {}",
+        "topology check: vhost {vhost:?}, queue type {}, {} cascade shard(s)",
         match report.queue_type {
             crate::config::QueueType::Quorum => "quorum",
             crate::config::QueueType::Classic => "classic",
-        }
+        },
+        report.shards
     );
     for object in &report.objects {
         let line = match &object.status {

@@ -51,6 +51,52 @@ pub enum QueueType {
     Classic,
 }
 
+/// How many parallel copies ("shards") of the delay cascade to declare.
+///
+/// RabbitMQ moves a quorum queue's expired messages to its dead-letter
+/// target through one worker per queue, with a small window of unconfirmed
+/// messages (`dead_letter_worker_consumer_prefetch`, default 32). Under load
+/// that caps one cascade level near a few hundred messages per second
+/// (measured with `bench`: at 1,250 orders/s the 5 s and 10 s orders fell
+/// seconds behind while the service and database kept the others on time).
+/// Each shard is a full cascade with its own queues, so `n` shards give each
+/// level `n` workers. Orders are spread by a hash of their id.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "u32")]
+pub struct CascadeShards(u32);
+
+impl CascadeShards {
+    /// Most shards accepted: 28 levels x 16 = 448 queues is already plenty.
+    pub const MAX: u32 = 16;
+
+    /// The number of shards (1..=[`Self::MAX`]).
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<u32> for CascadeShards {
+    type Error = String;
+
+    fn try_from(n: u32) -> Result<Self, Self::Error> {
+        if (1..=Self::MAX).contains(&n) {
+            Ok(Self(n))
+        } else {
+            Err(format!(
+                "cascade_shards must be between 1 and {}, not {n}",
+                Self::MAX
+            ))
+        }
+    }
+}
+
+impl Default for CascadeShards {
+    /// Four: measured with `bench` (docs/BENCHMARKS.md).
+    fn default() -> Self {
+        Self(4)
+    }
+}
+
 /// What to do with a timeout message whose order id has no row.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -134,6 +180,8 @@ pub struct Settings {
     pub http_addr: SocketAddr,
     /// Queue type of the delay cascade and work queues.
     pub queue_type: QueueType,
+    /// Parallel copies of the delay cascade (see [`CascadeShards`]).
+    pub cascade_shards: CascadeShards,
     /// Unacknowledged deliveries the consumer may hold at once. Messages held
     /// for their sub-second remainder count against it, so it must exceed
     /// (orders/s due) x ~1 s.
@@ -177,6 +225,7 @@ impl Default for Settings {
             inventory_url: DEFAULT_INVENTORY_URL.into(),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
             queue_type: QueueType::Quorum,
+            cascade_shards: CascadeShards::default(),
             prefetch: 4000,
             batch_max: 200,
             batch_concurrency: 4,
@@ -195,6 +244,14 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// The broker objects these settings ask for.
+    pub fn layout(&self) -> crate::topology::Layout {
+        crate::topology::Layout {
+            queue_type: self.queue_type,
+            shards: self.cascade_shards,
+        }
+    }
+
     /// Defaults, then the config file if one is named (argument or
     /// `ORDER_TIMEOUT_CONFIG`), then the environment variables.
     pub fn load(config_file: Option<&Path>) -> Result<Self, ConfigError> {
@@ -291,6 +348,9 @@ mod tests {
     #[test]
     fn unknown_keys_and_bad_addresses_are_errors() {
         assert!(toml::from_str::<Settings>("prefech = 1").is_err());
+        let err = toml::from_str::<Settings>("cascade_shards = 0").unwrap_err();
+        assert!(err.to_string().contains("between 1 and 16"), "{err}");
+        assert!(toml::from_str::<Settings>("cascade_shards = 17").is_err());
         let mut s = Settings::default();
         let err = s
             .apply_env(|n| (n == "HTTP_ADDR").then(|| "nope".to_string()))

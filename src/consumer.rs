@@ -137,6 +137,7 @@ impl Job {
                 deadline,
                 now,
                 &attempts,
+                ctx.settings.cascade_shards,
             )
             .await;
         ctx.metrics.stage(Stage::Publish, started.elapsed());

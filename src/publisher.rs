@@ -10,11 +10,12 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
 use serde::Serialize;
 
+use crate::config::CascadeShards;
 use crate::message::{OrderId, TimeoutRequest, format_instant};
 use crate::retry::Attempts;
 use crate::topology::{
     CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, PARKED_QUEUE, SCHEDULE_ROUTING_KEY,
-    cascade_route,
+    cascade_route, shard_for,
 };
 
 /// Header: the deadline (Unix epoch milliseconds) a re-scheduled message
@@ -202,7 +203,8 @@ impl Publisher {
 
     /// Sends `body` through the delay cascade so it comes back to the
     /// consumer at `deadline` rounded down to the second (the consumer holds
-    /// the sub-second rest). Returns the number of cascade hops.
+    /// the sub-second rest), through the order's shard of `shards`.
+    /// Returns the number of cascade hops.
     #[tracing::instrument(skip(self, body, attempts), fields(attempts = attempts.count))]
     pub async fn delay(
         &self,
@@ -211,9 +213,10 @@ impl Publisher {
         deadline: DateTime<Utc>,
         now: DateTime<Utc>,
         attempts: &Attempts,
+        shards: CascadeShards,
     ) -> Result<u32, PublishError> {
         let secs = (deadline - now).num_milliseconds().max(0) as u64 / 1000;
-        let route = cascade_route(secs);
+        let route = cascade_route(secs, shard_for(order_id.as_str(), shards));
         let mut headers = FieldTable::default();
         headers.insert(
             H_DEADLINE_MS.into(),

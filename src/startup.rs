@@ -40,7 +40,7 @@ pub async fn connect_amqp(url: &str, name: &str) -> Result<Connection, lapin::Er
 pub async fn declare_topology(settings: &Settings) -> anyhow::Result<()> {
     let conn = connect_amqp(&settings.amqp_url, "order-timeout-setup").await?;
     let channel = conn.create_channel().await?;
-    topology::declare(&channel, settings.queue_type).await?;
+    topology::declare(&channel, &settings.layout()).await?;
     let _ = conn.close(200, "setup done".into()).await;
     Ok(())
 }
@@ -114,6 +114,7 @@ impl Service {
             inventory = %redact_url(&settings.inventory_url),
             http = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             queue_type = ?settings.queue_type,
+            cascade_shards = settings.cascade_shards.get(),
             "starting order-timeout"
         );
         let http_task = tokio::spawn(http::serve(listener, health.clone(), shutdown.clone()));
@@ -181,7 +182,7 @@ async fn session(
     // the consumer fell behind).
     let pub_conn = connect_amqp(&settings.amqp_url, "order-timeout-publish").await?;
     let publisher = Publisher::new(&pub_conn).await?;
-    topology::declare(publisher.channel(), settings.queue_type).await?;
+    topology::declare(publisher.channel(), &settings.layout()).await?;
     let consume_channel = conn.create_channel().await?;
     let depth_channel = conn.create_channel().await?;
     let publish_channels = publisher.channels().to_vec();

@@ -23,6 +23,15 @@
 //! lower level's exchange with the same routing key, and after level 0 into
 //! `order-timeout.ready`, which feeds the consumer's queue. The broker does
 //! every hop; a 30-minute delay (`11100001000` in binary) makes 4 hops.
+//!
+//! **Shards.** The cascade is declared [`CascadeShards`] times over: shard 0
+//! is `order-timeout.delay.KK`, shard s ≥ 1 is `order-timeout.delay.KK.sS`,
+//! each a complete cascade that ends in `order-timeout.ready`. A message
+//! enters the shard picked by a hash of its order id ([`shard_for`]) and
+//! stays in it (dead-lettering keeps the exchange chain of its shard). Why:
+//! RabbitMQ dead-letters each quorum queue through one worker with a small
+//! window, so one queue per level caps a level at a few hundred messages per
+//! second under load; `n` shards give every level `n` workers.
 
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
@@ -30,7 +39,7 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, ExchangeKind};
 
-use crate::config::QueueType;
+use crate::config::{CascadeShards, QueueType};
 
 /// Entry exchange the order service publishes timeouts to (direct, durable).
 pub const ENTRY_EXCHANGE: &str = "order-timeout";
@@ -53,9 +62,46 @@ pub const LEVELS: u32 = 28;
 /// The longest delay one pass through the cascade can express, in seconds.
 pub const MAX_CASCADE_SECS: u64 = (1 << LEVELS) - 1;
 
-/// Name of cascade level `k`'s exchange and queue (they share it).
+/// Name of cascade level `k`'s exchange and queue (they share it) in
+/// shard 0.
 pub fn level_name(k: u32) -> String {
     format!("order-timeout.delay.{k:02}")
+}
+
+/// Name of cascade level `k`'s exchange and queue in shard `shard`. Shard 0
+/// keeps the unsharded names, so a broker declared before shards existed
+/// keeps working (and its messages keep flowing) after an upgrade.
+pub fn shard_level_name(shard: u32, k: u32) -> String {
+    if shard == 0 {
+        level_name(k)
+    } else {
+        format!("order-timeout.delay.{k:02}.s{shard}")
+    }
+}
+
+/// The shard (0..`shards`) an order's delays go through: FNV-1a of its id,
+/// so one order always takes the same shard and orders spread evenly.
+pub fn shard_for(order_id: &str, shards: CascadeShards) -> u32 {
+    let hash = order_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % u64::from(shards.get())) as u32
+}
+
+/// What to declare: the queue type and the number of cascade shards. Built
+/// from the settings by [`crate::config::Settings::layout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Queue type of every queue.
+    pub queue_type: QueueType,
+    /// Copies of the cascade.
+    pub shards: CascadeShards,
+}
+
+impl Layout {
+    fn shard_range(&self) -> std::ops::Range<u32> {
+        0..self.shards.get()
+    }
 }
 
 /// Where to publish a message that must wait `delay_secs` whole seconds.
@@ -69,8 +115,9 @@ pub struct CascadeRoute {
     pub hops: u32,
 }
 
-/// Routes a delay of `delay_secs` (≥ 1; clamped to [`MAX_CASCADE_SECS`]).
-pub fn cascade_route(delay_secs: u64) -> CascadeRoute {
+/// Routes a delay of `delay_secs` (≥ 1; clamped to [`MAX_CASCADE_SECS`])
+/// through shard `shard`.
+pub fn cascade_route(delay_secs: u64, shard: u32) -> CascadeRoute {
     let d = delay_secs.clamp(1, MAX_CASCADE_SECS);
     let routing_key = (0..LEVELS)
         .rev()
@@ -79,7 +126,7 @@ pub fn cascade_route(delay_secs: u64) -> CascadeRoute {
         .join(".");
     let top = 63 - d.leading_zeros();
     CascadeRoute {
-        exchange: level_name(top),
+        exchange: shard_level_name(shard, top),
         routing_key,
         hops: d.count_ones(),
     }
@@ -143,7 +190,8 @@ pub struct QueueSpec {
 }
 
 /// Every queue the service declares, with its arguments.
-pub fn queue_specs(queue_type: QueueType) -> Vec<QueueSpec> {
+pub fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
+    let queue_type = layout.queue_type;
     let mut specs = vec![
         QueueSpec {
             name: DUE_QUEUE.into(),
@@ -154,18 +202,29 @@ pub fn queue_specs(queue_type: QueueType) -> Vec<QueueSpec> {
             args: queue_args(queue_type, None, None),
         },
     ];
-    for k in 0..LEVELS {
-        let dlx = if k == 0 {
-            READY_EXCHANGE.to_string()
-        } else {
-            level_name(k - 1)
-        };
-        specs.push(QueueSpec {
-            name: level_name(k),
-            args: queue_args(queue_type, Some(1000u64 << k), Some(&dlx)),
-        });
+    for shard in layout.shard_range() {
+        for k in 0..LEVELS {
+            specs.push(QueueSpec {
+                name: shard_level_name(shard, k),
+                args: queue_args(
+                    queue_type,
+                    Some(1000u64 << k),
+                    Some(&exchange_below(shard, k)),
+                ),
+            });
+        }
     }
     specs
+}
+
+/// Where level `k` of `shard` hands its messages on: the level below in
+/// the same shard, or the cascade's exit after level 0.
+fn exchange_below(shard: u32, k: u32) -> String {
+    if k == 0 {
+        READY_EXCHANGE.to_string()
+    } else {
+        shard_level_name(shard, k - 1)
+    }
 }
 
 /// One exchange as the service expects it; [`declare`] creates these and
@@ -179,7 +238,7 @@ pub struct ExchangeSpec {
 }
 
 /// Every exchange the service declares.
-pub fn exchange_specs() -> Vec<ExchangeSpec> {
+pub fn exchange_specs(layout: &Layout) -> Vec<ExchangeSpec> {
     let spec = |name: &str, kind| ExchangeSpec {
         name: name.into(),
         kind,
@@ -189,7 +248,9 @@ pub fn exchange_specs() -> Vec<ExchangeSpec> {
         spec(READY_EXCHANGE, ExchangeKind::Fanout),
         spec(EVENTS_EXCHANGE, ExchangeKind::Topic),
     ];
-    specs.extend((0..LEVELS).map(|k| spec(&level_name(k), ExchangeKind::Topic)));
+    for shard in layout.shard_range() {
+        specs.extend((0..LEVELS).map(|k| spec(&shard_level_name(shard, k), ExchangeKind::Topic)));
+    }
     specs
 }
 
@@ -216,7 +277,7 @@ pub struct BindingSpec {
 }
 
 /// Every binding the service declares.
-pub fn binding_specs() -> Vec<BindingSpec> {
+pub fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
     let queue = |source: &str, queue: &str, key: String| BindingSpec {
         source: source.into(),
         destination: BindingDestination::Queue(queue.into()),
@@ -226,18 +287,16 @@ pub fn binding_specs() -> Vec<BindingSpec> {
         queue(ENTRY_EXCHANGE, DUE_QUEUE, SCHEDULE_ROUTING_KEY.into()),
         queue(READY_EXCHANGE, DUE_QUEUE, String::new()),
     ];
-    for k in 0..LEVELS {
-        specs.push(queue(&level_name(k), &level_name(k), bit_pattern(k, '1')));
-        let below = if k == 0 {
-            READY_EXCHANGE.to_string()
-        } else {
-            level_name(k - 1)
-        };
-        specs.push(BindingSpec {
-            source: level_name(k),
-            destination: BindingDestination::Exchange(below),
-            routing_key: bit_pattern(k, '0'),
-        });
+    for shard in layout.shard_range() {
+        for k in 0..LEVELS {
+            let level = shard_level_name(shard, k);
+            specs.push(queue(&level, &level, bit_pattern(k, '1')));
+            specs.push(BindingSpec {
+                source: level,
+                destination: BindingDestination::Exchange(exchange_below(shard, k)),
+                routing_key: bit_pattern(k, '0'),
+            });
+        }
     }
     specs
 }
@@ -261,8 +320,8 @@ pub fn queue_options() -> QueueDeclareOptions {
 /// Declares every exchange, queue and binding. Idempotent: safe to run on
 /// every start and from several replicas at once.
 #[tracing::instrument(skip(channel))]
-pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), TopologyError> {
-    for spec in exchange_specs() {
+pub async fn declare(channel: &Channel, layout: &Layout) -> Result<(), TopologyError> {
+    for spec in exchange_specs(layout) {
         channel
             .exchange_declare(
                 spec.name.as_str().into(),
@@ -276,7 +335,7 @@ pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), Top
                 error,
             })?;
     }
-    for spec in queue_specs(queue_type) {
+    for spec in queue_specs(layout) {
         channel
             .queue_declare(spec.name.as_str().into(), queue_options(), spec.args)
             .await
@@ -285,7 +344,7 @@ pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), Top
                 error,
             })?;
     }
-    for spec in binding_specs() {
+    for spec in binding_specs(layout) {
         let source = spec.source.as_str().into();
         let key = spec.routing_key.as_str().into();
         let (result, destination) = match &spec.destination {
@@ -329,9 +388,16 @@ pub async fn declare(channel: &Channel, queue_type: QueueType) -> Result<(), Top
 mod tests {
     use super::*;
 
+    fn layout(shards: u32) -> Layout {
+        Layout {
+            queue_type: QueueType::Quorum,
+            shards: CascadeShards::try_from(shards).unwrap(),
+        }
+    }
+
     #[test]
     fn routes_by_the_bits_of_the_delay() {
-        let r = cascade_route(1800);
+        let r = cascade_route(1800, 0);
         assert_eq!(r.hops, 4, "a 30-minute timeout makes 4 hops");
         assert_eq!(r.exchange, "order-timeout.delay.10");
         let words: Vec<&str> = r.routing_key.split('.').collect();
@@ -341,40 +407,139 @@ mod tests {
             .collect();
         assert_eq!(set, vec![3, 8, 9, 10]);
 
-        let r = cascade_route(1);
+        let r = cascade_route(1, 0);
         assert_eq!((r.exchange.as_str(), r.hops), ("order-timeout.delay.00", 1));
         assert!(r.routing_key.ends_with(".0.1"));
-        assert_eq!(cascade_route(0), cascade_route(1), "0 is clamped up to 1");
-        let r = cascade_route(u64::MAX);
+        assert_eq!(
+            cascade_route(0, 0),
+            cascade_route(1, 0),
+            "0 is clamped up to 1"
+        );
+        let r = cascade_route(u64::MAX, 0);
         assert_eq!(
             (r.exchange.as_str(), r.hops),
             ("order-timeout.delay.27", LEVELS)
         );
+        let r = cascade_route(1800, 3);
+        assert_eq!(r.exchange, "order-timeout.delay.10.s3");
+        assert_eq!(r.routing_key, cascade_route(1800, 0).routing_key);
+    }
+
+    /// AMQP topic matching: `*` is one word, `#` zero or more.
+    fn topic_matches(pattern: &[&str], key: &[&str]) -> bool {
+        match pattern.split_first() {
+            None => key.is_empty(),
+            Some((&"#", rest)) => (0..=key.len()).any(|i| topic_matches(rest, &key[i..])),
+            Some((p, rest)) => match key.split_first() {
+                Some((k, krest)) => (*p == "*" || p == k) && topic_matches(rest, krest),
+                None => false,
+            },
+        }
     }
 
     #[test]
     fn patterns_select_exactly_one_bit() {
-        // Check the topic pattern semantics by hand: `*` one word, `#` any.
-        fn matches(pattern: &str, key: &str) -> bool {
-            let p: Vec<&str> = pattern.split('.').collect();
-            let k: Vec<&str> = key.split('.').collect();
-            assert_eq!(p.last(), Some(&"#"));
-            let fixed = &p[..p.len() - 1];
-            k.len() >= fixed.len() && fixed.iter().zip(&k).all(|(p, k)| *p == "*" || p == k)
-        }
         for d in [1u64, 2, 3, 5, 8, 15, 1800, 86_400 * 30] {
-            let key = cascade_route(d).routing_key;
+            let key = cascade_route(d, 0).routing_key;
+            let key: Vec<&str> = key.split('.').collect();
             for k in 0..LEVELS {
                 let set = d >> k & 1 == 1;
-                assert_eq!(matches(&bit_pattern(k, '1'), &key), set, "d={d} k={k}");
-                assert_eq!(matches(&bit_pattern(k, '0'), &key), !set, "d={d} k={k}");
+                let one = bit_pattern(k, '1');
+                let zero = bit_pattern(k, '0');
+                let one: Vec<&str> = one.split('.').collect();
+                let zero: Vec<&str> = zero.split('.').collect();
+                assert_eq!(topic_matches(&one, &key), set, "d={d} k={k}");
+                assert_eq!(topic_matches(&zero, &key), !set, "d={d} k={k}");
+            }
+        }
+    }
+
+    /// Follows a message through the declared bindings and dead-letter
+    /// exchanges, as the broker would, and returns the queues it waits in.
+    fn walk(layout: &Layout, route: &CascadeRoute) -> Vec<String> {
+        let bindings = binding_specs(layout);
+        let queues = queue_specs(layout);
+        let key: Vec<&str> = route.routing_key.split('.').collect();
+        let mut visited = Vec::new();
+        let mut exchange = route.exchange.clone();
+        while exchange != READY_EXCHANGE {
+            let matched: Vec<&BindingSpec> = bindings
+                .iter()
+                .filter(|b| b.source == exchange)
+                .filter(|b| {
+                    let p: Vec<&str> = b.routing_key.split('.').collect();
+                    topic_matches(&p, &key)
+                })
+                .collect();
+            assert_eq!(matched.len(), 1, "exactly one way on from {exchange}");
+            exchange = match &matched[0].destination {
+                BindingDestination::Exchange(e) => e.clone(),
+                BindingDestination::Queue(q) => {
+                    visited.push(q.clone());
+                    let spec = queues.iter().find(|s| &s.name == q).unwrap();
+                    match spec.args.inner().get("x-dead-letter-exchange") {
+                        Some(AMQPValue::LongString(dlx)) => dlx.to_string(),
+                        other => panic!("{q} has no dead-letter exchange: {other:?}"),
+                    }
+                }
+            };
+            assert!(visited.len() <= LEVELS as usize, "a routing loop");
+        }
+        visited
+    }
+
+    fn ttl_ms(layout: &Layout, queue: &str) -> u64 {
+        let spec = queue_specs(layout)
+            .into_iter()
+            .find(|s| s.name == queue)
+            .unwrap();
+        match spec.args.inner().get("x-message-ttl") {
+            Some(AMQPValue::LongLongInt(ms)) => *ms as u64,
+            other => panic!("{queue} has no TTL: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_shard_delays_exactly_the_asked_seconds_and_stays_in_its_shard() {
+        for shards in [1, 4] {
+            let layout = layout(shards);
+            for shard in 0..shards {
+                for d in [1u64, 2, 5, 9, 10, 1800, 86_399] {
+                    let route = cascade_route(d, shard);
+                    let visited = walk(&layout, &route);
+                    assert_eq!(visited.len() as u32, route.hops, "d={d} shard={shard}");
+                    let total: u64 = visited.iter().map(|q| ttl_ms(&layout, q)).sum();
+                    assert_eq!(total, d * 1000, "d={d} shard={shard}: {visited:?}");
+                    let names: Vec<String> =
+                        (0..LEVELS).map(|k| shard_level_name(shard, k)).collect();
+                    assert!(
+                        visited.iter().all(|q| names.contains(q)),
+                        "shard {shard} left its cascade: {visited:?}"
+                    );
+                }
             }
         }
     }
 
     #[test]
+    fn orders_spread_over_the_shards_and_keep_theirs() {
+        let shards = CascadeShards::try_from(4).unwrap();
+        let mut counts = [0u32; 4];
+        for i in 0..4000 {
+            let id = format!("order-{i}");
+            let s = shard_for(&id, shards);
+            assert_eq!(s, shard_for(&id, shards));
+            counts[s as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
+        let one = CascadeShards::try_from(1).unwrap();
+        assert_eq!(shard_for("anything", one), 0);
+    }
+
+    #[test]
     fn every_level_has_a_fixed_ttl_and_dead_letters_one_level_down() {
-        let specs = queue_specs(QueueType::Quorum);
+        let layout = layout(2);
+        let specs = queue_specs(&layout);
         let level3 = specs.iter().find(|s| s.name == level_name(3)).unwrap();
         let args = level3.args.inner();
         assert_eq!(
@@ -394,24 +559,36 @@ mod tests {
             level0.args.inner().get("x-dead-letter-exchange"),
             Some(&AMQPValue::LongString(READY_EXCHANGE.into()))
         );
+        let shard1 = specs
+            .iter()
+            .find(|s| s.name == "order-timeout.delay.03.s1")
+            .unwrap();
+        assert_eq!(
+            shard1.args.inner().get("x-dead-letter-exchange"),
+            Some(&AMQPValue::LongString("order-timeout.delay.02.s1".into()))
+        );
     }
 
     #[test]
     fn every_binding_connects_declared_objects() {
-        let exchanges: Vec<String> = exchange_specs().into_iter().map(|e| e.name).collect();
-        let queues: Vec<String> = queue_specs(QueueType::Quorum)
-            .into_iter()
-            .map(|q| q.name)
-            .collect();
-        let bindings = binding_specs();
-        assert_eq!(bindings.len(), 2 + 2 * LEVELS as usize);
-        for b in &bindings {
-            assert!(exchanges.contains(&b.source), "{b:?}");
-            match &b.destination {
-                BindingDestination::Queue(q) => assert!(queues.contains(q), "{b:?}"),
-                BindingDestination::Exchange(e) => assert!(exchanges.contains(e), "{b:?}"),
+        for shards in [1u32, 4] {
+            let layout = layout(shards);
+            let exchanges: Vec<String> = exchange_specs(&layout)
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
+            let queues: Vec<String> = queue_specs(&layout).into_iter().map(|q| q.name).collect();
+            let bindings = binding_specs(&layout);
+            assert_eq!(bindings.len(), 2 + 2 * (LEVELS * shards) as usize);
+            for b in &bindings {
+                assert!(exchanges.contains(&b.source), "{b:?}");
+                match &b.destination {
+                    BindingDestination::Queue(q) => assert!(queues.contains(q), "{b:?}"),
+                    BindingDestination::Exchange(e) => assert!(exchanges.contains(e), "{b:?}"),
+                }
             }
+            assert_eq!(exchanges.len(), 3 + (LEVELS * shards) as usize);
+            assert_eq!(queues.len(), 2 + (LEVELS * shards) as usize);
         }
-        assert_eq!(exchanges.len(), 3 + LEVELS as usize);
     }
 }

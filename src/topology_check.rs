@@ -24,7 +24,7 @@ use lapin::{Channel, Connection, ErrorKind};
 
 use crate::config::QueueType;
 use crate::topology::{
-    self, BindingDestination, BindingSpec, exchange_options, exchange_specs, queue_options,
+    self, BindingDestination, BindingSpec, Layout, exchange_options, exchange_specs, queue_options,
     queue_specs,
 };
 
@@ -93,6 +93,8 @@ pub struct BindingReport {
 pub struct TopologyReport {
     /// Queue type the check expected.
     pub queue_type: QueueType,
+    /// Cascade shards the check expected.
+    pub shards: u32,
     /// One entry per expected exchange and queue.
     pub objects: Vec<ObjectReport>,
     /// One entry per expected binding.
@@ -226,16 +228,13 @@ async fn check_queue(
 }
 
 /// Checks every exchange, queue and binding the service declares for
-/// `queue_type` against the broker (see the module docs). Creates nothing,
+/// `layout` (queue type, cascade shards) against the broker (see the module docs). Creates nothing,
 /// except in one race: an object deleted between its passive check and its
 /// equivalence check would be re-created as expected.
 #[tracing::instrument(skip(connection))]
-pub async fn check(
-    connection: &Connection,
-    queue_type: QueueType,
-) -> Result<TopologyReport, CheckError> {
+pub async fn check(connection: &Connection, layout: &Layout) -> Result<TopologyReport, CheckError> {
     let mut objects = Vec::new();
-    for spec in exchange_specs() {
+    for spec in exchange_specs(layout) {
         let status = check_exchange(connection, &spec).await?;
         objects.push(ObjectReport {
             kind: ObjectKind::Exchange,
@@ -243,7 +242,7 @@ pub async fn check(
             status,
         });
     }
-    for spec in queue_specs(queue_type) {
+    for spec in queue_specs(layout) {
         let status = check_queue(connection, &spec).await?;
         objects.push(ObjectReport {
             kind: ObjectKind::Queue,
@@ -256,7 +255,7 @@ pub async fn check(
             .iter()
             .any(|o| o.kind == kind && o.name == name && o.status != Status::Missing)
     };
-    let bindings = topology::binding_specs()
+    let bindings = topology::binding_specs(layout)
         .into_iter()
         .map(|spec| {
             let destination = match &spec.destination {
@@ -270,7 +269,8 @@ pub async fn check(
         })
         .collect();
     Ok(TopologyReport {
-        queue_type,
+        queue_type: layout.queue_type,
+        shards: layout.shards.get(),
         objects,
         bindings,
     })

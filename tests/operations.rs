@@ -285,13 +285,23 @@ async fn delete_queue(channel: &Channel, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topology_check_reports_ok_and_then_every_difference() {
     let env = TestEnv::new().await;
+    let layout = env.settings.layout();
+    assert!(
+        layout.shards.get() > 1,
+        "the default layout has cascade shards"
+    );
+    let expected = topology::exchange_specs(&layout).len() + topology::queue_specs(&layout).len();
     let out = env.cli(&["topology", "check"]).await;
     assert_success(&out);
-    assert!(out.stdout.contains("61 of 61"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains(&format!("{expected} of {expected}")),
+        "{}",
+        out.stdout
+    );
     assert!(out.stdout.trim_end().ends_with("OK"), "{}", out.stdout);
 
-    // Level 3 re-created as a classic queue with another TTL, level 5
-    // deleted, the ready exchange re-created as direct.
+    // Level 3 re-created as a classic queue with another TTL, level 5 and
+    // shard 1's level 2 deleted, the ready exchange re-created as direct.
     let channel = env.amqp.create_channel().await.unwrap();
     delete_queue(&channel, &level_name(3)).await;
     let mut args = FieldTable::default();
@@ -312,6 +322,8 @@ async fn topology_check_reports_ok_and_then_every_difference() {
         .await
         .unwrap();
     delete_queue(&channel, &level_name(5)).await;
+    let shard_queue = topology::shard_level_name(1, 2);
+    delete_queue(&channel, &shard_queue).await;
     channel
         .exchange_delete(topology::READY_EXCHANGE.into(), Default::default())
         .await
@@ -344,9 +356,15 @@ async fn topology_check_reports_ok_and_then_every_difference() {
         "{level3}"
     );
     line(&format!("MISSING  queue {}", level_name(5)));
+    line(&format!("MISSING  queue {shard_queue}"));
     let ready = line(&format!("DIFFERS  exchange {}", topology::READY_EXCHANGE));
     assert!(ready.contains("'type'"), "{ready}");
-    assert!(out.stdout.contains("58 of 61"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains(&format!("{} of {expected}", expected - 4)),
+        "{}",
+        out.stdout
+    );
     assert!(out.stdout.contains("MISMATCH"), "{}", out.stdout);
 
     // The check created nothing: level 5 is still missing.

@@ -263,6 +263,7 @@ fn settings_info(s: &Settings, args: &BenchArgs) -> BTreeMap<String, String> {
         "queue_type".into(),
         format!("{:?}", s.queue_type).to_lowercase(),
     );
+    m.insert("cascade_shards".into(), s.cascade_shards.get().to_string());
     m.insert("prefetch".into(), s.prefetch.to_string());
     m.insert("batch_max".into(), s.batch_max.to_string());
     m.insert("batch_concurrency".into(), s.batch_concurrency.to_string());
@@ -465,11 +466,12 @@ async fn run_in(
                 .map(|(name, points)| plot::Series { name, points })
                 .collect();
             let title = format!(
-                "order-timeout bench: {} orders/s for {:?}, timeouts {}, {} ({} consumer(s))",
+                "order-timeout bench: {} orders/s for {:?}, timeouts {}, {} x{} ({} consumer(s))",
                 args.rate,
                 args.duration,
                 args.timeouts,
                 report.settings["queue_type"],
+                report.settings["cascade_shards"],
                 args.consumers
             );
             plot::draw(path, &title, &series)?;
@@ -524,9 +526,10 @@ async fn pending(
     );
     let give_up = std::time::Instant::now() + Duration::from_secs(600.max(n / 300));
     let depth_channel = conn.create_channel().await?;
+    let layout = env.settings.layout();
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let q = queue_counts(&depth_channel).await?;
+        let q = queue_counts(&depth_channel, &layout).await?;
         let due = q.get(crate::topology::DUE_QUEUE).copied().unwrap_or(0);
         let in_cascade: u64 = q
             .iter()
@@ -552,7 +555,7 @@ async fn pending(
         p.fill_seconds
     );
     tokio::time::sleep(Duration::from_secs(15)).await;
-    p.queue_messages = queue_counts(&depth_channel)
+    p.queue_messages = queue_counts(&depth_channel, &layout)
         .await?
         .into_iter()
         .filter(|(_, v)| *v > 0)
@@ -573,9 +576,12 @@ async fn pending(
 /// Ready messages in the service's queues (passive declares: cheap,
 /// unlike a `rabbitmqctl` call, which costs the broker's host a second of
 /// CPU).
-async fn queue_counts(channel: &lapin::Channel) -> Result<BTreeMap<String, u64>, BenchError> {
+async fn queue_counts(
+    channel: &lapin::Channel,
+    layout: &crate::topology::Layout,
+) -> Result<BTreeMap<String, u64>, BenchError> {
     let mut out = BTreeMap::new();
-    for spec in crate::topology::queue_specs(crate::config::QueueType::Quorum) {
+    for spec in crate::topology::queue_specs(layout) {
         let q = channel
             .queue_declare(
                 spec.name.as_str().into(),
