@@ -183,8 +183,8 @@ pub struct Settings {
     /// Parallel copies of the delay cascade (see [`CascadeShards`]).
     pub cascade_shards: CascadeShards,
     /// Unacknowledged deliveries the consumer may hold at once. Messages held
-    /// for their sub-second remainder count against it, so it must exceed
-    /// (orders/s due) x ~1 s.
+    /// for the last (up to 2) seconds before their deadline count against
+    /// it, so it must exceed (orders/s due) x 2 s.
     pub prefetch: u16,
     /// Most orders cancelled in one database statement.
     pub batch_max: usize,

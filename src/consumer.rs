@@ -2,11 +2,11 @@
 //! each, without waiting on any other message:
 //!
 //! - unparseable → parked at once with the reason;
-//! - deadline ≥ 1 s away (a fresh timeout, or one the order row pushed
+//! - deadline ≥ 2 s away (a fresh timeout, or one the order row pushed
 //!   back) → sent into the delay cascade, then acked;
-//! - deadline < 1 s away (the cascade works in whole seconds, rounded
-//!   down) → held unacked on an in-process timer until the exact deadline,
-//!   then due;
+//! - deadline < 2 s away (the cascade works in whole seconds and hands
+//!   messages back up to 2 s early to save hops) → held unacked on an
+//!   in-process timer until the exact deadline, then due;
 //! - due, or deadline only known to the order row → handed to the
 //!   [`crate::cancel`] batcher.
 //!
@@ -38,8 +38,10 @@ use crate::store::Store;
 use crate::topology::DUE_QUEUE;
 
 /// Remaining time below which a message is held in-process instead of going
-/// through the cascade (whose resolution is one second).
-pub const HOLD_BELOW: Duration = Duration::from_secs(1);
+/// through the cascade (whose resolution is one second, and which may leave
+/// up to this much to hold so as to take fewer hops:
+/// [`crate::topology::cascade_delay_secs`]).
+pub const HOLD_BELOW: Duration = Duration::from_secs(crate::topology::HOLD_WINDOW_SECS);
 
 /// Everything the message-handling tasks share.
 pub struct Context {

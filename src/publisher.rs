@@ -15,7 +15,7 @@ use crate::message::{OrderId, TimeoutRequest, format_instant};
 use crate::retry::Attempts;
 use crate::topology::{
     CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, PARKED_QUEUE, SCHEDULE_ROUTING_KEY,
-    cascade_route, shard_for,
+    cascade_delay_secs, cascade_route, shard_for,
 };
 
 /// Header: the deadline (Unix epoch milliseconds) a re-scheduled message
@@ -202,8 +202,10 @@ impl Publisher {
     }
 
     /// Sends `body` through the delay cascade so it comes back to the
-    /// consumer at `deadline` rounded down to the second (the consumer holds
-    /// the sub-second rest), through the order's shard of `shards`.
+    /// consumer less than [`crate::topology::HOLD_WINDOW_SECS`] before
+    /// `deadline` (the consumer holds the rest), by the delay with the
+    /// fewest hops ([`cascade_delay_secs`]), through the order's shard of
+    /// `shards`.
     /// Returns the number of cascade hops.
     #[tracing::instrument(skip(self, body, attempts), fields(attempts = attempts.count))]
     pub async fn delay(
@@ -215,8 +217,11 @@ impl Publisher {
         attempts: &Attempts,
         shards: CascadeShards,
     ) -> Result<u32, PublishError> {
-        let secs = (deadline - now).num_milliseconds().max(0) as u64 / 1000;
-        let route = cascade_route(secs, shard_for(order_id.as_str(), shards));
+        let remaining_ms = (deadline - now).num_milliseconds().max(0) as u64;
+        let route = cascade_route(
+            cascade_delay_secs(remaining_ms),
+            shard_for(order_id.as_str(), shards),
+        );
         let mut headers = FieldTable::default();
         headers.insert(
             H_DEADLINE_MS.into(),

@@ -115,6 +115,34 @@ pub struct CascadeRoute {
     pub hops: u32,
 }
 
+/// Longest remainder the consumer holds in-process after the cascade:
+/// anything due sooner than this is held instead of sent through the
+/// cascade, and [`cascade_delay_secs`] may leave up to this much for the
+/// hold so that it can pick a delay with fewer hops.
+pub const HOLD_WINDOW_SECS: u64 = 2;
+
+/// The whole-second cascade delay for a message due in `remaining_ms`
+/// (≥ [`HOLD_WINDOW_SECS`] s): of the delays that leave less than
+/// [`HOLD_WINDOW_SECS`] s to hold afterwards, the one with the fewest set
+/// bits (= hops), the longest among equals. Never longer than the time
+/// left, so never early.
+///
+/// Why: a timeout arrives a few milliseconds after its order was created,
+/// so a "round" 10 s timeout has 9.99 s left: 9 s = `1001` is 2 hops, while
+/// 8 s = `1000` is 1 and leaves 1.99 s for the hold. Every hop is a quorum
+/// enqueue and a pass through a dead-letter worker, the broker's scarcest
+/// work here (docs/BENCHMARKS.md); odd second counts lose one hop, half a
+/// hop saved per cascade message on average.
+pub fn cascade_delay_secs(remaining_ms: u64) -> u64 {
+    let longest = remaining_ms / 1000;
+    let shortest = (remaining_ms + 1).saturating_sub(HOLD_WINDOW_SECS * 1000);
+    let shortest = shortest.div_ceil(1000).clamp(1, longest.max(1));
+    (shortest..=longest.max(1))
+        .rev()
+        .min_by_key(|d| d.clamp(&1, &MAX_CASCADE_SECS).count_ones())
+        .unwrap_or(1)
+}
+
 /// Routes a delay of `delay_secs` (≥ 1; clamped to [`MAX_CASCADE_SECS`])
 /// through shard `shard`.
 pub fn cascade_route(delay_secs: u64, shard: u32) -> CascadeRoute {
@@ -423,6 +451,34 @@ mod tests {
         let r = cascade_route(1800, 3);
         assert_eq!(r.exchange, "order-timeout.delay.10.s3");
         assert_eq!(r.routing_key, cascade_route(1800, 0).routing_key);
+    }
+
+    #[test]
+    fn delay_choice_saves_hops_and_is_never_early() {
+        // 10 s timeout seen 10 ms late: 8 s (1 hop), not 9 s (2 hops).
+        assert_eq!(cascade_delay_secs(9_990), 8);
+        // Even second counts are already the cheapest.
+        assert_eq!(cascade_delay_secs(4_990), 4);
+        // 30 minutes: 1,799 s (6 hops) -> 1,798 s (5 hops).
+        assert_eq!(cascade_delay_secs(1_799_990), 1_798);
+        assert_eq!(cascade_delay_secs(2_000), 2);
+        assert_eq!(cascade_delay_secs(3_500), 2);
+        for remaining_ms in (2_000..200_000)
+            .step_by(7)
+            .chain([MAX_CASCADE_SECS * 1000 + 5])
+        {
+            let d = cascade_delay_secs(remaining_ms);
+            let left = remaining_ms as i64 - (d * 1000) as i64;
+            assert!(left >= 0, "{remaining_ms} ms: {d} s would be early");
+            if remaining_ms <= MAX_CASCADE_SECS * 1000 {
+                assert!(
+                    left < (HOLD_WINDOW_SECS * 1000) as i64,
+                    "{remaining_ms} ms: {d} s leaves {left} ms to hold"
+                );
+                let floor = remaining_ms / 1000;
+                assert!(d.count_ones() <= floor.count_ones(), "{remaining_ms}");
+            }
+        }
     }
 
     /// AMQP topic matching: `*` is one word, `#` zero or more.

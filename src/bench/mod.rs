@@ -651,6 +651,12 @@ fn print_phase(p: &PhaseReport) {
         p.not_cancelled,
         p.peak_cancel_rate
     );
+    if p.late_payments > 0 {
+        println!(
+            "   {} payments came after the deadline (the generator fell behind) and were refused; those orders were cancelled",
+            p.late_payments
+        );
+    }
     println!("   resources: {}", fmt_usage(&p.resources));
     let stages: Vec<String> = p
         .service_metrics

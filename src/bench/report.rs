@@ -123,9 +123,14 @@ pub struct PhaseReport {
     pub create_errors: u64,
     /// Orders paid before their deadline (and so never to be cancelled).
     pub paid: u64,
-    /// Payments that found the order no longer UNPAID (must be 0: that
-    /// would mean it was cancelled before its deadline).
+    /// Payments made before the deadline that found the order no longer
+    /// UNPAID (must be 0: that would mean it was cancelled early).
     pub pay_failures: u64,
+    /// Payments the generator made only after the deadline because it fell
+    /// behind (an overloaded machine); those orders are refused payment and
+    /// must be cancelled like any unpaid order. Not a failure, but a sign
+    /// that the machine, not only the service, was saturated.
+    pub late_payments: u64,
     /// Orders cancelled.
     pub cancelled: u64,
     /// Unpaid orders not cancelled by the end of the settle wait (must be 0).
