@@ -43,6 +43,14 @@ use crate::topology::DUE_QUEUE;
 /// [`crate::topology::cascade_delay_secs`]).
 pub const HOLD_BELOW: Duration = Duration::from_secs(crate::topology::HOLD_WINDOW_SECS);
 
+/// Remaining time below which a *retry* is held in-process. Retries go
+/// through the delay store whenever its one-second resolution allows: the
+/// failing delivery is acked (counted as `retried`) and the re-published
+/// copy carries the attempt count, so a crash cannot reset the count and a
+/// session that is ending (lost connection, shutdown) is not kept alive by
+/// in-process retry loops.
+pub const RETRY_HOLD_BELOW: Duration = Duration::from_secs(1);
+
 /// Everything the message-handling tasks share.
 pub struct Context {
     /// Settings of this instance.
@@ -125,9 +133,17 @@ impl Job {
         due: &mpsc::Sender<Job>,
     ) {
         let remaining = (deadline - now).to_std().unwrap_or_default();
-        if remaining < HOLD_BELOW {
-            // Count it when it is finally processed, not now.
-            hold(self, remaining, due, &ctx.metrics).await;
+        let hold_below = if outcome == Outcome::Retried {
+            RETRY_HOLD_BELOW
+        } else {
+            HOLD_BELOW
+        };
+        if remaining < hold_below {
+            // Count it when it is finally processed, not now; a held retry
+            // (only with a sub-second backoff) keeps its new attempt count.
+            let mut job = self;
+            job.attempts = attempts;
+            hold(job, remaining, due, &ctx.metrics).await;
             return;
         }
         let started = std::time::Instant::now();

@@ -358,6 +358,36 @@ async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error() {
     service.stop().await.unwrap();
 }
 
+/// With a sub-second backoff a retry is held in-process instead of going
+/// through the delay store; it must still count its attempts and park.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_second_retries_held_in_process_still_count_attempts_and_park() {
+    let env = TestEnv::new().await;
+    env.stock_skus(1).await;
+    let mut settings = fast_retries(&env, 3);
+    settings.retry.base_delay = Duration::from_millis(200);
+    settings.retry.max_delay = Duration::from_millis(400);
+    settings.sweeper.enabled = false;
+    let service = env.service_with(settings).await;
+    let order = env
+        .create_order("held-retry-1", Duration::from_millis(300), &[(0, 1)])
+        .await;
+    env.stop_inventory();
+    env.publish_timeout(&order).await;
+
+    env.eventually(Duration::from_secs(30), "the order parked", || async {
+        service.metrics.count(Outcome::Parked) == 1
+    })
+    .await;
+    let got = parked(&env).await;
+    assert_eq!(got.len(), 1);
+    let (kind, _, attempts, _) = &got[0];
+    assert_eq!(kind, "retries_exhausted");
+    assert_eq!(*attempts, 3, "every held retry counted");
+    assert_eq!(env.order_state("held-retry-1").await.0, "CANCELLED");
+    service.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweeper_finishes_releases_that_ran_out_of_attempts() {
     let env = TestEnv::new().await;
