@@ -122,7 +122,8 @@ pub struct CascadeRoute {
 pub const HOLD_WINDOW_SECS: u64 = 2;
 
 /// The whole-second cascade delay for a message due in `remaining_ms`
-/// (≥ [`HOLD_WINDOW_SECS`] s): of the delays that leave less than
+/// (≥ 1 s; the consumer holds anything sooner, and retries from 1 s on go
+/// through the cascade): of the delays that leave less than
 /// [`HOLD_WINDOW_SECS`] s to hold afterwards, the one with the fewest set
 /// bits (= hops), the longest among equals. Never longer than the time
 /// left, so never early.
@@ -463,6 +464,9 @@ mod tests {
         assert_eq!(cascade_delay_secs(1_799_990), 1_798);
         assert_eq!(cascade_delay_secs(2_000), 2);
         assert_eq!(cascade_delay_secs(3_500), 2);
+        // A retry due in 1-2 s: one second, the rest held.
+        assert_eq!(cascade_delay_secs(1_000), 1);
+        assert_eq!(cascade_delay_secs(1_999), 1);
         for remaining_ms in (2_000..200_000)
             .step_by(7)
             .chain([MAX_CASCADE_SECS * 1000 + 5])
