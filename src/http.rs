@@ -144,10 +144,25 @@ pub async fn serve(
 
 /// Re-evaluates readiness every few seconds so the `ready` gauge (and the
 /// not-ready alert) stays true even when nobody polls `/readyz`.
+///
+/// A lost readiness is logged at once; at start-up, only if it lasts past
+/// the first check (the broker session is normally up within a second, and
+/// a warning on every healthy start would teach operators to ignore it).
 pub async fn refresh_readiness(health: Arc<Health>, shutdown: Shutdown) {
+    let mut starting = true;
     loop {
         let r = health.check().await;
-        if !r.ready {
+        if r.ready {
+            starting = false;
+        } else if starting {
+            starting = false;
+            tracing::debug!(
+                broker = r.broker,
+                database = r.database,
+                inventory = r.inventory,
+                "not ready yet (starting)"
+            );
+        } else {
             tracing::warn!(
                 broker = r.broker,
                 database = r.database,
