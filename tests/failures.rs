@@ -315,18 +315,25 @@ async fn a_hanging_inventory_times_out_and_is_retried_until_it_answers() {
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error() {
-    let env = TestEnv::new().await;
+/// Creates order `id` (3 of SKU 0, due in `timeout`), stops the inventory,
+/// publishes the timeout and waits until the service (started with
+/// `settings`, sweeper off) has parked it. Returns the service and the one
+/// parked message.
+async fn park_with_inventory_down(
+    env: &TestEnv,
+    mut settings: order_timeout::config::Settings,
+    id: &str,
+    timeout: Duration,
+) -> (
+    order_timeout::startup::RunningService,
+    (String, String, i64, Vec<u8>),
+) {
     env.stock_skus(1).await;
-    let mut settings = fast_retries(&env, 3);
-    // Keep the safety net out of this test: it would finish the release
-    // once the inventory is back, which is the next test's business.
+    // Keep the safety net out of these tests: it would finish the release
+    // once the inventory is back, which is another test's business.
     settings.sweeper.enabled = false;
     let service = env.service_with(settings).await;
-    let order = env
-        .create_order("down-1", Duration::from_millis(500), &[(0, 3)])
-        .await;
+    let order = env.create_order(id, timeout, &[(0, 3)]).await;
     env.stop_inventory();
     env.publish_timeout(&order).await;
 
@@ -334,9 +341,18 @@ async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error() {
         service.metrics.count(Outcome::Parked) == 1
     })
     .await;
-    let got = parked(&env).await;
+    let mut got = parked(env).await;
     assert_eq!(got.len(), 1);
-    let (kind, error, attempts, body) = &got[0];
+    (service, got.remove(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error() {
+    let env = TestEnv::new().await;
+    let settings = fast_retries(&env, 3);
+    let (service, got) =
+        park_with_inventory_down(&env, settings, "down-1", Duration::from_millis(500)).await;
+    let (kind, error, attempts, body) = &got;
     assert_eq!(kind, "retries_exhausted");
     assert_eq!(*attempts, 3);
     assert!(
@@ -363,25 +379,12 @@ async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sub_second_retries_held_in_process_still_count_attempts_and_park() {
     let env = TestEnv::new().await;
-    env.stock_skus(1).await;
     let mut settings = fast_retries(&env, 3);
     settings.retry.base_delay = Duration::from_millis(200);
     settings.retry.max_delay = Duration::from_millis(400);
-    settings.sweeper.enabled = false;
-    let service = env.service_with(settings).await;
-    let order = env
-        .create_order("held-retry-1", Duration::from_millis(300), &[(0, 1)])
-        .await;
-    env.stop_inventory();
-    env.publish_timeout(&order).await;
-
-    env.eventually(Duration::from_secs(30), "the order parked", || async {
-        service.metrics.count(Outcome::Parked) == 1
-    })
-    .await;
-    let got = parked(&env).await;
-    assert_eq!(got.len(), 1);
-    let (kind, _, attempts, _) = &got[0];
+    let (service, got) =
+        park_with_inventory_down(&env, settings, "held-retry-1", Duration::from_millis(300)).await;
+    let (kind, _, attempts, _) = &got;
     assert_eq!(kind, "retries_exhausted");
     assert_eq!(*attempts, 3, "every held retry counted");
     assert_eq!(env.order_state("held-retry-1").await.0, "CANCELLED");

@@ -131,6 +131,11 @@ impl TestEnv {
             ..Settings::default()
         };
         settings.shutdown_timeout = Duration::from_secs(10);
+        // Two cascade shards, not the default four: every test still routes
+        // orders through more than one shard, with half the quorum queues
+        // to create and delete per test (the suite makes a vhost per test,
+        // and thousands of quorum queues per run weigh on a small broker).
+        settings.cascade_shards = config::CascadeShards::try_from(2).unwrap();
         // Several services per test: let each pick a free port.
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
         startup::declare_topology(&settings)
