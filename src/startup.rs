@@ -25,14 +25,36 @@ use crate::shutdown::Shutdown;
 use crate::store::Store;
 use crate::topology::{self, DUE_QUEUE, PARKED_QUEUE};
 
-/// Connects to RabbitMQ with this service's connection name.
+/// How long opening a broker connection (TCP, AMQP handshake, vhost) may
+/// take. A broker that accepts TCP but never answers the handshake would
+/// otherwise hold a (re)connect forever; with this it is an error, which the
+/// reconnect loop retries with backoff (and readiness stays red).
+pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connects to RabbitMQ with this service's connection name, within
+/// [`AMQP_CONNECT_TIMEOUT`].
 #[tracing::instrument(skip_all, fields(url = %redact_url(url)))]
 pub async fn connect_amqp(url: &str, name: &str) -> Result<Connection, lapin::Error> {
-    Connection::connect(
+    connect_amqp_within(url, name, AMQP_CONNECT_TIMEOUT).await
+}
+
+async fn connect_amqp_within(
+    url: &str,
+    name: &str,
+    limit: Duration,
+) -> Result<Connection, lapin::Error> {
+    let connect = Connection::connect(
         url,
         ConnectionProperties::default().with_connection_name(name.into()),
-    )
-    .await
+    );
+    match tokio::time::timeout(limit, connect).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the broker did not complete the connection within {limit:?}"),
+        )
+        .into()),
+    }
 }
 
 /// Declares the topology on a fresh connection (for the demo and tests;
@@ -316,5 +338,33 @@ impl RunningService {
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.trigger();
         self.handle.await?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_broker_that_never_answers_the_handshake_is_an_error_not_a_hang() {
+        // Accepts TCP, then says nothing: what a wedged broker looks like.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(socket);
+        });
+        let started = std::time::Instant::now();
+        let err = connect_amqp_within(
+            &format!("amqp://guest:guest@{addr}/%2f"),
+            "test",
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("did not complete"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        silent.abort();
     }
 }
