@@ -528,6 +528,8 @@ impl TestEnv {
             amqp_url: self.settings.amqp_url.clone(),
             database_url: self.settings.database_url.clone(),
             inventory_url: self.settings.inventory_url.clone(),
+            config: std::env::temp_dir().join(format!("{}-cli.toml", self.name)),
+            cascade_shards: self.settings.cascade_shards.get(),
         };
         tokio::task::spawn_blocking(move || env.run(&args, &stdin))
             .await
@@ -587,18 +589,27 @@ struct EnvForCli {
     amqp_url: String,
     database_url: String,
     inventory_url: String,
+    /// Config file for the settings the environment variables cannot
+    /// carry (the cascade shards this test's vhost was declared with).
+    config: std::path::PathBuf,
+    cascade_shards: u32,
 }
 
 impl EnvForCli {
     fn run(&self, args: &[String], stdin: &str) -> CliOutput {
         use std::io::Write;
+        std::fs::write(
+            &self.config,
+            format!("cascade_shards = {}\n", self.cascade_shards),
+        )
+        .expect("write the CLI's config file");
         let mut child = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
             .args(args)
             .env("AMQP_URL", &self.amqp_url)
             .env("DATABASE_URL", &self.database_url)
             .env("INVENTORY_URL", &self.inventory_url)
             .env("RUST_LOG", "warn")
-            .env_remove("ORDER_TIMEOUT_CONFIG")
+            .env("ORDER_TIMEOUT_CONFIG", &self.config)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -608,6 +619,7 @@ impl EnvForCli {
         let _ = input.write_all(stdin.as_bytes());
         drop(input);
         let out = child.wait_with_output().expect("wait for order-timeout");
+        let _ = std::fs::remove_file(&self.config);
         CliOutput {
             code: out.status.code(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
