@@ -152,23 +152,14 @@ pub async fn refresh_readiness(health: Arc<Health>, shutdown: Shutdown) {
     let mut starting = true;
     loop {
         let r = health.check().await;
-        if r.ready {
-            starting = false;
-        } else if starting {
-            starting = false;
-            tracing::debug!(
-                broker = r.broker,
-                database = r.database,
-                inventory = r.inventory,
-                "not ready yet (starting)"
-            );
-        } else {
-            tracing::warn!(
-                broker = r.broker,
-                database = r.database,
-                inventory = r.inventory,
-                "not ready"
-            );
+        let first_check = std::mem::replace(&mut starting, false);
+        if !r.ready {
+            let (broker, database, inventory) = (r.broker, r.database, r.inventory);
+            if first_check {
+                tracing::debug!(broker, database, inventory, "not ready yet (starting)");
+            } else {
+                tracing::warn!(broker, database, inventory, "not ready");
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}

@@ -135,13 +135,17 @@ pub const HOLD_WINDOW_SECS: u64 = 2;
 /// work here (docs/BENCHMARKS.md); odd second counts lose one hop, half a
 /// hop saved per cascade message on average.
 pub fn cascade_delay_secs(remaining_ms: u64) -> u64 {
-    let longest = remaining_ms / 1000;
-    let shortest = (remaining_ms + 1).saturating_sub(HOLD_WINDOW_SECS * 1000);
-    let shortest = shortest.div_ceil(1000).clamp(1, longest.max(1));
-    (shortest..=longest.max(1))
+    let longest = (remaining_ms / 1000).max(1);
+    let shortest = (remaining_ms + 1)
+        .saturating_sub(HOLD_WINDOW_SECS * 1000)
+        .div_ceil(1000)
+        .clamp(1, longest);
+    // Not empty (shortest <= longest); `rev` + `min_by_key` keeps the first
+    // minimum, i.e. the longest delay among those with the fewest hops.
+    (shortest..=longest)
         .rev()
         .min_by_key(|d| d.clamp(&1, &MAX_CASCADE_SECS).count_ones())
-        .unwrap_or(1)
+        .unwrap_or(longest)
 }
 
 /// Routes a delay of `delay_secs` (≥ 1; clamped to [`MAX_CASCADE_SECS`])
