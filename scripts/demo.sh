@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the demo: make sure RabbitMQ and PostgreSQL are up (installing them on a fresh
-# Debian machine), then build and run `order-timeout demo` in release mode.
+# Debian machine), then build and run `order-timeout-tools demo` in release mode.
 # Arguments go to the demo subcommand, e.g.: scripts/demo.sh --help
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,4 +14,4 @@ fi
 scripts/ensure-services.sh --no-rabbitmqctl
 
 # exec: the script's exit status is the demo's, and Ctrl-C goes straight to it.
-exec cargo run --release --locked --bin order-timeout -- demo "$@"
+exec cargo run --release --locked -p order-timeout-tools --bin order-timeout-tools -- demo "$@"

@@ -24,10 +24,10 @@ scripts/ensure-services.sh
 section "format: cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-section "lint: cargo clippy --locked --all-targets -- -D warnings"
-cargo clippy --locked --all-targets -- -D warnings
+section "lint: cargo clippy --locked --workspace --all-targets -- -D warnings"
+cargo clippy --locked --workspace --all-targets -- -D warnings
 
-section "test: cargo test --locked $*"
-cargo test --locked "$@"
+section "test: cargo test --locked --workspace $*"
+cargo test --locked --workspace "$@"
 
 section "all checks passed"

@@ -1,0 +1,89 @@
+//! The broker side: connecting, the objects the service declares
+//! ([`topology`]) and **the delay cascade** they form ([`cascade`]), the
+//! `x-*` headers ([`headers`]), and confirmed publishing ([`publisher`]).
+
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+use crate::settings::{SecretUrl, Settings};
+
+pub mod cascade;
+pub mod headers;
+pub mod publisher;
+pub mod topology;
+
+/// How long opening a broker connection (TCP, AMQP handshake, vhost) may
+/// take. A broker that accepts TCP but never answers the handshake would
+/// otherwise hold a (re)connect forever; with this it is an error, which the
+/// reconnect loop retries with backoff (and readiness stays red).
+pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connects to RabbitMQ with this service's connection name, within
+/// [`AMQP_CONNECT_TIMEOUT`].
+#[tracing::instrument(skip_all, fields(url = %url))]
+pub async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
+    connect_amqp_within(url.expose(), name, AMQP_CONNECT_TIMEOUT).await
+}
+
+async fn connect_amqp_within(
+    url: &str,
+    name: &str,
+    limit: Duration,
+) -> Result<Connection, lapin::Error> {
+    let connect = Connection::connect(
+        url,
+        ConnectionProperties::default().with_connection_name(name.into()),
+    );
+    match tokio::time::timeout(limit, connect).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the broker did not complete the connection within {limit:?}"),
+        )
+        .into()),
+    }
+}
+
+/// Declares the topology on a fresh connection (for the demo and tests;
+/// `serve` declares on every (re)connect).
+pub async fn declare_topology(settings: &Settings) -> Result<(), topology::TopologyError> {
+    let conn = connect_amqp(&settings.amqp_url, "order-timeout-setup")
+        .await
+        .map_err(topology::TopologyError::Connect)?;
+    let channel = conn
+        .create_channel()
+        .await
+        .map_err(topology::TopologyError::Connect)?;
+    topology::declare(&channel, &settings.layout()).await?;
+    let _ = conn.close(200, "setup done".into()).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_broker_that_never_answers_the_handshake_is_an_error_not_a_hang() {
+        // Accepts TCP, then says nothing: what a wedged broker looks like.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(socket);
+        });
+        let started = std::time::Instant::now();
+        let err = connect_amqp_within(
+            &format!("amqp://guest:guest@{addr}/%2f"),
+            "test",
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("did not complete"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        silent.abort();
+    }
+}

@@ -1,0 +1,85 @@
+//! The command line of the production binary: one file per command behind
+//! the [`Command`] enum.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use lapin::Connection;
+
+use crate::broker::connect_amqp;
+use crate::settings::Settings;
+
+mod migrate;
+mod parked;
+mod schedule;
+mod serve;
+mod topology;
+
+pub use parked::ParkedCommand;
+pub use schedule::ScheduleArgs;
+pub use topology::TopologyCommand;
+
+/// Cancels unpaid orders when their payment window runs out.
+#[derive(Debug, Parser)]
+#[command(name = "order-timeout", version, about, long_about = None)]
+pub struct Cli {
+    /// Optional TOML config file for tuning knobs (see README).
+    #[arg(long, global = true, env = "ORDER_TIMEOUT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database if missing and apply the service's own migrations
+    /// (its `order_timeout_*` tables; the shop's tables are never touched).
+    Migrate,
+    /// Declare the broker topology, then consume and cancel until SIGTERM/SIGINT.
+    Serve,
+    /// Publish one timeout (with publisher confirms), as the order service would.
+    Schedule(ScheduleArgs),
+    /// Inspect, replay and purge parked (failed) messages.
+    #[command(subcommand)]
+    Parked(ParkedCommand),
+    /// Check the broker's queues and exchanges against what the service expects.
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+}
+
+impl Command {
+    /// The log filter when `RUST_LOG` is unset: operator commands print
+    /// their results, so they log warnings only; the expected channel
+    /// errors of `topology check` (404/406) are results, not log noise.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self {
+            Command::Parked(_) => "warn",
+            Command::Topology(_) => "warn,lapin=off",
+            _ => "info",
+        }
+    }
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let settings = Settings::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Migrate => migrate::run(settings).await,
+        Command::Serve => serve::run(settings).await,
+        Command::Schedule(args) => schedule::run(settings, args).await,
+        Command::Parked(command) => parked::run(settings, command).await,
+        Command::Topology(command) => topology::run(settings, command).await,
+    }
+}
+
+/// A broker connection for a command, with the (redacted) URL in the error.
+async fn connect(settings: &Settings, name: &str) -> anyhow::Result<Connection> {
+    connect_amqp(&settings.amqp_url, name)
+        .await
+        .with_context(|| format!("connecting to {}", settings.amqp_url))
+}

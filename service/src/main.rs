@@ -1,0 +1,21 @@
+//! `order-timeout`, the production binary: see `order-timeout --help` and
+//! the README.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use order_timeout::cli::{self, Cli};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    order_timeout::observe::telemetry::init(cli.command.default_log_filter());
+    match cli::run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "fatal");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

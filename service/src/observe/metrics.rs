@@ -1,0 +1,450 @@
+//! Prometheus metrics of one service instance, served on `/metrics`.
+//!
+//! Each instance owns its registry (no global recorder), so several
+//! instances in one process (tests, the demo) count separately. Names follow
+//! Prometheus conventions: `order_timeout_` prefix, base units (seconds),
+//! `_total` on counters.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::message::ParkReason;
+
+/// The end of one message's visit to the consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// This delivery cancelled the order (and released stock).
+    Cancelled,
+    /// The order was paid: left alone.
+    AlreadyPaid,
+    /// The order was already cancelled (a duplicate or a redelivery);
+    /// pending release work, if any, was finished.
+    AlreadyCancelled,
+    /// Sent (back) through the delay store toward its deadline.
+    Rescheduled,
+    /// A transient failure: re-scheduled with backoff.
+    Retried,
+    /// Moved to the parked queue.
+    Parked,
+    /// Unknown order dropped by configuration.
+    Dropped,
+}
+
+impl Outcome {
+    /// Every outcome, in a fixed order.
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Cancelled,
+        Outcome::AlreadyPaid,
+        Outcome::AlreadyCancelled,
+        Outcome::Rescheduled,
+        Outcome::Retried,
+        Outcome::Parked,
+        Outcome::Dropped,
+    ];
+
+    /// The `result` label value, e.g. `already_paid`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Cancelled => "cancelled",
+            Outcome::AlreadyPaid => "already_paid",
+            Outcome::AlreadyCancelled => "already_cancelled",
+            Outcome::Rescheduled => "rescheduled",
+            Outcome::Retried => "retried",
+            Outcome::Parked => "parked",
+            Outcome::Dropped => "dropped",
+        }
+    }
+}
+
+/// A timed step of the work, for `order_timeout_stage_duration_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The cancel statement for a batch.
+    Db,
+    /// One `ReleaseStock` call.
+    Inventory,
+    /// One confirmed publish (re-schedule, event, parking).
+    Publish,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Db => "db",
+            Stage::Inventory => "inventory",
+            Stage::Publish => "publish",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabel {
+    target: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: &'static str,
+}
+
+#[derive(Clone)]
+struct StageBuckets;
+
+impl MetricConstructor<Histogram> for StageBuckets {
+    fn new_metric(&self) -> Histogram {
+        // 0.5 ms … ~16 s
+        Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+            0.0005, 2.0, 16,
+        ))
+    }
+}
+
+/// The instance's metrics.
+pub struct Metrics {
+    registry: Registry,
+    messages: Family<ResultLabel, Counter>,
+    parked: Family<ReasonLabel, Counter>,
+    lateness: Histogram,
+    in_flight: Gauge,
+    held: Gauge,
+    stage: Family<StageLabel, Histogram, StageBuckets>,
+    reconnects: Family<TargetLabel, Counter>,
+    release_failures: Counter,
+    swept: Counter,
+    ready: Gauge,
+    queue_messages: Family<QueueLabel, Gauge>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("order_timeout");
+        let messages = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "messages",
+            "Timeout messages processed, by result",
+            messages.clone(),
+        );
+        let parked = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "parked",
+            "Messages moved to the parked queue, by reason",
+            parked.clone(),
+        );
+        // 1 ms … ~65 s: ms-level lateness is the product, minutes are an incident.
+        let lateness = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+            0.001, 2.0, 17,
+        ));
+        registry.register_with_unit(
+            "cancel_lateness",
+            "Actual cancel time minus the order's deadline",
+            Unit::Seconds,
+            lateness.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "in_flight_messages",
+            "Deliveries received and not yet acked",
+            in_flight.clone(),
+        );
+        let held = Gauge::default();
+        registry.register(
+            "held_messages",
+            "Deliveries held in-process for their sub-second remainder",
+            held.clone(),
+        );
+        let stage =
+            Family::<StageLabel, Histogram, StageBuckets>::new_with_constructor(StageBuckets);
+        registry.register_with_unit(
+            "stage_duration",
+            "Duration of one step: db (cancel statement), inventory (ReleaseStock), publish",
+            Unit::Seconds,
+            stage.clone(),
+        );
+        let reconnects = Family::<TargetLabel, Counter>::default();
+        registry.register(
+            "reconnects",
+            "Broker sessions re-established after a failure",
+            reconnects.clone(),
+        );
+        let release_failures = Counter::default();
+        registry.register(
+            "inventory_release_failures",
+            "ReleaseStock calls that failed after in-process retries",
+            release_failures.clone(),
+        );
+        let swept = Counter::default();
+        registry.register(
+            "sweeper_orders",
+            "Orders the sweeper cancelled or finished (no timeout message did)",
+            swept.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "ready",
+            "1 when broker, database and inventory are reachable, else 0",
+            ready.clone(),
+        );
+        let queue_messages = Family::<QueueLabel, Gauge>::default();
+        registry.register(
+            "queue_messages",
+            "Messages ready in the service's queues (due, parked)",
+            queue_messages.clone(),
+        );
+        // Every known series starts at 0, so rate() and alerts see the
+        // first increment instead of a series appearing out of nowhere.
+        for outcome in Outcome::ALL {
+            let _ = messages.get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            });
+        }
+        for s in [Stage::Db, Stage::Inventory, Stage::Publish] {
+            let _ = stage.get_or_create(&StageLabel { stage: s.as_str() });
+        }
+        let _ = reconnects.get_or_create(&TargetLabel { target: "amqp" });
+        for reason in ParkReason::ALL {
+            let _ = parked.get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            });
+        }
+        Self {
+            registry,
+            messages,
+            parked,
+            lateness,
+            in_flight,
+            held,
+            stage,
+            reconnects,
+            release_failures,
+            swept,
+            ready,
+            queue_messages,
+        }
+    }
+
+    /// Counts one message ending with `outcome`.
+    pub fn record(&self, outcome: Outcome) {
+        self.messages
+            .get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// How many messages ended with `outcome`.
+    pub fn count(&self, outcome: Outcome) -> u64 {
+        self.messages
+            .get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            })
+            .get()
+    }
+
+    /// Messages processed to any outcome.
+    pub fn total(&self) -> u64 {
+        Outcome::ALL.iter().map(|o| self.count(*o)).sum()
+    }
+
+    /// Counts a parked message by its reason (`x-error-kind`).
+    pub fn parked(&self, reason: ParkReason) {
+        self.parked
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    /// Records a cancellation's lateness (negative values, impossible by
+    /// construction, would land in the first bucket).
+    pub fn lateness(&self, lateness: chrono::Duration) {
+        self.lateness
+            .observe(lateness.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6);
+    }
+
+    /// Times one step.
+    pub fn stage(&self, stage: Stage, took: Duration) {
+        self.stage
+            .get_or_create(&StageLabel {
+                stage: stage.as_str(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts a broker reconnect.
+    pub fn reconnect(&self) {
+        self.reconnects
+            .get_or_create(&TargetLabel { target: "amqp" })
+            .inc();
+    }
+
+    /// Broker reconnects so far.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects
+            .get_or_create(&TargetLabel { target: "amqp" })
+            .get()
+    }
+
+    /// Orders the sweeper settled so far.
+    pub fn swept_total(&self) -> u64 {
+        self.swept.get()
+    }
+
+    /// Counts a failed stock release.
+    pub fn release_failed(&self) {
+        self.release_failures.inc();
+    }
+
+    /// Counts orders the sweeper settled.
+    pub fn swept(&self, n: u64) {
+        self.swept.inc_by(n);
+    }
+
+    /// Sets the readiness gauge.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    /// Sets a queue depth gauge.
+    pub fn set_queue_depth(&self, queue: &'static str, messages: u32) {
+        self.queue_messages
+            .get_or_create(&QueueLabel { queue })
+            .set(i64::from(messages));
+    }
+
+    /// A guard counting one in-flight delivery until dropped.
+    pub fn in_flight(self: &Arc<Self>) -> GaugeGuard {
+        GaugeGuard::new(self.in_flight.clone())
+    }
+
+    /// A guard counting one held delivery until dropped.
+    pub fn held(self: &Arc<Self>) -> GaugeGuard {
+        GaugeGuard::new(self.held.clone())
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Increments a gauge on creation and decrements it on drop, so every
+/// path out of a piece of work (ack, requeue, panic) is counted.
+#[derive(Debug)]
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_uses_prometheus_names() {
+        let m = Arc::new(Metrics::new());
+        m.record(Outcome::Cancelled);
+        m.record(Outcome::AlreadyPaid);
+        m.parked(ParkReason::NotJson);
+        m.lateness(chrono::Duration::milliseconds(12));
+        m.stage(Stage::Db, Duration::from_millis(3));
+        let guard = m.in_flight();
+        let text = m.render();
+        for needle in [
+            r#"order_timeout_messages_total{result="cancelled"} 1"#,
+            r#"order_timeout_messages_total{result="already_paid"} 1"#,
+            r#"order_timeout_parked_total{reason="not_json"} 1"#,
+            "order_timeout_cancel_lateness_seconds_count 1",
+            r#"order_timeout_stage_duration_seconds_count{stage="db"} 1"#,
+            "order_timeout_in_flight_messages 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+        drop(guard);
+        assert!(m.render().contains("order_timeout_in_flight_messages 0"));
+        assert_eq!(m.count(Outcome::Cancelled), 1);
+        assert_eq!(m.total(), 2);
+    }
+
+    #[test]
+    fn every_metric_the_alert_rules_use_is_served() {
+        let m = Metrics::new();
+        m.set_queue_depth(crate::broker::topology::PARKED_QUEUE, 0);
+        let text = m.render();
+        let rules = include_str!("../../../deploy/prometheus-alerts.yml");
+        let mut names: Vec<&str> = rules
+            .match_indices("order_timeout_")
+            .map(|(at, _)| {
+                let rest = &rules[at..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        assert!(names.len() >= 6, "{names:?}");
+        for name in names {
+            assert!(
+                text.lines().any(|l| l.starts_with(name) && {
+                    let rest = &l[name.len()..];
+                    let rest = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|suffix| rest.strip_prefix(suffix))
+                        .unwrap_or(rest);
+                    rest.starts_with([' ', '{'])
+                }),
+                "deploy/prometheus-alerts.yml uses {name}, which /metrics does not serve:\n{text}"
+            );
+        }
+        assert!(text.contains(r#"order_timeout_queue_messages{queue="order-timeout.parked"} 0"#));
+    }
+}

@@ -1,0 +1,306 @@
+//! Configuration: environment variables for the connection endpoints, an
+//! optional TOML file for the tuning knobs, defaults that work against local
+//! servers. The connection URLs are [`SecretUrl`]s, so no `Debug` or log
+//! line of the settings can show a password.
+//!
+//! Precedence, lowest first: built-in defaults, the config file
+//! (`--config FILE` or `ORDER_TIMEOUT_CONFIG`), environment variables.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::broker::topology::{CascadeShards, Layout, QueueType};
+
+mod secret;
+pub use secret::{SecretUrl, redact_url};
+
+/// Default broker URL: the local RabbitMQ's default vhost.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default database URL: the local PostgreSQL, database `order_timeout`.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/order_timeout";
+/// Default inventory endpoint: the reference server's default listen address.
+pub const DEFAULT_INVENTORY_URL: &str = "http://127.0.0.1:50051";
+/// Default listen address for metrics and health endpoints.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
+
+/// Errors reading the configuration; they stop the process at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {error}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why it could not be read.
+        error: std::io::Error,
+    },
+    /// The config file is not valid TOML for [`Settings`].
+    #[error("invalid config file {path}: {error}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The parser's message, with the line.
+        error: Box<toml::de::Error>,
+    },
+    /// An environment variable holds a value that does not parse.
+    #[error("invalid value for {name}: {reason}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+}
+
+/// What to do with a timeout message whose order id has no row.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UnknownOrderPolicy {
+    /// Park it with reason "unknown order" (default): an operator looks.
+    Park,
+    /// Log it, count it and drop it.
+    Drop,
+}
+
+/// Retry policy knobs; see [`crate::retry`] for how they are used.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Attempts (deliveries that failed transiently) before a message is parked.
+    pub max_attempts: u32,
+    /// First re-schedule delay; doubles each attempt.
+    #[serde(with = "humantime_serde")]
+    pub base_delay: Duration,
+    /// Ceiling of the re-schedule delay.
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+    /// In-process retries of one inventory call before falling back to a
+    /// re-schedule through the delay store.
+    pub quick_retries: usize,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        // 1+2+4+…+64 s (capped) over 8 attempts: a few minutes of outage.
+        Self {
+            max_attempts: 8,
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(120),
+            quick_retries: 2,
+        }
+    }
+}
+
+/// The sweeper: the safety net for orders whose timeout message was never
+/// published (see [`crate::sweeper`]).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SweeperSettings {
+    /// Run it at all.
+    pub enabled: bool,
+    /// Time between sweeps.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Only orders overdue by more than this are swept: the normal path
+    /// handles everything younger.
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// Orders per statement; a sweep takes batches until one comes back
+    /// short (at most 100 batches per sweep).
+    pub batch: u32,
+}
+
+impl Default for SweeperSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(30),
+            grace: Duration::from_secs(60),
+            batch: 500,
+        }
+    }
+}
+
+/// Everything the service needs to run. Built by [`Settings::load`].
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// RabbitMQ URL (`AMQP_URL`). The vhost is the URL's path.
+    pub amqp_url: SecretUrl,
+    /// PostgreSQL URL (`DATABASE_URL`).
+    pub database_url: SecretUrl,
+    /// gRPC inventory endpoint (`INVENTORY_URL`).
+    pub inventory_url: SecretUrl,
+    /// Metrics and health listen address (`HTTP_ADDR`).
+    pub http_addr: SocketAddr,
+    /// Queue type of the delay cascade and work queues.
+    pub queue_type: QueueType,
+    /// Parallel copies of the delay cascade (see [`CascadeShards`]).
+    pub cascade_shards: CascadeShards,
+    /// Unacknowledged deliveries the consumer may hold at once. Messages held
+    /// for the last (up to 2) seconds before their deadline count against
+    /// it, so it must exceed (orders/s due) x 2 s.
+    pub prefetch: u16,
+    /// Most orders cancelled in one database statement.
+    pub batch_max: usize,
+    /// Batches processed concurrently.
+    pub batch_concurrency: usize,
+    /// Database connection pool size.
+    pub db_max_connections: u32,
+    /// Timeout of one inventory call.
+    #[serde(with = "humantime_serde")]
+    pub inventory_timeout: Duration,
+    /// Concurrent inventory calls per batch.
+    pub inventory_concurrency: usize,
+    /// How long a worker owns a cancelled order's pending release before
+    /// another delivery may take it over (after a crash). Longer than one
+    /// release normally takes, inventory retries included.
+    #[serde(with = "humantime_serde")]
+    pub outbox_lease: Duration,
+    /// Retry policy.
+    pub retry: RetrySettings,
+    /// The sweeper.
+    pub sweeper: SweeperSettings,
+    /// What to do with messages for unknown orders.
+    pub unknown_order: UnknownOrderPolicy,
+    /// Bodies above this size are parked unread.
+    pub max_body_bytes: usize,
+    /// How long a graceful shutdown waits for in-flight work.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// `cancel_reason` written on cancelled orders.
+    pub cancel_reason: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            amqp_url: SecretUrl::new(DEFAULT_AMQP_URL),
+            database_url: SecretUrl::new(DEFAULT_DATABASE_URL),
+            inventory_url: SecretUrl::new(DEFAULT_INVENTORY_URL),
+            http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
+            queue_type: QueueType::Quorum,
+            cascade_shards: CascadeShards::default(),
+            prefetch: 4000,
+            batch_max: 200,
+            batch_concurrency: 4,
+            db_max_connections: 10,
+            inventory_timeout: Duration::from_secs(5),
+            inventory_concurrency: 64,
+            outbox_lease: Duration::from_secs(15),
+            retry: RetrySettings::default(),
+            sweeper: SweeperSettings::default(),
+            unknown_order: UnknownOrderPolicy::Park,
+            max_body_bytes: 64 * 1024,
+            shutdown_timeout: Duration::from_secs(20),
+            cancel_reason: "payment timeout".into(),
+        }
+    }
+}
+
+impl Settings {
+    /// The broker objects these settings ask for.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            queue_type: self.queue_type,
+            shards: self.cascade_shards,
+        }
+    }
+
+    /// Defaults, then the config file if one is named (argument or
+    /// `ORDER_TIMEOUT_CONFIG`), then the environment variables.
+    pub fn load(config_file: Option<&Path>) -> Result<Self, ConfigError> {
+        let from_env = std::env::var_os("ORDER_TIMEOUT_CONFIG");
+        let path = config_file.or(from_env.as_deref().map(Path::new));
+        let mut settings = match path {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        settings.apply_env(|name| std::env::var(name).ok())?;
+        Ok(settings)
+    }
+
+    fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: path.display().to_string(),
+            error,
+        })?;
+        toml::from_str(&text).map_err(|error| ConfigError::Parse {
+            path: path.display().to_string(),
+            error: Box::new(error),
+        })
+    }
+
+    /// Overrides from environment variables, read through `get` so tests can
+    /// feed their own.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(v) = get("AMQP_URL") {
+            self.amqp_url = SecretUrl::new(v);
+        }
+        if let Some(v) = get("DATABASE_URL") {
+            self.database_url = SecretUrl::new(v);
+        }
+        if let Some(v) = get("INVENTORY_URL") {
+            self.inventory_url = SecretUrl::new(v);
+        }
+        if let Some(v) = get("HTTP_ADDR") {
+            self.http_addr = v.parse().map_err(|e| ConfigError::Env {
+                name: "HTTP_ADDR",
+                reason: format!("{v:?}: {e}"),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_file_and_defaults() {
+        let mut s: Settings = toml::from_str(
+            r#"
+            prefetch = 10
+            queue_type = "classic"
+            inventory_timeout = "250ms"
+            [retry]
+            max_attempts = 3
+            "#,
+        )
+        .unwrap();
+        assert_eq!(s.prefetch, 10);
+        assert_eq!(s.queue_type, QueueType::Classic);
+        assert_eq!(s.inventory_timeout, Duration::from_millis(250));
+        assert_eq!(s.retry.max_attempts, 3);
+        assert_eq!(s.retry.base_delay, Duration::from_secs(1));
+        assert_eq!(s.amqp_url.expose(), DEFAULT_AMQP_URL);
+        s.apply_env(|n| (n == "AMQP_URL").then(|| "amqp://x/%2f".to_string()))
+            .unwrap();
+        assert_eq!(s.amqp_url.expose(), "amqp://x/%2f");
+        assert_eq!(s.database_url.expose(), DEFAULT_DATABASE_URL);
+    }
+
+    #[test]
+    fn the_example_file_lists_the_defaults() {
+        let example: Settings =
+            toml::from_str(include_str!("../../../config/order-timeout.example.toml")).unwrap();
+        assert_eq!(format!("{example:?}"), format!("{:?}", Settings::default()));
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_addresses_are_errors() {
+        assert!(toml::from_str::<Settings>("prefech = 1").is_err());
+        let err = toml::from_str::<Settings>("cascade_shards = 0").unwrap_err();
+        assert!(err.to_string().contains("between 1 and 16"), "{err}");
+        assert!(toml::from_str::<Settings>("cascade_shards = 17").is_err());
+        let mut s = Settings::default();
+        let err = s
+            .apply_env(|n| (n == "HTTP_ADDR").then(|| "nope".to_string()))
+            .unwrap_err();
+        assert!(err.to_string().contains("HTTP_ADDR"), "{err}");
+    }
+}

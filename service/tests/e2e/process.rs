@@ -1,0 +1,286 @@
+//! The binary as operators run it: `serve` stopped with SIGTERM mid-stream,
+//! and what its logs may (not) contain.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use crate::common::{STOCK, TestEnv};
+
+/// `order-timeout serve` on the test's world, logging to `log`.
+fn serve(
+    env: &TestEnv,
+    amqp_url: &str,
+    database_url: &str,
+    log: &Path,
+    extra: &[(&str, &str)],
+) -> Child {
+    let file = std::fs::File::create(log).expect("log file");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_order-timeout"));
+    cmd.arg("serve")
+        .env("AMQP_URL", amqp_url)
+        .env("DATABASE_URL", database_url)
+        .env("INVENTORY_URL", env.settings.inventory_url.expose())
+        .env("HTTP_ADDR", "127.0.0.1:0")
+        .env("RUST_LOG", "info")
+        .stdout(file.try_clone().unwrap())
+        .stderr(file);
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("start order-timeout serve")
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig}");
+}
+
+/// Waits up to `timeout` for the process to exit.
+async fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let end = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if tokio::time::Instant::now() > end {
+            let _ = child.kill();
+            panic!("the process did not exit within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn temp_log(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_work_and_a_restart_loses_nothing() {
+    let env = TestEnv::new().await;
+    env.stock_skus(5).await;
+    let log = temp_log("sigterm");
+    let mut first = serve(
+        &env,
+        env.settings.amqp_url.expose(),
+        env.settings.database_url.expose(),
+        &log,
+        &[],
+    );
+    // 300 orders due over 1.5–6 s: the signal lands mid-stream, with
+    // messages held in-process and releases in flight.
+    let n: i64 = 300;
+    for i in 0..n {
+        let order = env
+            .create_order(
+                &format!("term-{i:03}"),
+                Duration::from_millis(1500 + (i as u64 * 15)),
+                &[(i as usize % 5, 1 + (i % 3))],
+            )
+            .await;
+        env.publish_timeout(&order).await;
+    }
+    env.eventually(Duration::from_secs(20), "some orders cancelled", || async {
+        env.count("term-", "CANCELLED").await >= 60
+    })
+    .await;
+    signal(&first, "-TERM");
+    let status = wait_exit(&mut first, Duration::from_secs(30)).await;
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        status.success(),
+        "clean exit on SIGTERM: {status:?}\n{logs}"
+    );
+    assert!(logs.contains("shutdown signal received"), "{logs}");
+    assert!(logs.contains("stopped"), "{logs}");
+    let at_stop = env.count("term-", "CANCELLED").await;
+    assert!(
+        at_stop < n,
+        "the signal should land mid-stream ({at_stop}/{n})"
+    );
+    // Whatever it started, it finished: no cancellation is left with its
+    // release pending or leased.
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM order_timeout_cancel_outbox WHERE stock_released_at IS NULL OR event_published_at IS NULL",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(pending, 0, "in-flight releases finished before exit");
+
+    let log2 = temp_log("sigterm-restart");
+    let mut second = serve(
+        &env,
+        env.settings.amqp_url.expose(),
+        env.settings.database_url.expose(),
+        &log2,
+        &[],
+    );
+    env.eventually(Duration::from_secs(30), "every order cancelled", || async {
+        env.count("term-", "CANCELLED").await == n
+    })
+    .await;
+    // No lease from the first process is left to expire: this is quick.
+    env.wait_outbox_done(Duration::from_secs(10)).await;
+    signal(&second, "-TERM");
+    assert!(
+        wait_exit(&mut second, Duration::from_secs(30))
+            .await
+            .success()
+    );
+    let early: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE cancelled_at < expires_at")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(early, 0);
+    let repeated: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inventory.releases WHERE calls <> 1")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        repeated, 0,
+        "no release was called twice across the restart"
+    );
+    env.assert_stock_exact(5).await;
+    for n in 0..5 {
+        assert_eq!(env.stock(n).await, STOCK);
+    }
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&log2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_appear_in_logs() {
+    let env = TestEnv::new().await;
+    env.stock_skus(1).await;
+    // A broker user of our own with a password we can look for.
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let user = format!("ot_user_{}", &suffix[..8]);
+    let amqp_secret = format!("AmqpS3cret{suffix}");
+    let db_secret = format!("DbS3cret{suffix}");
+    let run = |args: &[&str]| {
+        let out = Command::new("rabbitmqctl").args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+    };
+    run(&["-q", "add_user", &user, &amqp_secret]);
+    run(&[
+        "-q",
+        "set_permissions",
+        "-p",
+        &env.name,
+        &user,
+        ".*",
+        ".*",
+        ".*",
+    ]);
+    struct DeleteUser(String);
+    impl Drop for DeleteUser {
+        fn drop(&mut self) {
+            let _ = Command::new("rabbitmqctl")
+                .args(["-q", "delete_user", &self.0])
+                .output();
+        }
+    }
+    let _cleanup = DeleteUser(user.clone());
+
+    let with_password = |url: &str, user: &str, password: &str| {
+        let mut url = url::Url::parse(url).unwrap();
+        url.set_username(user).unwrap();
+        url.set_password(Some(password)).unwrap();
+        url.to_string()
+    };
+    let amqp_ok = with_password(env.settings.amqp_url.expose(), &user, &amqp_secret);
+    let wrong_secret = format!("Wr0ngS3cret{suffix}");
+    let amqp_wrong = with_password(env.settings.amqp_url.expose(), &user, &wrong_secret);
+    // Trust authentication accepts any password, so the service connects.
+    let db = with_password(env.settings.database_url.expose(), "postgres", &db_secret);
+    let debug = [("RUST_LOG", "debug")];
+
+    // 1. Wrong broker password: the service keeps retrying and logs why.
+    let log_wrong = temp_log("secrets-wrong");
+    let mut child = serve(&env, &amqp_wrong, &db, &log_wrong, &debug);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    signal(&child, "-TERM");
+    wait_exit(&mut child, Duration::from_secs(20)).await;
+
+    // 2. Right password, JSON logs, one order processed end to end.
+    let log_ok = temp_log("secrets-ok");
+    let mut child = serve(
+        &env,
+        &amqp_ok,
+        &db,
+        &log_ok,
+        &[("RUST_LOG", "debug"), ("LOG_FORMAT", "json")],
+    );
+    let order = env
+        .create_order("secret-order-1", Duration::from_millis(1500), &[(0, 1)])
+        .await;
+    env.publish_timeout(&order).await;
+    let (status, _, _) = env
+        .wait_settled("secret-order-1", Duration::from_secs(20))
+        .await;
+    assert_eq!(status, "CANCELLED");
+    env.wait_outbox_done(Duration::from_secs(10)).await;
+    signal(&child, "-TERM");
+    assert!(
+        wait_exit(&mut child, Duration::from_secs(20))
+            .await
+            .success()
+    );
+
+    // 3. The other commands that take URLs.
+    let log_cmds = temp_log("secrets-cmds");
+    let out = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+        .args(["schedule", "--order-id", "secret-order-2", "--in", "1h"])
+        .env("AMQP_URL", &amqp_wrong)
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a wrong password fails the command");
+    let migrate = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+        .arg("migrate")
+        .env("DATABASE_URL", &db)
+        .env("RUST_LOG", "debug")
+        .output()
+        .unwrap();
+    assert!(migrate.status.success(), "{migrate:?}");
+    std::fs::write(
+        &log_cmds,
+        [out.stdout, out.stderr, migrate.stdout, migrate.stderr].concat(),
+    )
+    .unwrap();
+
+    let wrong = std::fs::read_to_string(&log_wrong).unwrap();
+    let ok = std::fs::read_to_string(&log_ok).unwrap();
+    let cmds = std::fs::read_to_string(&log_cmds).unwrap();
+    assert!(
+        wrong.contains("reconnecting"),
+        "the auth failure is logged:\n{wrong}"
+    );
+    assert!(
+        wrong.contains(":***@"),
+        "the URLs are logged, redacted (else this test proves nothing):\n{wrong}"
+    );
+    assert!(
+        ok.lines()
+            .any(|l| l.starts_with('{') && l.contains("secret-order-1")),
+        "JSON log lines carry the order id:\n{ok}"
+    );
+    for (name, text) in [("wrong", &wrong), ("ok", &ok), ("commands", &cmds)] {
+        for secret in [&amqp_secret, &db_secret, &wrong_secret] {
+            assert!(
+                !text.contains(secret.as_str()),
+                "a password leaked into the {name} logs:\n{text}"
+            );
+        }
+    }
+    for log in [log_wrong, log_ok, log_cmds] {
+        let _ = std::fs::remove_file(log);
+    }
+}

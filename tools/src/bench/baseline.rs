@@ -1,0 +1,296 @@
+//! The comparisons a bench run measures the product against.
+//!
+//! - **Single queue** (`--baseline single-queue`): the design most tutorials
+//!   show. One delay queue, each message carrying its own `expiration`
+//!   (the time left to the order's deadline), dead-lettering into the
+//!   consumer. To compare the delay store and nothing else, the delay queue
+//!   dead-letters into the service's own entry point (exchange
+//!   `order-timeout`, key `schedule`): the same service instances then
+//!   cancel those orders with the same code, batching and database work.
+//!   The broker only dead-letters from the head of a queue, so a short
+//!   timeout waits behind a longer one published before it.
+//! - **Broker ceiling** (`--baseline broker-ceiling`): publish (confirms,
+//!   persistent) → one fixed-TTL queue → dead-letter → consume and ack, no
+//!   database, no service, publishing as fast as confirms allow. The
+//!   consumed rate is the most one hop can carry on this machine; every
+//!   other figure can be read as a share of it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::join_all;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection};
+use tokio::sync::Semaphore;
+
+use super::BenchError;
+use super::load::confirm_channels;
+use super::report::{CeilingReport, LatenessStats};
+use order_timeout::broker::connect_amqp;
+use order_timeout::broker::topology::{ENTRY_EXCHANGE, QueueType, SCHEDULE_ROUTING_KEY};
+use order_timeout::settings::SecretUrl;
+
+/// The single-queue baseline's delay queue.
+pub const SINGLE_DELAY_QUEUE: &str = "bench.single-queue.delay";
+/// The ceiling's fixed-TTL queue.
+pub const CEILING_DELAY_QUEUE: &str = "bench.ceiling.delay";
+/// The ceiling's consumer queue.
+pub const CEILING_SINK_QUEUE: &str = "bench.ceiling.sink";
+/// TTL of the ceiling's delay queue.
+pub const CEILING_TTL_MS: u64 = 1000;
+/// Most messages the ceiling keeps between publish and consume: more than
+/// one TTL's worth at any rate this machine reaches.
+const IN_FLIGHT: u64 = 15_000;
+
+fn args(queue_type: QueueType, ttl_ms: Option<u64>, dlx: Option<(&str, &str)>) -> FieldTable {
+    let mut t = FieldTable::default();
+    let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+    let qt = match queue_type {
+        QueueType::Quorum => "quorum",
+        QueueType::Classic => "classic",
+    };
+    t.insert(ShortString::from("x-queue-type"), text(qt));
+    if let Some(ttl) = ttl_ms {
+        t.insert(
+            ShortString::from("x-message-ttl"),
+            AMQPValue::LongLongInt(ttl as i64),
+        );
+    }
+    if let Some((exchange, key)) = dlx {
+        t.insert(ShortString::from("x-dead-letter-exchange"), text(exchange));
+        t.insert(ShortString::from("x-dead-letter-routing-key"), text(key));
+        if queue_type == QueueType::Quorum {
+            // The same durability as the cascade's levels.
+            t.insert(
+                ShortString::from("x-dead-letter-strategy"),
+                text("at-least-once"),
+            );
+            t.insert(ShortString::from("x-overflow"), text("reject-publish"));
+        }
+    }
+    t
+}
+
+async fn declare(channel: &Channel, name: &str, a: FieldTable) -> Result<(), BenchError> {
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            a,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Declares the single-queue baseline's delay queue (per-message TTL,
+/// dead-lettering into the service's entry point).
+pub async fn declare_single_queue(
+    conn: &Connection,
+    queue_type: QueueType,
+) -> Result<(), BenchError> {
+    let ch = conn.create_channel().await?;
+    declare(
+        &ch,
+        SINGLE_DELAY_QUEUE,
+        args(
+            queue_type,
+            None,
+            Some((ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY)),
+        ),
+    )
+    .await?;
+    let _ = ch.close(200, "ok".into()).await;
+    Ok(())
+}
+
+/// Measures the one-hop ceiling for `duration` of publishing.
+pub async fn broker_ceiling(
+    amqp_url: &SecretUrl,
+    queue_type: QueueType,
+    duration: Duration,
+) -> Result<CeilingReport, BenchError> {
+    let pub_conn = connect_amqp(amqp_url, "order-timeout-bench-ceiling-pub").await?;
+    let sub_conn = connect_amqp(amqp_url, "order-timeout-bench-ceiling-sub").await?;
+    let setup = pub_conn.create_channel().await?;
+    declare(&setup, CEILING_SINK_QUEUE, args(queue_type, None, None)).await?;
+    declare(
+        &setup,
+        CEILING_DELAY_QUEUE,
+        args(
+            queue_type,
+            Some(CEILING_TTL_MS),
+            Some(("", CEILING_SINK_QUEUE)),
+        ),
+    )
+    .await?;
+
+    // Consumer: ack in blocks (multiple) so acking is not what is measured.
+    let sub = sub_conn.create_channel().await?;
+    sub.basic_qos(2000, BasicQosOptions::default()).await?;
+    let mut consumer = sub
+        .basic_consume(
+            CEILING_SINK_QUEUE.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    // The total published, once publishing is over.
+    let (total_tx, total_rx) = tokio::sync::watch::channel::<Option<u64>>(None);
+    let consumed_n = Arc::new(AtomicU64::new(0));
+    let consumed_c = consumed_n.clone();
+    let consumer_task = tokio::spawn(async move {
+        let mut lateness = Vec::new();
+        let mut arrivals = Vec::new();
+        let mut first: Option<std::time::Instant> = None;
+        let mut last = std::time::Instant::now();
+        let mut unacked: Option<lapin::message::Delivery> = None;
+        let mut unacked_n = 0u32;
+        loop {
+            let total = *total_rx.borrow();
+            if let Some(t) = total
+                && lateness.len() as u64 >= t
+            {
+                break;
+            }
+            match tokio::time::timeout(Duration::from_millis(200), consumer.next()).await {
+                Ok(Some(Ok(d))) => {
+                    let now = std::time::Instant::now();
+                    first.get_or_insert(now);
+                    last = now;
+                    arrivals.push(now);
+                    consumed_c.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(bytes) = <[u8; 8]>::try_from(&d.data[..8.min(d.data.len())]) {
+                        let sent_ms = i64::from_be_bytes(bytes);
+                        let now_ms = chrono::Utc::now().timestamp_millis();
+                        lateness.push((now_ms - sent_ms - CEILING_TTL_MS as i64) as f64);
+                    }
+                    unacked_n += 1;
+                    if unacked_n >= 200 {
+                        let _ = d.ack(BasicAckOptions { multiple: true }).await;
+                        unacked_n = 0;
+                        unacked = None;
+                    } else {
+                        unacked = Some(d);
+                    }
+                }
+                Ok(_) => break,
+                Err(_) => {
+                    // Idle; give up 5 s after publishing ended.
+                    if total.is_some() && last.elapsed() > Duration::from_secs(5) {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(d) = unacked {
+            let _ = d.ack(BasicAckOptions { multiple: true }).await;
+        }
+        (lateness, arrivals, first, last)
+    });
+
+    // Publisher: as fast as confirms allow, a bounded window in flight.
+    let channels = confirm_channels(&pub_conn, 2).await?;
+    let window = Arc::new(Semaphore::new(4000));
+    let ok = Arc::new(AtomicU64::new(0));
+    let started = std::time::Instant::now();
+    let mut i = 0usize;
+    let mut tasks = Vec::new();
+    while started.elapsed() < duration {
+        // Closed loop: at most IN_FLIGHT published but not yet consumed, so
+        // the publisher cannot starve the dead-lettering of CPU; it runs at
+        // the speed of the whole hop.
+        while ok.load(Ordering::Relaxed) >= consumed_n.load(Ordering::Relaxed) + IN_FLIGHT {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let permits = window
+            .clone()
+            .acquire_many_owned(100)
+            .await
+            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        let ch = channels[i % channels.len()].clone();
+        i += 1;
+        let ok = ok.clone();
+        let mut confirms = Vec::with_capacity(100);
+        for _ in 0..100 {
+            let body = chrono::Utc::now().timestamp_millis().to_be_bytes();
+            if let Ok(c) = ch
+                .basic_publish(
+                    "".into(),
+                    CEILING_DELAY_QUEUE.into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+            {
+                confirms.push(c);
+            }
+        }
+        tasks.push(tokio::spawn(async move {
+            let _permits = permits;
+            let n = join_all(confirms)
+                .await
+                .into_iter()
+                .filter(|c| matches!(c, Ok(c) if c.is_ack()))
+                .count();
+            ok.fetch_add(n as u64, Ordering::Relaxed);
+        }));
+    }
+    join_all(tasks).await;
+    let publish_end = std::time::Instant::now();
+    let publish_secs = (publish_end - started).as_secs_f64();
+    let total = ok.load(Ordering::Relaxed);
+    let _ = total_tx.send(Some(total));
+    let (lateness, arrivals, first, last) = consumer_task
+        .await
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let consumed = lateness.len() as u64;
+    // Deliveries while the publisher was still running: the rate the
+    // broker sustains while also taking publishes (the ceiling proper).
+    let sustained = first.and_then(|f| {
+        let from = f + Duration::from_secs(1);
+        let window = publish_end.checked_duration_since(from)?.as_secs_f64();
+        let n = arrivals
+            .iter()
+            .filter(|t| **t >= from && **t <= publish_end)
+            .count();
+        (window > 0.5).then(|| n as f64 / window)
+    });
+    let consume_secs = match first {
+        Some(f) => (last - f).as_secs_f64(),
+        None => 0.0,
+    };
+    let _ = setup
+        .queue_delete(CEILING_DELAY_QUEUE.into(), QueueDeleteOptions::default())
+        .await;
+    let _ = setup
+        .queue_delete(CEILING_SINK_QUEUE.into(), QueueDeleteOptions::default())
+        .await;
+    let _ = pub_conn.close(200, "done".into()).await;
+    let _ = sub_conn.close(200, "done".into()).await;
+    Ok(CeilingReport {
+        queue_type: format!("{queue_type:?}").to_lowercase(),
+        ttl_ms: CEILING_TTL_MS,
+        published: total,
+        consumed,
+        publish_rate: total as f64 / publish_secs.max(1e-9),
+        consume_rate: if consume_secs > 0.0 {
+            consumed as f64 / consume_secs
+        } else {
+            0.0
+        },
+        sustained_rate: sustained,
+        lateness: LatenessStats::from_ms(&lateness),
+        ..Default::default()
+    })
+}

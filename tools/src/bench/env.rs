@@ -1,0 +1,386 @@
+//! The bench's isolated world: its own RabbitMQ vhost (created with
+//! `rabbitmqctl`, so the bench runs as root on the broker's machine), its
+//! own PostgreSQL database, and the inventory server and service instances
+//! as child processes of this binary (so their CPU and memory are measured
+//! apart from the load generator's). Removed at the end unless `--keep`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use sqlx::{Connection, Executor};
+use tokio::process::{Child, Command};
+
+use super::BenchError;
+use order_timeout::broker::connect_amqp;
+use order_timeout::broker::topology::DUE_QUEUE;
+use order_timeout::settings::{SecretUrl, Settings};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+/// Replaces the path of `url` (the vhost of an AMQP URL, the database of a
+/// PostgreSQL URL).
+pub fn with_path(url: &SecretUrl, path: &str) -> Result<SecretUrl, BenchError> {
+    let mut u = url::Url::parse(url.expose())
+        .map_err(|e| BenchError::Setup(format!("bad URL {url}: {e}")))?;
+    u.set_path(path);
+    Ok(SecretUrl::new(u.to_string()))
+}
+
+fn rabbitmqctl(args: &[&str]) -> Result<String, BenchError> {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .map_err(|e| {
+            BenchError::Setup(format!(
+                "cannot run rabbitmqctl (needed to create the bench's vhost; run as root on the broker's machine): {e}"
+            ))
+        })?;
+    if !out.status.success() {
+        return Err(BenchError::Setup(format!(
+            "rabbitmqctl {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `rabbitmqctl` with `args`, returning stdout, or `None` on failure.
+pub fn rabbitmqctl_opt(args: &[&str]) -> Option<String> {
+    rabbitmqctl(args).ok()
+}
+
+/// A service or inventory child process.
+pub struct ChildProc {
+    /// Label.
+    pub name: String,
+    child: Child,
+}
+
+impl ChildProc {
+    /// Its process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGTERM, then wait up to `grace`, then SIGKILL.
+    pub async fn stop(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(name = %self.name, "child did not stop in time; killing it");
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// The bench's vhost, database and child processes.
+pub struct BenchEnv {
+    /// vhost and database name.
+    pub name: String,
+    /// Settings pointing at the vhost and database (the inventory URL is
+    /// the child inventory server's).
+    pub settings: Settings,
+    /// A pool on the bench database for the load generator.
+    pub pool: PgPool,
+    /// Where the children write their logs.
+    pub log_dir: PathBuf,
+    config_file: Option<PathBuf>,
+    base_db_url: SecretUrl,
+    keep: bool,
+    /// The inventory server child.
+    pub inventory: Option<ChildProc>,
+    /// The service children.
+    pub services: Vec<ChildProc>,
+    /// Their `/metrics` ports.
+    pub metrics_ports: Vec<u16>,
+}
+
+/// This binary (`order-timeout-tools`), for the inventory server child.
+fn tools_binary() -> Result<PathBuf, BenchError> {
+    std::env::current_exe()
+        .map_err(|e| BenchError::Setup(format!("cannot find own executable: {e}")))
+}
+
+/// The production binary the bench measures: `ORDER_TIMEOUT_BIN`, or
+/// `order-timeout` beside this binary (both are built into the same
+/// `target/<profile>/`).
+fn service_binary() -> Result<PathBuf, BenchError> {
+    if let Some(path) = std::env::var_os("ORDER_TIMEOUT_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = tools_binary()?.with_file_name("order-timeout");
+    if exe.is_file() {
+        Ok(exe)
+    } else {
+        Err(BenchError::Setup(format!(
+            "{} not found: build it (cargo build --release -p order-timeout) or set ORDER_TIMEOUT_BIN",
+            exe.display()
+        )))
+    }
+}
+
+fn free_port() -> Result<u16, BenchError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| BenchError::Setup(format!("no free port: {e}")))?;
+    Ok(l.local_addr()
+        .map_err(|e| BenchError::Setup(e.to_string()))?
+        .port())
+}
+
+impl BenchEnv {
+    /// Creates the vhost and the database (migrated) and starts the
+    /// inventory server.
+    pub async fn create(
+        base: &Settings,
+        config_file: Option<&Path>,
+        keep: bool,
+        db_connections: u32,
+    ) -> Result<Self, BenchError> {
+        let name = format!("ot_bench_{}", chrono::Utc::now().format("%Y%m%d_%H%M%S"));
+        let user = url::Url::parse(base.amqp_url.expose())
+            .ok()
+            .map(|u| u.username().to_owned())
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "guest".into());
+        rabbitmqctl(&["-q", "add_vhost", &name])?;
+        rabbitmqctl(&[
+            "-q",
+            "set_permissions",
+            "-p",
+            &name,
+            &user,
+            ".*",
+            ".*",
+            ".*",
+        ])?;
+        let database_url = with_path(&base.database_url, &name)?;
+        let log_dir = std::env::temp_dir().join(&name);
+        let _ = std::fs::create_dir_all(&log_dir);
+        let mut env = Self {
+            name: name.clone(),
+            settings: Settings {
+                amqp_url: with_path(&base.amqp_url, &format!("/{name}"))?,
+                database_url: database_url.clone(),
+                ..base.clone()
+            },
+            pool: PgPoolOptions::new()
+                .max_connections(db_connections)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect_lazy(database_url.expose())
+                .map_err(|e| BenchError::Setup(format!("bad DATABASE_URL: {e}")))?,
+            log_dir,
+            config_file: config_file.map(Path::to_path_buf),
+            base_db_url: base.database_url.clone(),
+            keep,
+            inventory: None,
+            services: Vec::new(),
+            metrics_ports: Vec::new(),
+        };
+        // From here on, `cleanup` removes what exists.
+        crate::shop::prepare_database(&database_url, 1)
+            .await
+            .map_err(|e| BenchError::Setup(format!("preparing the bench database: {e:#}")))?;
+        let port = free_port()?;
+        env.settings.inventory_url = SecretUrl::new(format!("http://127.0.0.1:{port}"));
+        env.inventory = Some(env.spawn(
+            "inventory",
+            &tools_binary()?,
+            &["inventory-server"],
+            &[("INVENTORY_ADDR", format!("127.0.0.1:{port}"))],
+        )?);
+        Ok(env)
+    }
+
+    fn spawn(
+        &self,
+        label: &str,
+        exe: &Path,
+        args: &[&str],
+        extra_env: &[(&str, String)],
+    ) -> Result<ChildProc, BenchError> {
+        let log = std::fs::File::create(self.log_dir.join(format!("{label}.log")))
+            .map_err(|e| BenchError::Setup(format!("cannot create log file: {e}")))?;
+        let mut cmd = Command::new(exe);
+        if let Some(cfg) = &self.config_file {
+            cmd.arg("--config").arg(cfg);
+        }
+        cmd.args(args)
+            .env("AMQP_URL", self.settings.amqp_url.expose())
+            .env("DATABASE_URL", self.settings.database_url.expose())
+            .env("INVENTORY_URL", self.settings.inventory_url.expose())
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_CHILD_LOG").unwrap_or("warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| BenchError::Setup(format!("cannot start {label}: {e}")))?;
+        Ok(ChildProc {
+            name: label.to_owned(),
+            child,
+        })
+    }
+
+    /// Starts `n` service instances (`serve`) and waits until all of them
+    /// consume from `order-timeout.due`.
+    pub async fn start_services(&mut self, n: usize) -> Result<(), BenchError> {
+        for i in 0..n {
+            let port = free_port()?;
+            let child = self.spawn(
+                &format!("service-{i}"),
+                &service_binary()?,
+                &["serve"],
+                &[("HTTP_ADDR", format!("127.0.0.1:{port}"))],
+            )?;
+            self.services.push(child);
+            self.metrics_ports.push(port);
+        }
+        self.wait_consumers(n, tokio::time::Instant::now() + Duration::from_secs(60))
+            .await
+    }
+
+    async fn wait_consumers(
+        &self,
+        n: usize,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), BenchError> {
+        loop {
+            let conn = connect_amqp(&self.settings.amqp_url, "order-timeout-bench").await?;
+            let channel = conn.create_channel().await?;
+            let q = channel
+                .queue_declare(
+                    DUE_QUEUE.into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            let _ = conn.close(200, "ok".into()).await;
+            if matches!(&q, Ok(q) if q.consumer_count() as usize >= n) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(BenchError::Setup(format!(
+                    "the service did not start consuming within 60 s; see {}",
+                    self.log_dir.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// The services' counters (`/metrics`, summed over instances): stage
+    /// durations (`_sum`, `_count`) and message outcomes. Empty where
+    /// unreadable.
+    pub async fn scrape(&self) -> std::collections::BTreeMap<String, f64> {
+        let mut out = std::collections::BTreeMap::new();
+        for port in &self.metrics_ports {
+            let Ok(Ok(text)) =
+                tokio::time::timeout(Duration::from_secs(3), http_get(*port, "/metrics")).await
+            else {
+                continue;
+            };
+            for line in text.lines() {
+                if line.starts_with('#') {
+                    continue;
+                }
+                let keep = line.starts_with("order_timeout_stage_duration_seconds_sum")
+                    || line.starts_with("order_timeout_stage_duration_seconds_count")
+                    || line.starts_with("order_timeout_messages_total")
+                    || line.starts_with("order_timeout_cancel_lateness_seconds_sum")
+                    || line.starts_with("order_timeout_cancel_lateness_seconds_count");
+                if !keep {
+                    continue;
+                }
+                if let Some((name, value)) = line.rsplit_once(' ')
+                    && let Ok(v) = value.parse::<f64>()
+                {
+                    *out.entry(name.to_owned()).or_default() += v;
+                }
+            }
+        }
+        out
+    }
+
+    /// Process ids of the service children.
+    pub fn service_pids(&self) -> Vec<u32> {
+        self.services.iter().filter_map(ChildProc::pid).collect()
+    }
+
+    /// Stops the services (gracefully).
+    pub async fn stop_services(&mut self) {
+        for s in self.services.drain(..) {
+            s.stop(Duration::from_secs(30)).await;
+        }
+    }
+
+    /// Stops every child, and removes the vhost and the database unless
+    /// `--keep`.
+    pub async fn cleanup(mut self) {
+        self.stop_services().await;
+        if let Some(inv) = self.inventory.take() {
+            inv.stop(Duration::from_secs(5)).await;
+        }
+        self.pool.close().await;
+        if self.keep {
+            eprintln!(
+                "== kept vhost and database {} (logs in {})",
+                self.name,
+                self.log_dir.display()
+            );
+            return;
+        }
+        if let Err(e) = rabbitmqctl(&["-q", "delete_vhost", &self.name]) {
+            eprintln!("warning: could not delete vhost {}: {e}", self.name);
+        }
+        let drop_db = async {
+            let admin = with_path(&self.base_db_url, "/postgres")?;
+            let mut conn = sqlx::PgConnection::connect(admin.expose()).await?;
+            conn.execute(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            )))
+            .await?;
+            Ok::<_, BenchError>(())
+        };
+        if let Err(e) = drop_db.await {
+            eprintln!("warning: could not drop database {}: {e}", self.name);
+        }
+        let _ = std::fs::remove_dir_all(&self.log_dir);
+    }
+}
+
+async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default())
+}

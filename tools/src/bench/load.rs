@@ -1,0 +1,659 @@
+//! The load generator: plays the order service at a paced rate (insert
+//! the order rows → publish their timeouts with publisher confirms → pay
+//! some of them before their deadline), then waits for every order to
+//! settle and measures the outcome from the database.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, DurationRound, Utc};
+use futures_util::future::join_all;
+use indicatif::{ProgressBar, ProgressStyle};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Channel, Connection};
+use rand::Rng;
+use sqlx::PgPool;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+
+use super::BenchError;
+use super::report::{LatenessStats, PhaseReport, per_second};
+use super::workload::TimeoutDist;
+use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY};
+use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
+
+/// Where the generator publishes each order's timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The product's contract: exchange `order-timeout`, key `schedule`.
+    Cascade,
+    /// The single-queue baseline: one delay queue, per-message
+    /// `expiration` = time left to the deadline.
+    SingleQueue,
+}
+
+impl Route {
+    /// Label in reports.
+    pub fn design(self) -> &'static str {
+        match self {
+            Self::Cascade => "cascade",
+            Self::SingleQueue => "single-queue",
+        }
+    }
+}
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// Orders per second.
+    pub rate: f64,
+    /// How long to generate.
+    pub duration: Duration,
+    /// Payment windows.
+    pub timeouts: TimeoutDist,
+    /// Share of orders paid before their deadline.
+    pub paid_ratio: f64,
+    /// SKUs the order items draw from.
+    pub skus: Vec<String>,
+    /// Confirm-mode channels to publish on (round robin).
+    pub publish_channels: usize,
+    /// Longest wait for the orders to settle after the last deadline.
+    pub settle_timeout: Duration,
+}
+
+/// Ticks per second of the pacer.
+const TICKS_PER_SEC: u64 = 100;
+/// Batches (insert + publish) in flight at once before the pacer waits.
+const BATCHES_IN_FLIGHT: usize = 16;
+/// Payments must happen at least this long before the deadline.
+const PAY_MARGIN: Duration = Duration::from_millis(300);
+
+struct Counters {
+    created: AtomicU64,
+    errors: AtomicU64,
+    paid: AtomicU64,
+    pay_failures: AtomicU64,
+    late_payments: AtomicU64,
+}
+
+struct Order {
+    id: String,
+    expires_at: DateTime<Utc>,
+    skus: Vec<String>,
+    quantities: Vec<i64>,
+    pay_in: Option<Duration>,
+}
+
+/// Opens `n` confirm-mode channels on `conn`.
+pub async fn confirm_channels(conn: &Connection, n: usize) -> Result<Vec<Channel>, BenchError> {
+    let mut out = Vec::new();
+    for _ in 0..n.max(1) {
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        out.push(ch);
+    }
+    Ok(out)
+}
+
+async fn insert_batch(pool: &PgPool, orders: &[Order]) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = orders.iter().map(|o| o.id.as_str()).collect();
+    let expires: Vec<DateTime<Utc>> = orders.iter().map(|o| o.expires_at).collect();
+    let mut item_order = Vec::new();
+    let mut item_sku = Vec::new();
+    let mut item_qty = Vec::new();
+    for o in orders {
+        for (s, q) in o.skus.iter().zip(&o.quantities) {
+            item_order.push(o.id.as_str());
+            item_sku.push(s.as_str());
+            item_qty.push(*q);
+        }
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO orders (id, status, expires_at) SELECT id, 'UNPAID', e FROM unnest($1::text[], $2::timestamptz[]) AS t(id, e)",
+    )
+    .bind(&ids)
+    .bind(&expires)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO order_items (order_id, sku, quantity) SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
+    )
+    .bind(&item_order)
+    .bind(&item_sku)
+    .bind(&item_qty)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// Publishes the timeouts of `orders` on `channel` and waits for all
+/// confirms; returns how many were not confirmed.
+async fn publish_batch(channel: &Channel, route: Route, orders: &[Order]) -> u64 {
+    let mut confirms = Vec::with_capacity(orders.len());
+    let mut failed = 0;
+    for o in orders {
+        let Ok(order_id) = OrderId::parse(&o.id) else {
+            failed += 1;
+            continue;
+        };
+        let body = TimeoutRequest {
+            order_id,
+            deadline: Deadline::At(o.expires_at),
+        }
+        .to_json();
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into());
+        let (exchange, key, props) = match route {
+            Route::Cascade => (ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, props),
+            Route::SingleQueue => {
+                let left = (o.expires_at - Utc::now()).num_milliseconds().max(0);
+                (
+                    "",
+                    super::baseline::SINGLE_DELAY_QUEUE,
+                    props.with_expiration(left.to_string().into()),
+                )
+            }
+        };
+        match channel
+            .basic_publish(
+                exchange.into(),
+                key.into(),
+                BasicPublishOptions::default(),
+                &body,
+                props,
+            )
+            .await
+        {
+            Ok(c) => confirms.push(c),
+            Err(e) => {
+                tracing::warn!(error = %e, "publish failed");
+                failed += 1;
+            }
+        }
+    }
+    for c in join_all(confirms).await {
+        match c {
+            Ok(c) if c.is_ack() => {}
+            _ => failed += 1,
+        }
+    }
+    failed
+}
+
+/// Pays orders at their time, in batches, as an order service would: only
+/// while the payment window is open (`expires_at > now()`, the database's
+/// clock). Counts payments made in time that found the order no longer
+/// UNPAID (a failure: it was cancelled before its deadline) apart from
+/// payments that came after the deadline because the payer fell behind on
+/// an overloaded machine (not a failure: those orders must be cancelled).
+async fn payer(
+    pool: PgPool,
+    mut rx: mpsc::UnboundedReceiver<(Instant, String)>,
+    counters: Arc<Counters>,
+) {
+    let mut heap: BinaryHeap<Reverse<(Instant, String)>> = BinaryHeap::new();
+    let mut open = true;
+    while open || !heap.is_empty() {
+        let next = heap.peek().map(|Reverse((t, _))| *t);
+        tokio::select! {
+            msg = rx.recv(), if open => match msg {
+                Some(item) => heap.push(Reverse(item)),
+                None => open = false,
+            },
+            _ = async {
+                match next {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let now = Instant::now();
+                let mut due = Vec::new();
+                while let Some(Reverse((t, _))) = heap.peek() {
+                    if *t > now {
+                        break;
+                    }
+                    if let Some(Reverse((_, id))) = heap.pop() {
+                        due.push(id);
+                    }
+                }
+                // The row lock makes the status read the latest one; a
+                // cancel statement running at the same time waits for it.
+                let counts: Result<(i64, i64, i64), _> = sqlx::query_as(
+                    "WITH target AS ( \
+                         SELECT id, status, expires_at > now() AS in_time \
+                         FROM orders WHERE id = ANY($1) FOR UPDATE), \
+                     paid AS ( \
+                         UPDATE orders o SET status = 'PAID' FROM target t \
+                         WHERE o.id = t.id AND t.status = 'UNPAID' AND t.in_time \
+                         RETURNING o.id) \
+                     SELECT (SELECT count(*) FROM paid), \
+                            (SELECT count(*) FROM target WHERE NOT in_time), \
+                            (SELECT count(*) FROM target WHERE in_time AND status <> 'UNPAID')",
+                )
+                .bind(&due)
+                .fetch_one(&pool)
+                .await;
+                let (done, late, failed) = match counts {
+                    Ok((done, late, failed)) => (done as u64, late as u64, failed as u64),
+                    // The payment did not go through: count it as failed
+                    // rather than lose it.
+                    Err(_) => (0, 0, due.len() as u64),
+                };
+                counters.paid.fetch_add(done, Ordering::Relaxed);
+                counters.late_payments.fetch_add(late, Ordering::Relaxed);
+                counters.pay_failures.fetch_add(failed, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What generating one phase produced, before measuring.
+pub struct Generated {
+    /// Order id prefix of this phase.
+    pub prefix: String,
+    /// When the first order was created.
+    pub started: DateTime<Utc>,
+    /// Latest deadline of any order.
+    pub last_deadline: DateTime<Utc>,
+    /// Orders created and published.
+    pub created: u64,
+    /// Orders that failed to be created or published.
+    pub errors: u64,
+    /// Seconds the generator ran.
+    pub create_seconds: f64,
+    counters: Arc<Counters>,
+    payer: tokio::task::JoinHandle<()>,
+}
+
+/// Generates one phase's orders at the paced rate.
+pub async fn generate(
+    pool: &PgPool,
+    channels: &[Channel],
+    route: Route,
+    w: &Workload,
+    prefix: &str,
+) -> Result<Generated, BenchError> {
+    let total = (w.rate * w.duration.as_secs_f64()).round() as u64;
+    let counters = Arc::new(Counters {
+        created: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        paid: AtomicU64::new(0),
+        pay_failures: AtomicU64::new(0),
+        late_payments: AtomicU64::new(0),
+    });
+    let (pay_tx, pay_rx) = mpsc::unbounded_channel();
+    let payer = tokio::spawn(payer(pool.clone(), pay_rx, counters.clone()));
+    let bar = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template(
+            "{spinner} {prefix} [{elapsed_precise}] {bar:30} {pos}/{len} created ({per_sec}) {msg}",
+        )
+        .map_err(|e| BenchError::Setup(e.to_string()))?,
+    );
+    bar.set_prefix(route.design());
+    let slots = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+    let started_wall = Utc::now();
+    let started = Instant::now();
+    let mut issued: u64 = 0;
+    let mut seq: u64 = 0;
+    let mut next_channel = 0usize;
+    let mut tasks = Vec::new();
+    let mut interval = tokio::time::interval(Duration::from_millis(1000 / TICKS_PER_SEC));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut last_deadline = started_wall;
+    while issued < total {
+        interval.tick().await;
+        let due = ((started.elapsed().as_secs_f64() * w.rate) as u64).min(total);
+        if due <= issued {
+            continue;
+        }
+        let n = due - issued;
+        let slot = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        let now = Utc::now();
+        let orders: Vec<Order> = {
+            let mut rng = rand::rng();
+            (0..n)
+                .map(|_| {
+                    seq += 1;
+                    let timeout = w.timeouts.sample(&mut rng);
+                    let expires_at = (now
+                        + chrono::Duration::from_std(timeout).unwrap_or_default())
+                    .duration_trunc(chrono::Duration::milliseconds(1))
+                    .unwrap_or(now);
+                    let k = rng.random_range(1..=3usize);
+                    let mut skus: Vec<String> = (0..k)
+                        .map(|_| w.skus[rng.random_range(0..w.skus.len())].clone())
+                        .collect();
+                    skus.sort();
+                    skus.dedup();
+                    let quantities = skus.iter().map(|_| rng.random_range(1..=5)).collect();
+                    let pay_in = (rng.random_bool(w.paid_ratio) && timeout > PAY_MARGIN)
+                        .then(|| (timeout - PAY_MARGIN).mul_f64(rng.random_range(0.0..1.0)));
+                    Order {
+                        id: format!("{prefix}{seq:09}"),
+                        expires_at,
+                        skus,
+                        quantities,
+                        pay_in,
+                    }
+                })
+                .collect()
+        };
+        if let Some(max) = orders.iter().map(|o| o.expires_at).max() {
+            last_deadline = last_deadline.max(max);
+        }
+        issued += n;
+        let channel = channels[next_channel % channels.len()].clone();
+        next_channel += 1;
+        let (pool, counters, pay_tx, bar) =
+            (pool.clone(), counters.clone(), pay_tx.clone(), bar.clone());
+        let created_at = Instant::now();
+        tasks.push(tokio::spawn(async move {
+            let _slot = slot;
+            if let Err(e) = insert_batch(&pool, &orders).await {
+                tracing::warn!(error = %e, "insert failed");
+                counters
+                    .errors
+                    .fetch_add(orders.len() as u64, Ordering::Relaxed);
+                return;
+            }
+            let failed = publish_batch(&channel, route, &orders).await;
+            counters.errors.fetch_add(failed, Ordering::Relaxed);
+            counters
+                .created
+                .fetch_add(orders.len() as u64 - failed, Ordering::Relaxed);
+            for o in &orders {
+                if let Some(d) = o.pay_in {
+                    let _ = pay_tx.send((created_at + d, o.id.clone()));
+                }
+            }
+            bar.inc(orders.len() as u64);
+        }));
+    }
+    join_all(tasks).await;
+    drop(pay_tx);
+    let create_seconds = started.elapsed().as_secs_f64();
+    bar.finish();
+    Ok(Generated {
+        prefix: prefix.to_owned(),
+        started: started_wall,
+        last_deadline,
+        created: counters.created.load(Ordering::Relaxed),
+        errors: counters.errors.load(Ordering::Relaxed),
+        create_seconds,
+        counters,
+        payer,
+    })
+}
+
+/// Waits until every order of the phase is settled (cancelled, or paid
+/// with its deadline passed) and no outbox work is pending, or until
+/// `settle_timeout` after the last deadline.
+pub async fn settle(pool: &PgPool, g: Generated, w: &Workload) -> Result<Settled, BenchError> {
+    let Generated {
+        prefix,
+        started,
+        last_deadline,
+        created,
+        errors,
+        create_seconds,
+        counters,
+        payer,
+    } = g;
+    let bar = ProgressBar::new(created + errors).with_style(
+        ProgressStyle::with_template(
+            "{spinner} settling [{elapsed_precise}] {bar:30} {pos}/{len} settled {msg}",
+        )
+        .map_err(|e| BenchError::Setup(e.to_string()))?,
+    );
+    let give_up = last_deadline
+        + chrono::Duration::from_std(w.settle_timeout).unwrap_or(chrono::Duration::seconds(60));
+    loop {
+        let (cancelled, paid_past, unpaid, pending): (i64, i64, i64, i64) = sqlx::query_as(
+            r#"
+            SELECT count(*) FILTER (WHERE status = 'CANCELLED'),
+                   count(*) FILTER (WHERE status = 'PAID' AND expires_at < now()),
+                   count(*) FILTER (WHERE status = 'UNPAID'),
+                   (SELECT count(*) FROM cancel_outbox
+                     WHERE starts_with(order_id, $1)
+                       AND (stock_released_at IS NULL OR event_published_at IS NULL))
+              FROM orders WHERE starts_with(id, $1)
+            "#,
+        )
+        .bind(&prefix)
+        .fetch_one(pool)
+        .await?;
+        bar.set_position((cancelled + paid_past) as u64);
+        bar.set_message(format!(
+            "cancelled {cancelled}, unpaid {unpaid}, outbox pending {pending}"
+        ));
+        let now = Utc::now();
+        if now > last_deadline && payer.is_finished() && unpaid == 0 && pending == 0 {
+            break;
+        }
+        if now > give_up {
+            bar.abandon_with_message(format!(
+                "gave up waiting: {unpaid} unpaid, {pending} outbox pending"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    bar.finish();
+    let _ = payer.await;
+    Ok(Settled {
+        prefix,
+        started,
+        created,
+        errors,
+        create_seconds,
+        paid: counters.paid.load(Ordering::Relaxed),
+        pay_failures: counters.pay_failures.load(Ordering::Relaxed),
+        late_payments: counters.late_payments.load(Ordering::Relaxed),
+    })
+}
+
+/// A settled phase, ready to measure.
+pub struct Settled {
+    prefix: String,
+    started: DateTime<Utc>,
+    created: u64,
+    errors: u64,
+    create_seconds: f64,
+    paid: u64,
+    pay_failures: u64,
+    late_payments: u64,
+}
+
+/// Measures a settled phase from the database. Also returns each
+/// cancellation as `(seconds since start by deadline, lateness ms)` for
+/// the plot.
+pub async fn measure(
+    pool: &PgPool,
+    s: &Settled,
+    route: Route,
+    w: &Workload,
+) -> Result<(PhaseReport, Vec<(f64, f64)>), BenchError> {
+    let points: Vec<(f64, f64)> = sqlx::query_as(
+        r#"
+        SELECT extract(epoch FROM expires_at - $2)::float8,
+               extract(epoch FROM cancelled_at - expires_at)::float8 * 1000
+          FROM orders
+         WHERE status = 'CANCELLED' AND starts_with(id, $1)
+         ORDER BY expires_at
+        "#,
+    )
+    .bind(&s.prefix)
+    .bind(s.started)
+    .fetch_all(pool)
+    .await?;
+    let lateness: Vec<f64> = points.iter().map(|p| p.1).collect();
+    let (orders, span, unpaid, paid_touched): (i64, Option<f64>, i64, i64) = sqlx::query_as(
+        r#"
+        SELECT count(*),
+               extract(epoch FROM max(created_at) - min(created_at))::float8,
+               count(*) FILTER (WHERE status = 'UNPAID'),
+               count(*) FILTER (WHERE status = 'PAID' AND (cancelled_at IS NOT NULL
+                    OR EXISTS (SELECT 1 FROM cancel_outbox b WHERE b.order_id = o.id)
+                    OR EXISTS (SELECT 1 FROM inventory.releases r WHERE r.order_id = o.id)))
+          FROM orders o WHERE starts_with(id, $1)
+        "#,
+    )
+    .bind(&s.prefix)
+    .fetch_one(pool)
+    .await?;
+    let (releases, calls, pending): (i64, i64, i64) = sqlx::query_as(
+        r#"
+        SELECT (SELECT count(*) FROM inventory.releases WHERE starts_with(order_id, $1)),
+               (SELECT coalesce(sum(calls), 0)::bigint FROM inventory.releases WHERE starts_with(order_id, $1)),
+               (SELECT count(*) FROM cancel_outbox WHERE starts_with(order_id, $1)
+                   AND (stock_released_at IS NULL OR event_published_at IS NULL))
+        "#,
+    )
+    .bind(&s.prefix)
+    .fetch_one(pool)
+    .await?;
+    let peak: Option<i64> = sqlx::query_scalar(
+        r#"
+        SELECT max(n) FROM (SELECT count(*) AS n FROM orders
+          WHERE status = 'CANCELLED' AND starts_with(id, $1)
+          GROUP BY date_trunc('second', cancelled_at)) t
+        "#,
+    )
+    .bind(&s.prefix)
+    .fetch_one(pool)
+    .await?;
+    let stats = LatenessStats::from_ms(&lateness);
+    let cancelled = stats.count;
+    let mut failures = Vec::new();
+    if stats.early > 0 {
+        failures.push(format!(
+            "{} orders cancelled before their deadline",
+            stats.early
+        ));
+    }
+    if unpaid > 0 {
+        failures.push(format!("{unpaid} unpaid orders not cancelled"));
+    }
+    if paid_touched > 0 {
+        failures.push(format!("{paid_touched} paid orders were touched"));
+    }
+    if releases as u64 != cancelled {
+        failures.push(format!(
+            "stock released for {releases} orders but {cancelled} were cancelled"
+        ));
+    }
+    if pending > 0 {
+        failures.push(format!(
+            "{pending} cancelled orders with outbox work pending"
+        ));
+    }
+    if s.errors > 0 {
+        failures.push(format!(
+            "{} orders failed to be created/published",
+            s.errors
+        ));
+    }
+    if s.pay_failures > 0 {
+        failures.push(format!(
+            "{} payments made before the deadline found the order no longer unpaid",
+            s.pay_failures
+        ));
+    }
+    let report = PhaseReport {
+        design: route.design().into(),
+        target_rate: w.rate,
+        orders: orders as u64,
+        achieved_rate: match span {
+            Some(sp) if sp > 0.0 => orders as f64 / sp,
+            _ => 0.0,
+        },
+        create_seconds: s.create_seconds,
+        create_errors: s.errors,
+        paid: s.paid,
+        pay_failures: s.pay_failures,
+        late_payments: s.late_payments,
+        cancelled,
+        not_cancelled: unpaid as u64,
+        paid_touched: paid_touched as u64,
+        outbox_pending: pending as u64,
+        stock_releases: releases as u64,
+        duplicate_release_calls: (calls - releases).max(0) as u64,
+        peak_cancel_rate: peak.unwrap_or(0) as u64,
+        lateness: stats,
+        per_second: per_second(&points),
+        failures,
+        ..Default::default()
+    };
+    let _ = s.created;
+    Ok((report, points))
+}
+
+/// `--pending`: creates `n` orders (rows without items, nothing is ever
+/// cancelled) and publishes their timeouts as fast as confirms allow, a
+/// few batches at a time. Returns how many failed.
+pub async fn fill(
+    pool: &PgPool,
+    channels: &[Channel],
+    timeouts: &TimeoutDist,
+    n: u64,
+    bar: &ProgressBar,
+) -> Result<u64, BenchError> {
+    const BATCH: u64 = 2000;
+    let slots = Arc::new(Semaphore::new(4));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    let mut seq = 0u64;
+    let mut i = 0usize;
+    while seq < n {
+        let k = BATCH.min(n - seq);
+        let slot = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| BenchError::Setup(e.to_string()))?;
+        let now = Utc::now();
+        let orders: Vec<Order> = {
+            let mut rng = rand::rng();
+            (0..k)
+                .map(|j| {
+                    let timeout = timeouts.sample(&mut rng);
+                    Order {
+                        id: format!("pending-{:09}", seq + j),
+                        expires_at: (now + chrono::Duration::from_std(timeout).unwrap_or_default())
+                            .duration_trunc(chrono::Duration::milliseconds(1))
+                            .unwrap_or(now),
+                        skus: Vec::new(),
+                        quantities: Vec::new(),
+                        pay_in: None,
+                    }
+                })
+                .collect()
+        };
+        seq += k;
+        let channel = channels[i % channels.len()].clone();
+        i += 1;
+        let (pool, errors, bar) = (pool.clone(), errors.clone(), bar.clone());
+        tasks.push(tokio::spawn(async move {
+            let _slot = slot;
+            if let Err(e) = insert_batch(&pool, &orders).await {
+                tracing::warn!(error = %e, "insert failed");
+                errors.fetch_add(orders.len() as u64, Ordering::Relaxed);
+                return;
+            }
+            let failed = publish_batch(&channel, Route::Cascade, &orders).await;
+            errors.fetch_add(failed, Ordering::Relaxed);
+            bar.inc(orders.len() as u64);
+        }));
+    }
+    join_all(tasks).await;
+    Ok(errors.load(Ordering::Relaxed))
+}

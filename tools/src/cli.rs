@@ -1,0 +1,86 @@
+//! The `order-timeout-tools` command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use order_timeout::app::shutdown;
+use order_timeout::settings::Settings;
+
+use crate::inventory::ReferenceInventory;
+use crate::shop;
+
+/// Default listen address of the reference inventory server (the
+/// service's default `INVENTORY_URL` points here).
+pub const DEFAULT_INVENTORY_ADDR: &str = "127.0.0.1:50051";
+
+/// What production never runs: the demo, the bench, the reference
+/// inventory server and shop schema.
+#[derive(Debug, Parser)]
+#[command(name = "order-timeout-tools", version, about, long_about = None)]
+pub struct Cli {
+    /// Optional TOML config file of the service (see README).
+    #[arg(long, global = true, env = "ORDER_TIMEOUT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show the product working end to end on the local servers.
+    Demo(crate::demo::DemoArgs),
+    /// Load-generate on the real path and measure lateness, throughput,
+    /// resources; compare with the single-queue design and the broker's
+    /// one-hop ceiling (see docs/BENCHMARKS.md).
+    Bench(crate::bench::BenchArgs),
+    /// Run the reference gRPC inventory service (stock in `inventory.stock`
+    /// of DATABASE_URL's database).
+    InventoryServer {
+        /// Listen address.
+        #[arg(long, env = "INVENTORY_ADDR", default_value = DEFAULT_INVENTORY_ADDR)]
+        addr: SocketAddr,
+    },
+    /// Create the reference shop schema (orders, order_items, inventory.*)
+    /// in DATABASE_URL's database, after the service's own migrations.
+    ReferenceSchema,
+}
+
+impl Command {
+    /// The log filter when `RUST_LOG` is unset: the demo and the bench talk
+    /// through their progress bars and summaries.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self {
+            Command::Demo(_) | Command::Bench(_) => "warn",
+            _ => "info",
+        }
+    }
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let settings = Settings::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Demo(args) => crate::demo::run(settings, args).await,
+        Command::Bench(args) => crate::bench::run(settings, cli.config, args).await,
+        Command::InventoryServer { addr } => {
+            let pool = shop::prepare_database(&settings.database_url, 10).await?;
+            ReferenceInventory::new(pool)
+                .serve_addr(addr, shutdown::wait_for_signal())
+                .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ReferenceSchema => {
+            shop::prepare_database(&settings.database_url, 1).await?;
+            println!(
+                "service migrations and reference shop schema applied to {}",
+                settings.database_url
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! order-timeout-tools: everything production never runs.
+//!
+//! - [`shop`]: the reference shop schema and the order service's part
+//!   (create, stock, pay orders);
+//! - [`inventory`]: the reference gRPC inventory server and the shop's
+//!   client of it;
+//! - [`demo`]: the product end to end on local servers;
+//! - [`bench`]: load generation and measurement (docs/BENCHMARKS.md);
+//! - [`cli`]: the `order-timeout-tools` command line.
+//!
+//! Depends on the `order-timeout` crate; that crate never depends on this
+//! one (its end-to-end tests use it as a dev-dependency to play the shop).
+
+#![warn(missing_docs)]
+
+pub mod bench;
+pub mod cli;
+pub mod demo;
+pub mod inventory;
+pub mod shop;

@@ -1,0 +1,21 @@
+//! `order-timeout-tools`: demo, bench, reference inventory server and shop
+//! schema. See `order-timeout-tools --help`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use order_timeout_tools::cli::{self, Cli};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    order_timeout::observe::telemetry::init(cli.command.default_log_filter());
+    match cli::run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "fatal");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Plays the shop's part, for the demo, the tests and benchmarks: the
+//! reference shop schema (`orders`, `order_items`, and the reference
+//! inventory's `inventory.*`), and the order service's work on it: stock
+//! the warehouse, create an order (row + items), pay it. In production the
+//! shop has its own schema and its order service does all of this itself;
+//! the service's `migrate` never creates these tables.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use order_timeout::settings::SecretUrl;
+use order_timeout::store::OrderItem;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+/// The reference shop schema on PostgreSQL: orders and their items, with
+/// the `(status, expires_at)` index the sweeper's query needs.
+const REFERENCE_ORDERS: &str = include_str!("../sql/postgres/reference_orders.sql");
+/// The reference inventory server's schema.
+const REFERENCE_INVENTORY: &str = include_str!("../sql/postgres/reference_inventory.sql");
+
+/// Makes `url`'s database ready for the demo, the bench or a test: the
+/// service's own migrations (creating the database if needed), then the
+/// reference shop schema. Returns a pool of at most `max_connections` on it.
+pub async fn prepare_database(url: &SecretUrl, max_connections: u32) -> anyhow::Result<PgPool> {
+    order_timeout::store::migrate(url).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url.expose())
+        .await?;
+    create_reference_schema(&pool).await?;
+    Ok(pool)
+}
+
+/// Creates the reference shop schema if it is missing (idempotent).
+#[tracing::instrument(skip_all)]
+pub async fn create_reference_schema(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(REFERENCE_ORDERS).execute(pool).await?;
+    sqlx::raw_sql(REFERENCE_INVENTORY).execute(pool).await?;
+    Ok(())
+}
+
+/// An order as the order service creates it.
+#[derive(Clone, Debug)]
+pub struct NewOrder {
+    /// Order id.
+    pub id: String,
+    /// Payment deadline.
+    pub expires_at: DateTime<Utc>,
+    /// What it reserves.
+    pub items: Vec<OrderItem>,
+}
+
+/// Inserts the order row (UNPAID) and its items in one transaction.
+#[tracing::instrument(skip_all, fields(order_id = %order.id))]
+pub async fn insert_order(pool: &PgPool, order: &NewOrder) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO orders (id, status, expires_at) VALUES ($1, 'UNPAID', $2)")
+        .bind(&order.id)
+        .bind(order.expires_at)
+        .execute(&mut *tx)
+        .await?;
+    let skus: Vec<&str> = order.items.iter().map(|i| i.sku.as_str()).collect();
+    let quantities: Vec<i64> = order.items.iter().map(|i| i.quantity).collect();
+    sqlx::query(
+        "INSERT INTO order_items (order_id, sku, quantity) SELECT $1, * FROM unnest($2::text[], $3::bigint[])",
+    )
+    .bind(&order.id)
+    .bind(&skus)
+    .bind(&quantities)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// Marks an order paid if it is still unpaid. `Ok(false)` if it was not
+/// UNPAID any more (already cancelled or paid).
+#[tracing::instrument(skip(pool))]
+pub async fn pay(pool: &PgPool, order_id: &str) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query("UPDATE orders SET status = 'PAID' WHERE id = $1 AND status = 'UNPAID'")
+        .bind(order_id)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    Ok(done == 1)
+}
+
+/// Sets the available stock of SKUs in the reference inventory.
+#[tracing::instrument(skip_all, fields(skus = stock.len()))]
+pub async fn set_stock(pool: &PgPool, stock: &[(String, i64)]) -> Result<(), sqlx::Error> {
+    let skus: Vec<&str> = stock.iter().map(|(s, _)| s.as_str()).collect();
+    let quantities: Vec<i64> = stock.iter().map(|(_, q)| *q).collect();
+    sqlx::query(
+        r#"
+        INSERT INTO inventory.stock (sku, available)
+        SELECT * FROM unnest($1::text[], $2::bigint[])
+        ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available
+        "#,
+    )
+    .bind(&skus)
+    .bind(&quantities)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Lateness of cancelled orders among those whose id starts with `prefix`,
+/// from the database timestamps (`cancelled_at - expires_at`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Lateness {
+    /// Cancelled orders measured.
+    pub count: i64,
+    /// Cancelled before their deadline (must be 0).
+    pub early: i64,
+    /// Median lateness, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Worst, ms.
+    pub max_ms: f64,
+}
+
+/// Measures [`Lateness`] for orders whose id starts with `prefix`.
+pub async fn lateness(pool: &PgPool, prefix: &str) -> Result<Lateness, sqlx::Error> {
+    let row: (i64, i64, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(
+        r#"
+        WITH l AS (
+            SELECT extract(epoch FROM cancelled_at - expires_at)::float8 * 1000 AS ms
+              FROM orders
+             WHERE status = 'CANCELLED' AND starts_with(id, $1)
+        )
+        SELECT count(*),
+               count(*) FILTER (WHERE ms < 0),
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY ms),
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY ms),
+               max(ms)
+          FROM l
+        "#,
+    )
+    .bind(prefix)
+    .fetch_one(pool)
+    .await?;
+    Ok(Lateness {
+        count: row.0,
+        early: row.1,
+        p50_ms: row.2.unwrap_or(0.0),
+        p99_ms: row.3.unwrap_or(0.0),
+        max_ms: row.4.unwrap_or(0.0),
+    })
+}
