@@ -14,7 +14,7 @@
 //! inventory, message,  the gRPC client; the accepted message forms;
 //! observe              metrics, /metrics /healthz /readyz, logs
 //!    │
-//! settings             configuration and credentials
+//! settings, shutdown   configuration and credentials; the shutdown signal
 //! ```
 //!
 //! Where to look:
@@ -31,7 +31,8 @@
 //! - [`observe`]: metrics, health endpoints, logs;
 //! - [`ops`] and [`cli`]: `parked list|replay|purge`, `topology check`,
 //!   `migrate`, `serve`, `schedule`;
-//! - [`app`]: build/run, one broker session, graceful [`app::shutdown`].
+//! - [`app`]: build/run, one broker session; [`shutdown`]: graceful
+//!   shutdown as a small explicit type.
 //!
 //! The demo, the bench, the reference inventory server and shop schema live
 //! in the `order-timeout-tools` crate (`tools/`), which depends on this one;
@@ -48,4 +49,5 @@ pub mod observe;
 pub mod ops;
 mod pipeline;
 pub mod settings;
+pub mod shutdown;
 pub mod store;

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use order_timeout::app::shutdown;
 use order_timeout::settings::Settings;
+use order_timeout::shutdown;
 
 use crate::inventory::ReferenceInventory;
 use crate::shop;

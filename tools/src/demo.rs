@@ -23,11 +23,11 @@ use rand::Rng;
 use rand::seq::IndexedRandom;
 
 use order_timeout::app::RunningService;
-use order_timeout::app::shutdown::Shutdown;
 use order_timeout::broker::publisher::Publisher;
 use order_timeout::broker::{connect_amqp, declare_topology};
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 use order_timeout::settings::{SecretUrl, Settings};
+use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
 
 use crate::inventory::{ReferenceInventory, ShopInventory};

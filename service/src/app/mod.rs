@@ -14,11 +14,10 @@ use crate::inventory::InventoryClient;
 use crate::observe::http::{self, Health};
 use crate::observe::metrics::Metrics;
 use crate::settings::Settings;
+use crate::shutdown::Shutdown;
 use crate::store::{self, Store};
-use shutdown::Shutdown;
 
 mod session;
-pub mod shutdown;
 
 /// A service instance, built (endpoint bound, clients created) but not yet
 /// running.

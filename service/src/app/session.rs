@@ -8,24 +8,26 @@ use std::time::Duration;
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
-use super::shutdown::Shutdown;
 use crate::broker::connect_amqp;
 use crate::broker::publisher::Publisher;
 use crate::broker::topology::{self, DUE_QUEUE, PARKED_QUEUE};
 use crate::inventory::InventoryClient;
 use crate::observe::http::Health;
 use crate::observe::metrics::Metrics;
-use crate::pipeline::consumer::Consumer;
+use crate::pipeline::consumer::{Consumer, ConsumerError};
 use crate::pipeline::job::{Context, Job, Worker};
 use crate::pipeline::retry::RetryPolicy;
 use crate::pipeline::{batcher, sweeper};
 use crate::settings::Settings;
+use crate::shutdown::Shutdown;
 use crate::store::Store;
 
-/// One broker connection's lifetime.
+/// One broker connection's lifetime: connect, run the session's tasks
+/// until the connection is lost or `shutdown` fires, then drain and close.
 pub(super) async fn run(
     settings: &Settings,
     store: &Store,
@@ -34,18 +36,7 @@ pub(super) async fn run(
     metrics: &Arc<Metrics>,
     health: &Arc<Health>,
 ) -> anyhow::Result<()> {
-    let conn = connect_amqp(&settings.amqp_url, "order-timeout").await?;
-    // Publishing gets its own connection: RabbitMQ's flow control throttles
-    // a connection that publishes fast, and the deliveries and acks of the
-    // consumer must not wait behind it (measured with `bench`: on one shared
-    // connection publishes took 325 ms on average at 1,000 orders/s, and
-    // the consumer fell behind).
-    let pub_conn = connect_amqp(&settings.amqp_url, "order-timeout-publish").await?;
-    let publisher = Publisher::new(&pub_conn).await?;
-    topology::declare(publisher.channel(), &settings.layout()).await?;
-    let consume_channel = conn.create_channel().await?;
-    let depth_channel = conn.create_channel().await?;
-    let publish_channels = publisher.channels().to_vec();
+    let (broker, publisher) = Connections::open(settings).await?;
     let ctx = Arc::new(Context {
         settings: settings.clone(),
         publisher,
@@ -58,61 +49,118 @@ pub(super) async fn run(
     // The session ends (and reconnects) if either connection is lost.
     let session_stop = shutdown.child();
     tokio::spawn(watch_connection(
-        pub_conn.status().clone(),
+        broker.publish.status().clone(),
         session_stop.clone(),
     ));
     let stop_depths = shutdown.child();
     tokio::spawn(poll_queue_depths(
-        depth_channel.clone(),
+        broker.depth_channel.clone(),
         metrics.clone(),
         stop_depths.clone(),
     ));
-    let result = match Consumer::start(ctx.clone(), consume_channel.clone()).await {
-        Ok(consumer) => {
-            // Due jobs flow from the consumer (and from held timers) to the
-            // batcher; the sweeper feeds the same cancel path. The batcher
-            // ends once every sender is gone, the sweeper with the session.
-            let (due_tx, due_rx) = mpsc::channel::<Job>(usize::from(settings.prefetch).max(1));
-            let worker = Worker {
-                ctx,
-                due: due_tx.downgrade(),
-                tracker: tracker.clone(),
-            };
-            let sweeper_stop = session_stop.child();
-            tracker.spawn(sweeper::run(worker.clone(), sweeper_stop.clone()));
-            tracker.spawn(batcher::run(worker, due_rx));
-            health.set_broker(true);
-            let result = consumer
-                .run(due_tx, session_stop.clone(), tracker.clone())
-                .await;
-            sweeper_stop.trigger();
-            result
-        }
-        Err(e) => Err(e),
-    };
+    let result = consume(
+        ctx,
+        broker.consume_channel.clone(),
+        &session_stop,
+        &tracker,
+        health,
+    )
+    .await;
     session_stop.trigger();
     health.set_broker(false);
     stop_depths.trigger();
+    drain(&tracker, settings.shutdown_timeout).await;
+    broker.close().await;
+    result?;
+    Ok(())
+}
+
+/// Starts the consumer, then the batcher and the sweeper it feeds, and
+/// consumes until `stop` fires or the channel fails.
+async fn consume(
+    ctx: Arc<Context>,
+    channel: Channel,
+    stop: &Shutdown,
+    tracker: &TaskTracker,
+    health: &Health,
+) -> Result<(), ConsumerError> {
+    let consumer = Consumer::start(ctx.clone(), channel).await?;
+    // Due jobs flow from the consumer (and from held timers) to the
+    // batcher; the sweeper feeds the same cancel path. The batcher ends
+    // once every sender is gone, the sweeper with the session.
+    let (due_tx, due_rx) = mpsc::channel::<Job>(usize::from(ctx.settings.prefetch).max(1));
+    let worker = Worker {
+        ctx,
+        due: due_tx.downgrade(),
+        tracker: tracker.clone(),
+    };
+    let sweeper_stop = stop.child();
+    tracker.spawn(sweeper::run(worker.clone(), sweeper_stop.clone()));
+    tracker.spawn(batcher::run(worker, due_rx));
+    health.set_broker(true);
+    let result = consumer.run(due_tx, stop.clone(), tracker.clone()).await;
+    sweeper_stop.trigger();
+    result
+}
+
+/// Waits up to `timeout` for the session's in-flight work to finish.
+async fn drain(tracker: &TaskTracker, timeout: Duration) {
     tracker.close();
-    if tokio::time::timeout(settings.shutdown_timeout, tracker.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(timeout, tracker.wait()).await.is_err() {
         tracing::warn!(
-            timeout = ?settings.shutdown_timeout,
+            ?timeout,
             "in-flight work did not finish in time; unacked messages return to the queue"
         );
     }
-    // Closing the consuming channel returns every unacked delivery to the queue.
-    let _ = consume_channel.close(200, "bye".into()).await;
-    let _ = depth_channel.close(200, "bye".into()).await;
-    for channel in publish_channels {
-        let _ = channel.close(200, "bye".into()).await;
+}
+
+/// The broker connections of one session.
+struct Connections {
+    /// Consuming connection: deliveries and acks.
+    consume: Connection,
+    /// Publishing connection, with the publisher's channels.
+    publish: Connection,
+    consume_channel: Channel,
+    depth_channel: Channel,
+    publish_channels: Vec<Channel>,
+}
+
+impl Connections {
+    /// Connects, declares the topology, opens the channels.
+    async fn open(settings: &Settings) -> anyhow::Result<(Self, Publisher)> {
+        let consume = connect_amqp(&settings.amqp_url, "order-timeout").await?;
+        // Publishing gets its own connection: RabbitMQ's flow control throttles
+        // a connection that publishes fast, and the deliveries and acks of the
+        // consumer must not wait behind it (measured with `bench`: on one shared
+        // connection publishes took 325 ms on average at 1,000 orders/s, and
+        // the consumer fell behind).
+        let publish = connect_amqp(&settings.amqp_url, "order-timeout-publish").await?;
+        let publisher = Publisher::new(&publish).await?;
+        topology::declare(publisher.channel(), &topology::Layout::of(settings)).await?;
+        let consume_channel = consume.create_channel().await?;
+        let depth_channel = consume.create_channel().await?;
+        let publish_channels = publisher.channels().to_vec();
+        let connections = Self {
+            consume,
+            publish,
+            consume_channel,
+            depth_channel,
+            publish_channels,
+        };
+        Ok((connections, publisher))
     }
-    let _ = conn.close(200, "bye".into()).await;
-    let _ = pub_conn.close(200, "bye".into()).await;
-    result?;
-    Ok(())
+
+    /// Closes everything. Closing the consuming channel returns every
+    /// unacked delivery to the queue.
+    async fn close(self) {
+        let _ = self.consume_channel.close(200, "bye".into()).await;
+        let _ = self.depth_channel.close(200, "bye".into()).await;
+        for channel in self.publish_channels {
+            let _ = channel.close(200, "bye".into()).await;
+        }
+        let _ = self.consume.close(200, "bye".into()).await;
+        let _ = self.publish.close(200, "bye".into()).await;
+    }
 }
 
 /// Fires `stop` once the connection behind `status` is no longer connected.

@@ -14,7 +14,7 @@
 //! key, and after level 0 into the cascade's exit. The broker does every hop;
 //! a 30-minute delay (`11100001000` in binary) makes 4 hops.
 //!
-//! **Shards.** The cascade is declared [`CascadeShards`] times over: shard 0
+//! **Shards.** The cascade is declared `cascade_shards` times over ([`CascadeShards`]): shard 0
 //! is `order-timeout.delay.KK`, shard s ≥ 1 is `order-timeout.delay.KK.sS`,
 //! each a complete cascade. A message enters the shard picked by a hash of
 //! its order id ([`shard_for`]) and stays in it. Why: RabbitMQ dead-letters
@@ -22,7 +22,7 @@
 //! per level caps a level at a few hundred messages per second under load;
 //! `n` shards give every level `n` workers.
 
-use serde::Deserialize;
+use crate::settings::CascadeShards;
 
 /// Number of cascade levels: level k delays 2^k seconds, so 28 levels reach
 /// 2^28 - 1 s, about 8.5 years. Longer delays are clamped and simply go
@@ -55,52 +55,6 @@ pub fn shard_for(order_id: &str, shards: CascadeShards) -> u32 {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     (hash % u64::from(shards.get())) as u32
-}
-
-/// How many parallel copies ("shards") of the delay cascade to declare.
-///
-/// RabbitMQ moves a quorum queue's expired messages to its dead-letter
-/// target through one worker per queue, with a small window of unconfirmed
-/// messages (`dead_letter_worker_consumer_prefetch`, default 32), which
-/// limits how fast one level drains under load (measured with `bench`,
-/// every order on a 9 s timeout at 1,000 orders/s: p99 lateness 2,517 ms
-/// with one shard, 487 ms with four).
-/// Each shard is a full cascade with its own queues, so `n` shards give each
-/// level `n` workers. Orders are spread by a hash of their id.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
-#[serde(try_from = "u32")]
-pub struct CascadeShards(u32);
-
-impl CascadeShards {
-    /// Most shards accepted: 28 levels x 16 = 448 queues is already plenty.
-    pub const MAX: u32 = 16;
-
-    /// The number of shards (1..=[`Self::MAX`]).
-    pub fn get(self) -> u32 {
-        self.0
-    }
-}
-
-impl TryFrom<u32> for CascadeShards {
-    type Error = String;
-
-    fn try_from(n: u32) -> Result<Self, Self::Error> {
-        if (1..=Self::MAX).contains(&n) {
-            Ok(Self(n))
-        } else {
-            Err(format!(
-                "cascade_shards must be between 1 and {}, not {n}",
-                Self::MAX
-            ))
-        }
-    }
-}
-
-impl Default for CascadeShards {
-    /// Four: measured with `bench` (docs/BENCHMARKS.md).
-    fn default() -> Self {
-        Self(4)
-    }
 }
 
 /// Where to publish a message that must wait `delay_secs` whole seconds.

@@ -55,7 +55,7 @@ pub async fn declare_topology(settings: &Settings) -> Result<(), topology::Topol
         .create_channel()
         .await
         .map_err(topology::TopologyError::Connect)?;
-    topology::declare(&channel, &settings.layout()).await?;
+    topology::declare(&channel, &topology::Layout::of(settings)).await?;
     let _ = conn.close(200, "setup done".into()).await;
     Ok(())
 }

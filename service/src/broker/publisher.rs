@@ -10,7 +10,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
 use serde::Serialize;
 
-use super::cascade::{CascadeShards, cascade_delay_secs, cascade_route, shard_for};
+use super::cascade::{cascade_delay_secs, cascade_route, shard_for};
 use super::headers::{
     Attempts, H_DEADLINE_MS, H_ERROR, H_ERROR_KIND, H_ORDER_ID, H_PARKED_AT, H_SOURCE_EXCHANGE,
     H_SOURCE_QUEUE, H_SOURCE_ROUTING_KEY,
@@ -19,6 +19,7 @@ use super::topology::{
     CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, PARKED_QUEUE, SCHEDULE_ROUTING_KEY,
 };
 use crate::message::{OrderId, ParkReason, TimeoutRequest, format_instant};
+use crate::settings::CascadeShards;
 
 /// Errors publishing a message.
 #[derive(Debug, thiserror::Error)]

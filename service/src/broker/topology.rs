@@ -23,10 +23,8 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, ExchangeKind};
 
-use serde::Deserialize;
-
-pub use super::cascade::CascadeShards;
 use super::cascade::{LEVELS, bit_pattern, shard_level_name};
+use crate::settings::{CascadeShards, QueueType, Settings};
 
 /// Entry exchange the order service publishes timeouts to (direct, durable).
 pub const ENTRY_EXCHANGE: &str = "order-timeout";
@@ -43,20 +41,8 @@ pub const EVENTS_EXCHANGE: &str = "order-timeout.events";
 /// Routing key of the cancellation event.
 pub const CANCELLED_ROUTING_KEY: &str = "order.cancelled";
 
-/// Which RabbitMQ queue type backs the delay cascade and the work queues.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum QueueType {
-    /// Replicated Raft queues with at-least-once dead-lettering: nothing is
-    /// lost between cascade levels, even across a broker restart. Default.
-    Quorum,
-    /// Classic queues: less broker work per hop, but dead-lettering is
-    /// at-most-once (a broker crash can drop a message between levels).
-    Classic,
-}
-
-/// What to declare: the queue type and the number of cascade shards. Built
-/// from the settings by `Settings::layout`.
+/// What to declare: the queue type and the number of cascade shards, as the
+/// settings ask ([`Layout::of`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// Queue type of every queue.
@@ -66,6 +52,14 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The broker objects `settings` ask for.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            queue_type: settings.queue_type,
+            shards: settings.cascade_shards,
+        }
+    }
+
     fn shard_range(&self) -> std::ops::Range<u32> {
         0..self.shards.get()
     }

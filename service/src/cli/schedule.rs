@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::connect;
 use crate::broker::publisher::Publisher;
-use crate::broker::topology;
+use crate::broker::topology::{self, Layout};
 use crate::message::{Deadline, OrderId, TimeoutRequest, format_instant};
 use crate::settings::Settings;
 
@@ -48,7 +48,7 @@ pub(super) async fn run(settings: Settings, args: ScheduleArgs) -> anyhow::Resul
     };
     let conn = connect(&settings, "order-timeout-cli").await?;
     let publisher = Publisher::new(&conn).await?;
-    topology::declare(publisher.channel(), &settings.layout()).await?;
+    topology::declare(publisher.channel(), &Layout::of(&settings)).await?;
     publisher.schedule(&request).await?;
     let _ = conn.close(200, "done".into()).await;
     println!(

@@ -2,8 +2,9 @@
 
 use std::process::ExitCode;
 
-use crate::app::{self, shutdown::Shutdown};
+use crate::app;
 use crate::settings::Settings;
+use crate::shutdown::Shutdown;
 
 /// Runs the service until SIGTERM or SIGINT.
 pub(super) async fn run(settings: Settings) -> anyhow::Result<ExitCode> {

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::connect;
-use crate::broker::topology::{BindingDestination, QueueType};
+use crate::broker::topology::{BindingDestination, Layout};
 use crate::ops::topology_check::{self, Status};
-use crate::settings::Settings;
+use crate::settings::{QueueType, Settings};
 
 /// `order-timeout topology …`.
 #[derive(Debug, Subcommand)]
@@ -29,7 +29,7 @@ pub struct CheckArgs {
 pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow::Result<ExitCode> {
     let TopologyCommand::Check(args) = command;
     let conn = connect(&settings, "order-timeout-topology-check").await?;
-    let report = topology_check::check(&conn, &settings.layout()).await;
+    let report = topology_check::check(&conn, &Layout::of(&settings)).await;
     let _ = conn.close(200, "done".into()).await;
     let report = report?;
     let vhost = url::Url::parse(settings.amqp_url.expose())

@@ -15,8 +15,8 @@ use axum::routing::get;
 use serde::Serialize;
 
 use super::metrics::Metrics;
-use crate::app::shutdown::Shutdown;
 use crate::settings::SecretUrl;
+use crate::shutdown::Shutdown;
 use crate::store::Store;
 
 /// How long one readiness probe may take per dependency.

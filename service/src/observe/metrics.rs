@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 use crate::message::ParkReason;
 
@@ -149,111 +149,123 @@ impl Default for Metrics {
     }
 }
 
+/// Registers `metric` under `name` and returns it (metrics are cheap
+/// handles on shared state: the registry keeps one, the caller the other).
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// [`register`] with the unit seconds (`_seconds` suffix).
+fn register_seconds<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register_with_unit(name, help, Unit::Seconds, metric.clone());
+    metric
+}
+
 impl Metrics {
-    /// A fresh registry with every metric registered.
+    /// A fresh registry with every metric registered, every known series
+    /// at 0.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("order_timeout");
-        let messages = Family::<ResultLabel, Counter>::default();
-        registry.register(
-            "messages",
-            "Timeout messages processed, by result",
-            messages.clone(),
-        );
-        let parked = Family::<ReasonLabel, Counter>::default();
-        registry.register(
-            "parked",
-            "Messages moved to the parked queue, by reason",
-            parked.clone(),
-        );
-        // 1 ms … ~65 s: ms-level lateness is the product, minutes are an incident.
-        let lateness = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-            0.001, 2.0, 17,
-        ));
-        registry.register_with_unit(
-            "cancel_lateness",
-            "Actual cancel time minus the order's deadline",
-            Unit::Seconds,
-            lateness.clone(),
-        );
-        let in_flight = Gauge::default();
-        registry.register(
-            "in_flight_messages",
-            "Deliveries received and not yet acked",
-            in_flight.clone(),
-        );
-        let held = Gauge::default();
-        registry.register(
-            "held_messages",
-            "Deliveries held in-process for their sub-second remainder",
-            held.clone(),
-        );
-        let stage =
-            Family::<StageLabel, Histogram, StageBuckets>::new_with_constructor(StageBuckets);
-        registry.register_with_unit(
-            "stage_duration",
-            "Duration of one step: db (cancel statement), inventory (ReleaseStock), publish",
-            Unit::Seconds,
-            stage.clone(),
-        );
-        let reconnects = Family::<TargetLabel, Counter>::default();
-        registry.register(
-            "reconnects",
-            "Broker sessions re-established after a failure",
-            reconnects.clone(),
-        );
-        let release_failures = Counter::default();
-        registry.register(
-            "inventory_release_failures",
-            "ReleaseStock calls that failed after in-process retries",
-            release_failures.clone(),
-        );
-        let swept = Counter::default();
-        registry.register(
-            "sweeper_orders",
-            "Orders the sweeper cancelled or finished (no timeout message did)",
-            swept.clone(),
-        );
-        let ready = Gauge::default();
-        registry.register(
-            "ready",
-            "1 when broker, database and inventory are reachable, else 0",
-            ready.clone(),
-        );
-        let queue_messages = Family::<QueueLabel, Gauge>::default();
-        registry.register(
-            "queue_messages",
-            "Messages ready in the service's queues (due, parked)",
-            queue_messages.clone(),
-        );
-        // Every known series starts at 0, so rate() and alerts see the
-        // first increment instead of a series appearing out of nowhere.
+        let mut r = Registry::with_prefix("order_timeout");
+        let metrics = Self {
+            messages: register(
+                &mut r,
+                "messages",
+                "Timeout messages processed, by result",
+                Family::default(),
+            ),
+            parked: register(
+                &mut r,
+                "parked",
+                "Messages moved to the parked queue, by reason",
+                Family::default(),
+            ),
+            // 1 ms … ~65 s: ms-level lateness is the product, minutes are an incident.
+            lateness: register_seconds(
+                &mut r,
+                "cancel_lateness",
+                "Actual cancel time minus the order's deadline",
+                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                    0.001, 2.0, 17,
+                )),
+            ),
+            in_flight: register(
+                &mut r,
+                "in_flight_messages",
+                "Deliveries received and not yet acked",
+                Gauge::default(),
+            ),
+            held: register(
+                &mut r,
+                "held_messages",
+                "Deliveries held in-process for their sub-second remainder",
+                Gauge::default(),
+            ),
+            stage: register_seconds(
+                &mut r,
+                "stage_duration",
+                "Duration of one step: db (cancel statement), inventory (ReleaseStock), publish",
+                Family::new_with_constructor(StageBuckets),
+            ),
+            reconnects: register(
+                &mut r,
+                "reconnects",
+                "Broker sessions re-established after a failure",
+                Family::default(),
+            ),
+            release_failures: register(
+                &mut r,
+                "inventory_release_failures",
+                "ReleaseStock calls that failed after in-process retries",
+                Counter::default(),
+            ),
+            swept: register(
+                &mut r,
+                "sweeper_orders",
+                "Orders the sweeper cancelled or finished (no timeout message did)",
+                Counter::default(),
+            ),
+            ready: register(
+                &mut r,
+                "ready",
+                "1 when broker, database and inventory are reachable, else 0",
+                Gauge::default(),
+            ),
+            queue_messages: register(
+                &mut r,
+                "queue_messages",
+                "Messages ready in the service's queues (due, parked)",
+                Family::default(),
+            ),
+            registry: r,
+        };
+        metrics.create_known_series();
+        metrics
+    }
+
+    /// Every known series starts at 0, so rate() and alerts see the first
+    /// increment instead of a series appearing out of nowhere.
+    fn create_known_series(&self) {
         for outcome in Outcome::ALL {
-            let _ = messages.get_or_create(&ResultLabel {
+            let _ = self.messages.get_or_create(&ResultLabel {
                 result: outcome.as_str(),
             });
         }
         for s in [Stage::Db, Stage::Inventory, Stage::Publish] {
-            let _ = stage.get_or_create(&StageLabel { stage: s.as_str() });
+            let _ = self.stage.get_or_create(&StageLabel { stage: s.as_str() });
         }
-        let _ = reconnects.get_or_create(&TargetLabel { target: "amqp" });
+        let _ = self
+            .reconnects
+            .get_or_create(&TargetLabel { target: "amqp" });
         for reason in ParkReason::ALL {
-            let _ = parked.get_or_create(&ReasonLabel {
+            let _ = self.parked.get_or_create(&ReasonLabel {
                 reason: reason.as_str(),
             });
-        }
-        Self {
-            registry,
-            messages,
-            parked,
-            lateness,
-            in_flight,
-            held,
-            stage,
-            reconnects,
-            release_failures,
-            swept,
-            ready,
-            queue_messages,
         }
     }
 

@@ -23,9 +23,10 @@ use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ErrorKind};
 
 use crate::broker::topology::{
-    self, BindingDestination, BindingSpec, Layout, QueueType, exchange_options, exchange_specs,
-    queue_options, queue_specs,
+    self, BindingDestination, BindingSpec, Layout, exchange_options, exchange_specs, queue_options,
+    queue_specs,
 };
+use crate::settings::QueueType;
 
 /// Errors that stop the check (the broker cannot be asked at all).
 #[derive(Debug, thiserror::Error)]

@@ -25,11 +25,11 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use super::job::{Context, Job, park};
-use crate::app::shutdown::Shutdown;
 use crate::broker::headers::Attempts;
 use crate::broker::topology::DUE_QUEUE;
 use crate::message::{MessageError, TimeoutRequest};
 use crate::observe::metrics::Outcome;
+use crate::shutdown::Shutdown;
 
 /// Errors that end a consumer session (the supervisor reconnects).
 #[derive(Debug, thiserror::Error)]

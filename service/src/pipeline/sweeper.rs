@@ -13,8 +13,8 @@ use std::collections::HashSet;
 
 use super::finish::{self, Pending};
 use super::job::Worker;
-use crate::app::shutdown::Shutdown;
 use crate::message::OrderId;
+use crate::shutdown::Shutdown;
 use crate::store::{OrderState, StoreError};
 
 /// Most batches one sweep takes before yielding to the next interval.

@@ -21,10 +21,9 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use order_timeout::app::RunningService;
-use order_timeout::app::shutdown::Shutdown;
-use order_timeout::broker::cascade::CascadeShards;
 use order_timeout::broker::{connect_amqp, declare_topology, topology};
-use order_timeout::settings::{self, SecretUrl, Settings};
+use order_timeout::settings::{self, CascadeShards, SecretUrl, Settings};
+use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
 use order_timeout_tools::shop::{self, NewOrder};

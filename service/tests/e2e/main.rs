@@ -7,3 +7,4 @@ mod failures;
 mod operations;
 mod process;
 mod service;
+mod store;

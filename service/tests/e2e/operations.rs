@@ -284,7 +284,7 @@ async fn delete_queue(channel: &Channel, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topology_check_reports_ok_and_then_every_difference() {
     let env = TestEnv::new().await;
-    let layout = env.settings.layout();
+    let layout = order_timeout::broker::topology::Layout::of(&env.settings);
     assert!(
         layout.shards.get() > 1,
         "the default layout has cascade shards"

@@ -30,14 +30,12 @@ use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Semaphore;
 
 use super::BenchError;
-use super::load::confirm_channels;
+use super::load::{SINGLE_DELAY_QUEUE, confirm_channels};
 use super::report::{CeilingReport, LatenessStats};
 use order_timeout::broker::connect_amqp;
-use order_timeout::broker::topology::{ENTRY_EXCHANGE, QueueType, SCHEDULE_ROUTING_KEY};
-use order_timeout::settings::SecretUrl;
+use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY};
+use order_timeout::settings::{QueueType, SecretUrl};
 
-/// The single-queue baseline's delay queue.
-pub const SINGLE_DELAY_QUEUE: &str = "bench.single-queue.delay";
 /// The ceiling's fixed-TTL queue.
 pub const CEILING_DELAY_QUEUE: &str = "bench.ceiling.delay";
 /// The ceiling's consumer queue.

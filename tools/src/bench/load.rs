@@ -87,6 +87,10 @@ struct Order {
     pay_in: Option<Duration>,
 }
 
+/// The single-queue baseline's delay queue (declared by the baseline),
+/// where [`Route::SingleQueue`] publishes.
+pub const SINGLE_DELAY_QUEUE: &str = "bench.single-queue.delay";
+
 /// Opens `n` confirm-mode channels on `conn`.
 pub async fn confirm_channels(conn: &Connection, n: usize) -> Result<Vec<Channel>, BenchError> {
     let mut out = Vec::new();
@@ -154,7 +158,7 @@ async fn publish_batch(channel: &Channel, route: Route, orders: &[Order]) -> u64
                 let left = (o.expires_at - Utc::now()).num_milliseconds().max(0);
                 (
                     "",
-                    super::baseline::SINGLE_DELAY_QUEUE,
+                    SINGLE_DELAY_QUEUE,
                     props.with_expiration(left.to_string().into()),
                 )
             }

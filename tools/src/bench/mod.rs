@@ -323,7 +323,7 @@ async fn run_in(
         });
     }
     let sampler = Arc::new(Mutex::new(Sampler::new(groups)));
-    let stop_sampling = order_timeout::app::shutdown::Shutdown::new();
+    let stop_sampling = order_timeout::shutdown::Shutdown::new();
     let sampling = tokio::spawn({
         let (sampler, stop) = (sampler.clone(), stop_sampling.clone());
         async move {
@@ -528,7 +528,7 @@ async fn pending(
     );
     let give_up = std::time::Instant::now() + Duration::from_secs(600.max(n / 300));
     let depth_channel = conn.create_channel().await?;
-    let layout = env.settings.layout();
+    let layout = order_timeout::broker::topology::Layout::of(&env.settings);
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let q = queue_counts(&depth_channel, &layout).await?;
