@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
-# order-timeout container image: one binary, subcommands serve | migrate | inventory-server | ...
-#   docker build -t order-timeout .
+# order-timeout container images, from one build of the Cargo workspace:
+#   docker build -t order-timeout .                        # production: `order-timeout` only
+#   docker build --target tools -t order-timeout-tools .   # demo, bench, reference inventory
 #   docker run --rm order-timeout --help
+# The production image carries the service binary alone: no load generator, plotting,
+# fonts or reference inventory server (those are the tools crate's).
 # Needs BuildKit (the default since Docker 23) for the cargo cache mounts.
 
 # ---- build ------------------------------------------------------------------------------
@@ -9,22 +12,24 @@ FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 
 # build.rs compiles proto/ with protox (pure Rust): no system protoc needed.
-# sqlx::migrate! embeds migrations/ at compile time.
-COPY Cargo.toml Cargo.lock build.rs ./
+# sqlx::migrate! embeds service/migrations/ at compile time.
+COPY Cargo.toml Cargo.lock ./
 COPY proto ./proto
-COPY migrations ./migrations
-COPY src ./src
+COPY service ./service
+COPY tools ./tools
 
 # Cache mounts keep the crate registry and compiled dependencies between builds, so a
-# source change only recompiles this crate. target/ lives in the cache, so copy the binary out.
+# source change only recompiles the workspace. target/ lives in the cache, so copy the
+# binaries out.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked --bin order-timeout \
-    && install -m 0755 target/release/order-timeout /usr/local/bin/order-timeout
+    cargo build --release --locked --bin order-timeout --bin order-timeout-tools \
+    && install -m 0755 target/release/order-timeout /usr/local/bin/order-timeout \
+    && install -m 0755 target/release/order-timeout-tools /usr/local/bin/order-timeout-tools
 
-# ---- runtime ----------------------------------------------------------------------------
-FROM debian:bookworm-slim
+# ---- runtime base -----------------------------------------------------------------------
+FROM debian:bookworm-slim AS runtime
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
@@ -33,15 +38,26 @@ RUN apt-get update \
     && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \
         --shell /usr/sbin/nologin order-timeout
 
-COPY --from=builder /usr/local/bin/order-timeout /usr/local/bin/order-timeout
-
-# Inside a container, listen on all interfaces (the binary defaults to 127.0.0.1).
+# Inside a container, listen on all interfaces (the binaries default to 127.0.0.1).
 # AMQP_URL, DATABASE_URL, INVENTORY_URL still default to local servers: set them.
-ENV HTTP_ADDR=0.0.0.0:9464 \
-    INVENTORY_ADDR=0.0.0.0:50051
-
+ENV HTTP_ADDR=0.0.0.0:9464
 USER 10001:10001
-# 9464: metrics and health (HTTP_ADDR); 50051: gRPC of the reference inventory-server.
-EXPOSE 9464 50051
+
+# ---- tools: demo, bench, reference inventory server and shop schema ---------------------
+FROM runtime AS tools
+COPY --from=builder /usr/local/bin/order-timeout-tools /usr/local/bin/order-timeout-tools
+# The bench starts `order-timeout serve` children: it finds the binary beside itself.
+COPY --from=builder /usr/local/bin/order-timeout /usr/local/bin/order-timeout
+ENV INVENTORY_ADDR=0.0.0.0:50051
+# 50051: gRPC of the reference inventory server.
+EXPOSE 50051
+ENTRYPOINT ["order-timeout-tools"]
+CMD ["--help"]
+
+# ---- production (the default target: last in the file) -------------------------------
+FROM runtime AS service
+COPY --from=builder /usr/local/bin/order-timeout /usr/local/bin/order-timeout
+# 9464: metrics and health (HTTP_ADDR).
+EXPOSE 9464
 ENTRYPOINT ["order-timeout"]
 CMD ["serve"]

@@ -5,7 +5,7 @@
 //! - [`inventory`]: the reference gRPC inventory server and the shop's
 //!   client of it;
 //! - [`demo`]: the product end to end on local servers;
-//! - [`bench`]: load generation and measurement (docs/BENCHMARKS.md);
+//! - [`bench`](mod@bench): load generation and measurement (docs/BENCHMARKS.md);
 //! - [`cli`]: the `order-timeout-tools` command line.
 //!
 //! Depends on the `order-timeout` crate; that crate never depends on this

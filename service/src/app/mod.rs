@@ -1,5 +1,5 @@
 //! Wiring: bind the operations endpoint, create the clients, then run one
-//! broker session after another ([`session`]), reconnecting with backoff
+//! broker session after another (`session.rs`), reconnecting with backoff
 //! when the broker connection is lost. Used by `serve`, the demo and the
 //! integration tests, so all three run the same code.
 

@@ -195,7 +195,7 @@ impl Publisher {
     }
 
     /// Sends `body` through the delay cascade so it comes back to the
-    /// consumer less than [`crate::topology::HOLD_WINDOW_SECS`] before
+    /// consumer less than [`super::cascade::HOLD_WINDOW_SECS`] before
     /// `deadline` (the consumer holds the rest), by the delay with the
     /// fewest hops ([`cascade_delay_secs`]), through the order's shard of
     /// `shards`.

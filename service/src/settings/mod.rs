@@ -121,7 +121,8 @@ pub enum UnknownOrderPolicy {
     Drop,
 }
 
-/// Retry policy knobs; see [`crate::retry`] for how they are used.
+/// Retry policy knobs; see the retry policy (`pipeline/retry.rs`) for how
+/// they are used.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetrySettings {
@@ -151,7 +152,7 @@ impl Default for RetrySettings {
 }
 
 /// The sweeper: the safety net for orders whose timeout message was never
-/// published (see [`crate::sweeper`]).
+/// published (`pipeline/sweeper.rs`).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SweeperSettings {

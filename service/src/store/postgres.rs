@@ -35,7 +35,7 @@ fn connect_options(url: &SecretUrl) -> Result<PgConnectOptions, StoreError> {
             o.log_statements(tracing::log::LevelFilter::Trace)
                 // Plan every execution with its real parameters. With cached
                 // generic plans, a connection that prepared the cancel
-                // statement while `orders`/`cancel_outbox` were nearly empty
+                // statement while `orders`/the outbox were nearly empty
                 // kept seq-scanning them as they grew (measured with `bench`
                 // on a fresh database: one seq scan of each table per batch,
                 // cancellations capped near 700/s). Planning costs well under

@@ -426,7 +426,7 @@ pub async fn settle(pool: &PgPool, g: Generated, w: &Workload) -> Result<Settled
             SELECT count(*) FILTER (WHERE status = 'CANCELLED'),
                    count(*) FILTER (WHERE status = 'PAID' AND expires_at < now()),
                    count(*) FILTER (WHERE status = 'UNPAID'),
-                   (SELECT count(*) FROM cancel_outbox
+                   (SELECT count(*) FROM order_timeout_cancel_outbox
                      WHERE starts_with(order_id, $1)
                        AND (stock_released_at IS NULL OR event_published_at IS NULL))
               FROM orders WHERE starts_with(id, $1)
@@ -506,7 +506,7 @@ pub async fn measure(
                extract(epoch FROM max(created_at) - min(created_at))::float8,
                count(*) FILTER (WHERE status = 'UNPAID'),
                count(*) FILTER (WHERE status = 'PAID' AND (cancelled_at IS NOT NULL
-                    OR EXISTS (SELECT 1 FROM cancel_outbox b WHERE b.order_id = o.id)
+                    OR EXISTS (SELECT 1 FROM order_timeout_cancel_outbox b WHERE b.order_id = o.id)
                     OR EXISTS (SELECT 1 FROM inventory.releases r WHERE r.order_id = o.id)))
           FROM orders o WHERE starts_with(id, $1)
         "#,
@@ -518,7 +518,7 @@ pub async fn measure(
         r#"
         SELECT (SELECT count(*) FROM inventory.releases WHERE starts_with(order_id, $1)),
                (SELECT coalesce(sum(calls), 0)::bigint FROM inventory.releases WHERE starts_with(order_id, $1)),
-               (SELECT count(*) FROM cancel_outbox WHERE starts_with(order_id, $1)
+               (SELECT count(*) FROM order_timeout_cancel_outbox WHERE starts_with(order_id, $1)
                    AND (stock_released_at IS NULL OR event_published_at IS NULL))
         "#,
     )
