@@ -10,12 +10,5 @@ use order_timeout::cli::{self, Cli};
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     order_timeout::observe::telemetry::init(cli.command.default_log_filter());
-    match cli::run(cli).await {
-        Ok(code) => code,
-        Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "fatal");
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    order_timeout::cli::exit_code(cli::run(cli).await)
 }

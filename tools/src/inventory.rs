@@ -56,7 +56,8 @@ fn to_pb(items: &[OrderItem]) -> Vec<pb::Item> {
 }
 
 /// The order service's client of the inventory: reserve stock for a new
-/// order, read stock, and (for tests) release it.
+/// order, read stock. (Releasing is the service's job: its own client,
+/// `order_timeout::inventory::InventoryClient`.)
 #[derive(Clone, Debug)]
 pub struct ShopInventory {
     client: pb::inventory_client::InventoryClient<Channel>,
@@ -73,23 +74,6 @@ impl ShopInventory {
         Ok(Self {
             client: pb::inventory_client::InventoryClient::new(endpoint.connect_lazy()),
         })
-    }
-
-    /// Releases an order's stock (what the service does; for tests that
-    /// play a release that happened before a crash). `Ok(false)` if
-    /// already released.
-    #[tracing::instrument(skip(self, items), fields(items = items.len()))]
-    pub async fn release(&self, order_id: &str, items: &[OrderItem]) -> Result<bool, CallError> {
-        let response = self
-            .client
-            .clone()
-            .release_stock(pb::ReleaseStockRequest {
-                order_id: order_id.to_owned(),
-                items: to_pb(items),
-            })
-            .await
-            .map_err(call_error("ReleaseStock"))?;
-        Ok(response.into_inner().released)
     }
 
     /// Reserves an order's stock (the order service's job; used by the demo

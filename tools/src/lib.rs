@@ -6,6 +6,7 @@
 //!   client of it;
 //! - [`demo`]: the product end to end on local servers;
 //! - [`bench`](mod@bench): load generation and measurement (docs/BENCHMARKS.md);
+//! - [`scratch`]: a fresh vhost and database per bench or test run;
 //! - [`cli`]: the `order-timeout-tools` command line.
 //!
 //! Depends on the `order-timeout` crate; that crate never depends on this
@@ -17,4 +18,5 @@ pub mod bench;
 pub mod cli;
 pub mod demo;
 pub mod inventory;
+pub mod scratch;
 pub mod shop;

@@ -77,6 +77,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The process exit code for a command's result: its own code, or, for an
+/// error, the error (with its causes) logged and printed, and failure.
+pub fn exit_code(result: anyhow::Result<ExitCode>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "fatal");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// A broker connection for a command, with the (redacted) URL in the error.
 async fn connect(settings: &Settings, name: &str) -> anyhow::Result<Connection> {
     connect_amqp(&settings.amqp_url, name)

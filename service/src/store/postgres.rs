@@ -92,6 +92,32 @@ impl PgStore {
         migrator().run(&mut conn).await?;
         Ok(())
     }
+
+    /// The order ids a sweeper query (`$1` = grace, `$2` = limit) returns.
+    /// An id that is not a valid order id (the shop's table may hold
+    /// anything) is skipped with a warning: no message could name it either.
+    async fn ids_older_than(
+        &self,
+        sql: &'static str,
+        grace: Duration,
+        limit: u32,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        let ids: Vec<String> = sqlx::query_scalar(sql)
+            .bind(grace)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(ids
+            .iter()
+            .filter_map(|id| match OrderId::parse(id) {
+                Ok(id) => Some(id),
+                Err(e) => {
+                    tracing::warn!(order_id = ?id, error = %e, "skipping a row whose id is not a valid order id");
+                    None
+                }
+            })
+            .collect())
+    }
 }
 
 #[async_trait::async_trait]
@@ -178,27 +204,22 @@ impl OrderStore for PgStore {
     /// An index range scan on the shop's `(status, expires_at)` index.
     #[tracing::instrument(skip(self))]
     async fn overdue(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError> {
-        let ids: Vec<String> = sqlx::query_scalar(
+        self.ids_older_than(
             r#"
             SELECT id FROM orders
              WHERE status = 'UNPAID' AND expires_at < now() - $1
              ORDER BY expires_at
              LIMIT $2
             "#,
+            grace,
+            limit,
         )
-        .bind(grace)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(ids
-            .iter()
-            .filter_map(|id| OrderId::parse(id).ok())
-            .collect())
+        .await
     }
 
     #[tracing::instrument(skip(self))]
     async fn stale_outbox(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError> {
-        let ids: Vec<String> = sqlx::query_scalar(
+        self.ids_older_than(
             r#"
             SELECT order_id FROM order_timeout_cancel_outbox
              WHERE (stock_released_at IS NULL OR event_published_at IS NULL)
@@ -207,15 +228,10 @@ impl OrderStore for PgStore {
              ORDER BY created_at
              LIMIT $2
             "#,
+            grace,
+            limit,
         )
-        .bind(grace)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(ids
-            .iter()
-            .filter_map(|id| OrderId::parse(id).ok())
-            .collect())
+        .await
     }
 
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]

@@ -26,6 +26,7 @@ use order_timeout::settings::{self, CascadeShards, SecretUrl, Settings};
 use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
+use order_timeout_tools::scratch;
 use order_timeout_tools::shop::{self, NewOrder};
 use sqlx::PgPool;
 
@@ -48,26 +49,7 @@ pub struct TestEnv {
     pub channel: Channel,
     stop_inventory: std::sync::Mutex<Shutdown>,
     inventory_addr: std::net::SocketAddr,
-    base_db_url: String,
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn with_path(url: &str, path: &str) -> String {
-    let mut url = url::Url::parse(url).expect("valid URL");
-    url.set_path(path);
-    url.to_string()
+    base_db_url: SecretUrl,
 }
 
 impl TestEnv {
@@ -84,26 +66,13 @@ impl TestEnv {
         let name = format!("ot_test_{}", uuid::Uuid::new_v4().simple());
         let amqp_base =
             std::env::var("AMQP_URL").unwrap_or_else(|_| settings::DEFAULT_AMQP_URL.into());
-        let user = url::Url::parse(&amqp_base)
-            .ok()
-            .map(|u| u.username().to_owned())
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| "guest".into());
-        run(Command::new("rabbitmqctl").args(["-q", "add_vhost", &name]));
-        run(Command::new("rabbitmqctl").args([
-            "-q",
-            "set_permissions",
-            "-p",
-            &name,
-            &user,
-            ".*",
-            ".*",
-            ".*",
-        ]));
+        let amqp_url = scratch::create_vhost(&SecretUrl::new(amqp_base), &name)
+            .expect("create the test's vhost");
 
-        let base_db_url =
-            std::env::var("DATABASE_URL").unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into());
-        let database_url = SecretUrl::new(with_path(&base_db_url, &name));
+        let base_db_url = SecretUrl::new(
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
+        );
+        let database_url = scratch::with_path(&base_db_url, &name).unwrap();
         let pool = shop::prepare_database(&database_url, 10)
             .await
             .expect("prepare the test database");
@@ -123,7 +92,7 @@ impl TestEnv {
             ShopInventory::connect_lazy(&inventory_url, Duration::from_secs(5)).unwrap();
 
         let mut settings = Settings {
-            amqp_url: SecretUrl::new(with_path(&amqp_base, &format!("/{name}"))),
+            amqp_url,
             database_url,
             inventory_url: SecretUrl::new(inventory_url),
             ..Settings::default()
@@ -470,29 +439,8 @@ impl TestEnv {
 impl Drop for TestEnv {
     fn drop(&mut self) {
         self.stop_inventory();
-        let _ = Command::new("rabbitmqctl")
-            .args(["-q", "delete_vhost", &self.name])
-            .output();
-        let admin = with_path(&self.base_db_url, "/postgres");
-        let name = self.name.clone();
-        // Drop runs inside the test's runtime; use a fresh one on a thread.
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                use sqlx::{Connection, Executor};
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
-                    let _ = conn
-                        .execute(sqlx::AssertSqlSafe(format!(
-                            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                        )))
-                        .await;
-                }
-            });
-        })
-        .join();
+        let _ = scratch::delete_vhost(&self.name);
+        let _ = scratch::drop_database_blocking(&self.base_db_url, &self.name);
     }
 }
 

@@ -360,13 +360,14 @@ store_suite!(postgres, pg::PgFixture);
 mod pg {
     //! PostgreSQL: a fresh database per test, dropped afterwards.
 
+    use order_timeout_tools::scratch;
     use sqlx::PgPool;
 
     use super::*;
 
     pub(super) struct PgFixture {
         name: String,
-        base: String,
+        base: SecretUrl,
         url: SecretUrl,
         pool: PgPool,
         store: Store,
@@ -374,12 +375,12 @@ mod pg {
 
     impl Fixture for PgFixture {
         async fn new() -> Self {
-            let base = std::env::var("DATABASE_URL")
-                .unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into());
+            let base = SecretUrl::new(
+                std::env::var("DATABASE_URL")
+                    .unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
+            );
             let name = format!("ot_store_{}", uuid::Uuid::new_v4().simple());
-            let mut url = url::Url::parse(&base).unwrap();
-            url.set_path(&name);
-            let url = SecretUrl::new(url.to_string());
+            let url = scratch::with_path(&base, &name).unwrap();
             let pool = order_timeout_tools::shop::prepare_database(&url, 5)
                 .await
                 .expect("prepare the store test database");
@@ -492,27 +493,7 @@ mod pg {
 
     impl Drop for PgFixture {
         fn drop(&mut self) {
-            let mut admin = url::Url::parse(&self.base).unwrap();
-            admin.set_path("/postgres");
-            let name = self.name.clone();
-            // Drop runs inside the test's runtime; use a fresh one on a thread.
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    use sqlx::{Connection, Executor};
-                    if let Ok(mut conn) = sqlx::PgConnection::connect(admin.as_str()).await {
-                        let _ = conn
-                            .execute(sqlx::AssertSqlSafe(format!(
-                                "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                            )))
-                            .await;
-                    }
-                });
-            })
-            .join();
+            let _ = scratch::drop_database_blocking(&self.base, &self.name);
         }
     }
 }

@@ -10,48 +10,19 @@ use std::time::Duration;
 
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
-use sqlx::{Connection, Executor};
 use tokio::process::{Child, Command};
 
 use super::BenchError;
+use crate::scratch;
 use order_timeout::broker::connect_amqp;
 use order_timeout::broker::topology::DUE_QUEUE;
 use order_timeout::settings::{SecretUrl, Settings};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-/// Replaces the path of `url` (the vhost of an AMQP URL, the database of a
-/// PostgreSQL URL).
-pub fn with_path(url: &SecretUrl, path: &str) -> Result<SecretUrl, BenchError> {
-    let mut u = url::Url::parse(url.expose())
-        .map_err(|e| BenchError::Setup(format!("bad URL {url}: {e}")))?;
-    u.set_path(path);
-    Ok(SecretUrl::new(u.to_string()))
-}
-
-fn rabbitmqctl(args: &[&str]) -> Result<String, BenchError> {
-    let out = std::process::Command::new("rabbitmqctl")
-        .args(args)
-        .output()
-        .map_err(|e| {
-            BenchError::Setup(format!(
-                "cannot run rabbitmqctl (needed to create the bench's vhost; run as root on the broker's machine): {e}"
-            ))
-        })?;
-    if !out.status.success() {
-        return Err(BenchError::Setup(format!(
-            "rabbitmqctl {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// Runs `rabbitmqctl` with `args`, returning stdout, or `None` on failure.
 pub fn rabbitmqctl_opt(args: &[&str]) -> Option<String> {
-    rabbitmqctl(args).ok()
+    scratch::rabbitmqctl(args).ok()
 }
 
 /// A service or inventory child process.
@@ -149,29 +120,14 @@ impl BenchEnv {
         db_connections: u32,
     ) -> Result<Self, BenchError> {
         let name = format!("ot_bench_{}", chrono::Utc::now().format("%Y%m%d_%H%M%S"));
-        let user = url::Url::parse(base.amqp_url.expose())
-            .ok()
-            .map(|u| u.username().to_owned())
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| "guest".into());
-        rabbitmqctl(&["-q", "add_vhost", &name])?;
-        rabbitmqctl(&[
-            "-q",
-            "set_permissions",
-            "-p",
-            &name,
-            &user,
-            ".*",
-            ".*",
-            ".*",
-        ])?;
-        let database_url = with_path(&base.database_url, &name)?;
+        let amqp_url = scratch::create_vhost(&base.amqp_url, &name)?;
+        let database_url = scratch::with_path(&base.database_url, &name)?;
         let log_dir = std::env::temp_dir().join(&name);
         let _ = std::fs::create_dir_all(&log_dir);
         let mut env = Self {
             name: name.clone(),
             settings: Settings {
-                amqp_url: with_path(&base.amqp_url, &format!("/{name}"))?,
+                amqp_url,
                 database_url: database_url.clone(),
                 ..base.clone()
             },
@@ -351,21 +307,11 @@ impl BenchEnv {
             );
             return;
         }
-        if let Err(e) = rabbitmqctl(&["-q", "delete_vhost", &self.name]) {
+        if let Err(e) = scratch::delete_vhost(&self.name) {
             eprintln!("warning: could not delete vhost {}: {e}", self.name);
         }
-        let drop_db = async {
-            let admin = with_path(&self.base_db_url, "/postgres")?;
-            let mut conn = sqlx::PgConnection::connect(admin.expose()).await?;
-            conn.execute(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            )))
-            .await?;
-            Ok::<_, BenchError>(())
-        };
-        if let Err(e) = drop_db.await {
-            eprintln!("warning: could not drop database {}: {e}", self.name);
+        if let Err(e) = scratch::drop_database(&self.base_db_url, &self.name).await {
+            eprintln!("warning: {e}");
         }
         let _ = std::fs::remove_dir_all(&self.log_dir);
     }

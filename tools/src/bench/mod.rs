@@ -64,6 +64,9 @@ pub enum BenchError {
     /// The topology.
     #[error("{0}")]
     Topology(#[from] order_timeout::broker::topology::TopologyError),
+    /// The scratch vhost or database.
+    #[error("{0}")]
+    Scratch(#[from] crate::scratch::ScratchError),
     /// Drawing the PNG.
     #[error("plot: {0}")]
     Plot(String),
@@ -194,7 +197,7 @@ fn machine_info() -> BTreeMap<String, String> {
     {
         m.insert("memory".into(), l["MemTotal:".len()..].trim().to_owned());
     }
-    if let Some(v) = env::rabbitmqctl_opt(&["-q", "version"]) {
+    if let Some(v) = env::rabbitmqctl_opt(&["version"]) {
         m.insert("rabbitmq".into(), v.trim().to_owned());
     }
     m
@@ -202,7 +205,7 @@ fn machine_info() -> BTreeMap<String, String> {
 
 /// The broker's data directory (`rabbitmqctl status`), if it says.
 fn broker_status() -> (Option<f64>, Option<String>) {
-    let Some(text) = env::rabbitmqctl_opt(&["-q", "status", "--formatter", "json"]) else {
+    let Some(text) = env::rabbitmqctl_opt(&["status", "--formatter", "json"]) else {
         return (None, None);
     };
     let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
@@ -605,7 +608,6 @@ async fn queue_counts(
 /// Messages per queue and the queues' total memory (MiB) in `vhost`.
 fn list_queues(vhost: &str) -> Option<(BTreeMap<String, u64>, f64)> {
     let text = env::rabbitmqctl_opt(&[
-        "-q",
         "list_queues",
         "-p",
         vhost,
