@@ -1,10 +1,12 @@
 //! The timeout message: what the order service publishes, parsed into domain
 //! types once at the edge so the rest of the service never sees raw JSON.
 //!
-//! Accepted bodies (a JSON object; unknown fields are ignored):
+//! Accepted bodies (a JSON object, unknown fields ignored; or a bare id):
 //! - `{"order_id": "A1", "cancel_at": "2026-11-21T10:30:00.000Z"}`
 //! - `{"order_id": "A1", "created_at": "2026-11-21T10:00:00+08:00", "timeout_ms": 1800000}`
-//! - `{"order_id": "A1"}`: the deadline is the order row's `expires_at`.
+//! - `{"order_id": "A1"}`: the deadline is the order row's (`[orders].deadline`);
+//! - `"A1"` or `12345` alone: the same as `{"order_id": …}` (many shops
+//!   publish only the id).
 //!
 //! `order_id` is a JSON string or integer. Everything else is a
 //! [`MessageError`], which the consumer parks with the error's text.
@@ -48,7 +50,7 @@ pub enum MessageError {
     #[error("body is not JSON: {0}")]
     NotJson(String),
     /// JSON, but not one of the accepted forms.
-    #[error("body is not a JSON object")]
+    #[error("body is neither a JSON object nor a bare order id")]
     NotObject,
     /// No `order_id`.
     #[error("missing order_id")]
@@ -243,8 +245,16 @@ impl TimeoutRequest {
         }
         let value: Value =
             serde_json::from_str(text).map_err(|e| MessageError::NotJson(e.to_string()))?;
-        let Value::Object(fields) = value else {
-            return Err(MessageError::NotObject);
+        let fields = match value {
+            Value::Object(fields) => fields,
+            // A bare id: the deadline is the row's.
+            bare @ (Value::String(_) | Value::Number(_)) => {
+                return Ok(Self {
+                    order_id: OrderId::from_json(&bare)?,
+                    deadline: Deadline::FromOrderRow,
+                });
+            }
+            _ => return Err(MessageError::NotObject),
         };
         let order_id =
             OrderId::from_json(fields.get("order_id").ok_or(MessageError::MissingOrderId)?)?;
@@ -399,6 +409,21 @@ mod tests {
         assert_eq!(r.deadline, Deadline::FromOrderRow);
         let r = parse(r#"{"order_id":"a","cancel_at":null}"#).unwrap();
         assert_eq!(r.deadline, Deadline::FromOrderRow);
+
+        // A bare id, string or integer: the deadline is the row's.
+        let r = parse(r#""A-1""#).unwrap();
+        assert_eq!(
+            (r.order_id.as_str(), r.deadline),
+            ("A-1", Deadline::FromOrderRow)
+        );
+        let r = parse(" 12345\n").unwrap();
+        assert_eq!(
+            (r.order_id.as_str(), r.deadline),
+            ("12345", Deadline::FromOrderRow)
+        );
+        for bad in [r#""""#, "1.5", "-0.5", "true", "null"] {
+            assert!(parse(bad).is_err(), "{bad} is not an order id");
+        }
     }
 
     #[test]

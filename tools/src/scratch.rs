@@ -63,12 +63,25 @@ pub fn delete_vhost(name: &str) -> Result<(), ScratchError> {
     rabbitmqctl(&["delete_vhost", name]).map(drop)
 }
 
-/// Drops database `name` on the server of `database_base` (closing its
-/// connections first).
+/// Drops database `name` on the server of `database_base` (PostgreSQL:
+/// closing its connections first; MySQL/MariaDB).
 pub async fn drop_database(database_base: &SecretUrl, name: &str) -> Result<(), ScratchError> {
     use sqlx::{Connection, Executor};
-    let admin = with_path(database_base, "/postgres")?;
     let fail = |e: sqlx::Error| ScratchError(format!("dropping database {name}: {e}"));
+    if database_base.expose().starts_with("mysql://") {
+        let admin = with_path(database_base, "/information_schema")?;
+        let mut conn = sqlx::MySqlConnection::connect(admin.expose())
+            .await
+            .map_err(fail)?;
+        conn.execute(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS `{}`",
+            name.replace('`', "``")
+        )))
+        .await
+        .map_err(fail)?;
+        return Ok(());
+    }
+    let admin = with_path(database_base, "/postgres")?;
     let mut conn = sqlx::PgConnection::connect(admin.expose())
         .await
         .map_err(fail)?;

@@ -10,7 +10,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use order_timeout::settings::SecretUrl;
 use order_timeout::store::OrderItem;
+use sqlx::MySqlPool;
 use sqlx::PgPool;
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 
 /// The reference shop schema on PostgreSQL: orders and their items, with
@@ -18,6 +20,8 @@ use sqlx::postgres::PgPoolOptions;
 const REFERENCE_ORDERS: &str = include_str!("../sql/postgres/reference_orders.sql");
 /// The reference inventory server's schema.
 const REFERENCE_INVENTORY: &str = include_str!("../sql/postgres/reference_inventory.sql");
+/// The reference shop schema on MySQL/MariaDB.
+const REFERENCE_ORDERS_MYSQL: &str = include_str!("../sql/mysql/reference_orders.sql");
 
 /// Makes `url`'s database ready for the demo, the bench or a test: the
 /// service's own migrations (creating the database if needed), then the
@@ -30,6 +34,23 @@ pub async fn prepare_database(url: &SecretUrl, max_connections: u32) -> anyhow::
         .connect(url.expose())
         .await?;
     create_reference_schema(&pool).await?;
+    Ok(pool)
+}
+
+/// [`prepare_database`] on MySQL/MariaDB: the service's migrations, then
+/// the reference orders and items tables (the reference inventory server
+/// keeps its stock in PostgreSQL).
+pub async fn prepare_mysql_database(
+    url: &SecretUrl,
+    max_connections: u32,
+) -> anyhow::Result<MySqlPool> {
+    order_timeout::store::migrate(url).await?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url.expose())
+        .await?;
+    sqlx::raw_sql(REFERENCE_ORDERS_MYSQL).execute(&pool).await?;
     Ok(pool)
 }
 

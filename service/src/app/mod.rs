@@ -13,9 +13,10 @@ use tokio::task::JoinHandle;
 use crate::inventory::InventoryClient;
 use crate::observe::http::{self, Health};
 use crate::observe::metrics::Metrics;
+use crate::settings::Release;
 use crate::settings::Settings;
 use crate::shutdown::Shutdown;
-use crate::store::{self, Store};
+use crate::store::{self, ShopSchema, Store};
 
 mod session;
 
@@ -35,7 +36,11 @@ impl Service {
     /// clients. Fails only on a bad address or URL, never because a
     /// dependency is down: those are waited for.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        let store = store::connect_lazy(&settings.database_url, settings.db_max_connections)?;
+        let store = store::connect_lazy(
+            &settings.database_url,
+            settings.db_max_connections,
+            &ShopSchema::of(&settings),
+        )?;
         let inventory =
             InventoryClient::connect_lazy(&settings.inventory_url, settings.inventory_timeout)?;
         let listener = tokio::net::TcpListener::bind(settings.http_addr)
@@ -44,11 +49,11 @@ impl Service {
                 anyhow::anyhow!("cannot listen on HTTP_ADDR {}: {e}", settings.http_addr)
             })?;
         let metrics = Arc::new(Metrics::new());
-        let health = Arc::new(Health::new(
-            store.clone(),
-            &settings.inventory_url,
-            metrics.clone(),
-        ));
+        // With `release = "none"` nothing calls the inventory, so readiness
+        // does not ask for it either.
+        let inventory_url =
+            (settings.inventory.release == Release::Grpc).then_some(&settings.inventory_url);
+        let health = Arc::new(Health::new(store.clone(), inventory_url, metrics.clone()));
         Ok(Self {
             settings,
             store,
@@ -93,6 +98,9 @@ impl Service {
         );
         let http_task = tokio::spawn(http::serve(listener, health.clone(), shutdown.clone()));
         tokio::spawn(http::refresh_readiness(health.clone(), shutdown.clone()));
+        if !prepare_store(&store, &shutdown).await? {
+            return Ok(());
+        }
 
         let mut backoff = reconnect_backoff();
         loop {
@@ -121,6 +129,37 @@ impl Service {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.wait() => return Ok(()),
+            }
+        }
+    }
+}
+
+/// Checks the shop's schema against the mapping before anything is
+/// consumed: a configuration error stops the service (naming the config
+/// key); a database that does not answer yet is waited for. `false` when
+/// `shutdown` fired meanwhile.
+async fn prepare_store(store: &Store, shutdown: &Shutdown) -> anyhow::Result<bool> {
+    loop {
+        match store.prepare().await {
+            Ok(report) => {
+                tracing::info!(
+                    table = %report.table,
+                    id = ?report.id_kind,
+                    deadline = %report.deadline,
+                    unpaid = report.unpaid.0,
+                    overdue = report.unpaid.1,
+                    release = ?report.release,
+                    "shop schema checked"
+                );
+                return Ok(true);
+            }
+            Err(e) if e.is_config() => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the shop's schema yet; retrying in 2 s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = shutdown.wait() => return Ok(false),
+                }
             }
         }
     }

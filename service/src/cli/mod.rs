@@ -11,14 +11,18 @@ use lapin::Connection;
 use crate::broker::connect_amqp;
 use crate::settings::Settings;
 
+mod backfill;
 mod migrate;
 mod parked;
 mod schedule;
+mod schema;
 mod serve;
 mod topology;
 
+pub use backfill::BackfillArgs;
 pub use parked::ParkedCommand;
 pub use schedule::ScheduleArgs;
+pub use schema::SchemaCommand;
 pub use topology::TopologyCommand;
 
 /// Cancels unpaid orders when their payment window runs out.
@@ -50,6 +54,12 @@ pub enum Command {
     /// Check the broker's queues and exchanges against what the service expects.
     #[command(subcommand)]
     Topology(TopologyCommand),
+    /// Check the `[orders]` mapping against the shop's database.
+    #[command(subcommand)]
+    Schema(SchemaCommand),
+    /// Schedule a timeout for every unpaid order already in the shop's table
+    /// (adoption day); safe to run twice.
+    Backfill(BackfillArgs),
 }
 
 impl Command {
@@ -60,6 +70,7 @@ impl Command {
         match self {
             Command::Parked(_) => "warn",
             Command::Topology(_) => "warn,lapin=off",
+            Command::Schema(_) | Command::Backfill(_) => "warn",
             _ => "info",
         }
     }
@@ -74,6 +85,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Schedule(args) => schedule::run(settings, args).await,
         Command::Parked(command) => parked::run(settings, command).await,
         Command::Topology(command) => topology::run(settings, command).await,
+        Command::Schema(command) => schema::run(settings, command).await,
+        Command::Backfill(args) => backfill::run(settings, args).await,
     }
 }
 

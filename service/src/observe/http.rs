@@ -28,8 +28,19 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct Health {
     broker: AtomicBool,
     store: Store,
-    inventory: Option<(String, u16)>,
+    inventory: InventoryProbe,
     metrics: Arc<Metrics>,
+}
+
+/// How readiness checks the inventory.
+#[derive(Debug)]
+enum InventoryProbe {
+    /// `release = "none"`: nothing calls it, nothing checks it.
+    NotUsed,
+    /// `INVENTORY_URL` has no host or port: never ready.
+    Unparseable,
+    /// A TCP connect to this host and port.
+    At(String, u16),
 }
 
 /// One readiness evaluation.
@@ -46,12 +57,19 @@ pub struct Readiness {
 }
 
 impl Health {
-    /// Readiness for a service using `store` and the inventory at `inventory_url`.
-    pub fn new(store: Store, inventory_url: &SecretUrl, metrics: Arc<Metrics>) -> Self {
-        let inventory = url::Url::parse(inventory_url.expose()).ok().and_then(|u| {
-            let host = u.host_str()?.trim_matches(['[', ']']).to_owned();
-            Some((host, u.port_or_known_default()?))
-        });
+    /// Readiness for a service using `store` and the inventory at
+    /// `inventory_url` (`None`: the service calls no inventory).
+    pub fn new(store: Store, inventory_url: Option<&SecretUrl>, metrics: Arc<Metrics>) -> Self {
+        let inventory = match inventory_url {
+            None => InventoryProbe::NotUsed,
+            Some(url) => url::Url::parse(url.expose())
+                .ok()
+                .and_then(|u| {
+                    let host = u.host_str()?.trim_matches(['[', ']']).to_owned();
+                    Some(InventoryProbe::At(host, u.port_or_known_default()?))
+                })
+                .unwrap_or(InventoryProbe::Unparseable),
+        };
         Self {
             broker: AtomicBool::new(false),
             store,
@@ -74,8 +92,10 @@ impl Health {
             )
         };
         let inventory = async {
-            let Some((host, port)) = &self.inventory else {
-                return false;
+            let (host, port) = match &self.inventory {
+                InventoryProbe::NotUsed => return true,
+                InventoryProbe::Unparseable => return false,
+                InventoryProbe::At(host, port) => (host, port),
             };
             matches!(
                 tokio::time::timeout(

@@ -35,11 +35,14 @@ pub enum Outcome {
     Parked,
     /// Unknown order dropped by configuration.
     Dropped,
+    /// Neither unpaid nor paid, failing the guard (soft-deleted), or
+    /// without a deadline: left alone.
+    LeftAlone,
 }
 
 impl Outcome {
     /// Every outcome, in a fixed order.
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Cancelled,
         Outcome::AlreadyPaid,
         Outcome::AlreadyCancelled,
@@ -47,6 +50,7 @@ impl Outcome {
         Outcome::Retried,
         Outcome::Parked,
         Outcome::Dropped,
+        Outcome::LeftAlone,
     ];
 
     /// The `result` label value, e.g. `already_paid`.
@@ -59,6 +63,7 @@ impl Outcome {
             Outcome::Retried => "retried",
             Outcome::Parked => "parked",
             Outcome::Dropped => "dropped",
+            Outcome::LeftAlone => "left_alone",
         }
     }
 }

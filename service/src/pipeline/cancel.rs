@@ -43,7 +43,10 @@ type ByOrder = HashMap<OrderId, Vec<Job>>;
 /// for this batch's inventory calls.
 #[tracing::instrument(skip_all, fields(messages = jobs.len()))]
 pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>, slot: OwnedSemaphorePermit) {
-    let mut waiting = group_by_order(jobs);
+    let (mut waiting, impossible) = group_by_order(worker, jobs);
+    for (id, jobs) in impossible {
+        unknown_order(worker, &id, jobs).await;
+    }
     let mut to_finish = Vec::new();
     for round in 0..CONTENDED_ROUNDS {
         if waiting.is_empty() {
@@ -68,15 +71,22 @@ pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>, slot: OwnedSem
     finish::finish(worker, to_finish).await;
 }
 
-fn group_by_order(jobs: Vec<Job>) -> ByOrder {
+/// Groups jobs by the canonical form of their order id (`00123` and `123`
+/// are one order in an integer id column), apart from ids no row can have
+/// (`abc` for an integer column), which are unknown orders.
+fn group_by_order(worker: &Worker, jobs: Vec<Job>) -> (ByOrder, ByOrder) {
     let mut by_order = ByOrder::new();
+    let mut impossible = ByOrder::new();
     for job in jobs {
-        by_order
-            .entry(job.order_id().clone())
-            .or_default()
-            .push(job);
+        match worker.ctx.store.canonical(job.order_id()) {
+            Some(id) => by_order.entry(id).or_default().push(job),
+            None => impossible
+                .entry(job.order_id().clone())
+                .or_default()
+                .push(job),
+        }
     }
-    by_order
+    (by_order, impossible)
 }
 
 /// Step 1: the cancel transaction for every order in `waiting`.
@@ -87,10 +97,7 @@ async fn cancel_statement(
     let ctx = &worker.ctx;
     let ids: Vec<OrderId> = waiting.keys().cloned().collect();
     let started = std::time::Instant::now();
-    let result = ctx
-        .store
-        .cancel_due(&ids, &ctx.settings.cancel_reason, ctx.settings.outbox_lease)
-        .await;
+    let result = ctx.store.cancel_due(&ids, ctx.settings.outbox_lease).await;
     ctx.metrics.stage(Stage::Db, started.elapsed());
     result.map_err(|e| e.to_string())
 }
@@ -119,6 +126,10 @@ async fn settle(
                 jobs,
             }),
             OrderState::Paid => ack_all(ctx, jobs, Outcome::AlreadyPaid).await,
+            OrderState::LeftAlone => {
+                tracing::debug!(order_id = %id, "not unpaid, failing the guard, or no deadline: left alone");
+                ack_all(ctx, jobs, Outcome::LeftAlone).await;
+            }
             OrderState::CancelledElsewhere => ack_all(ctx, jobs, Outcome::AlreadyCancelled).await,
             OrderState::NotYetDue { expires_at, db_now } => {
                 // The row's deadline is later than the message's (extended, or
@@ -157,7 +168,11 @@ async fn unknown_order(worker: &Worker, id: &OrderId, jobs: Vec<Job>) {
     for job in jobs {
         match ctx.settings.unknown_order {
             UnknownOrderPolicy::Park => {
-                let error = format!("unknown order: no row in orders with id {:?}", id.as_str());
+                let error = format!(
+                    "unknown order: no row in {} with id {:?}",
+                    ctx.settings.orders.table,
+                    id.as_str()
+                );
                 let attempts = job.attempts.failed(Utc::now(), error.clone());
                 park(
                     ctx,

@@ -65,7 +65,7 @@ pub(crate) async fn sweep_once(worker: &Worker) -> Result<u64, StoreError> {
         let full = ids.len() >= s.batch as usize;
         let states = ctx
             .store
-            .cancel_due(&ids, &ctx.settings.cancel_reason, ctx.settings.outbox_lease)
+            .cancel_due(&ids, ctx.settings.outbox_lease)
             .await?;
         let to_finish: Vec<Pending> = states
             .into_iter()

@@ -12,7 +12,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod schema;
 mod secret;
+pub use schema::{
+    InventorySettings, ItemsMapping, OrdersMapping, Release, StatusValue, is_identifier,
+};
 pub use secret::{SecretUrl, redact_url};
 
 /// Default broker URL: the local RabbitMQ's default vhost.
@@ -187,7 +191,8 @@ impl Default for SweeperSettings {
 pub struct Settings {
     /// RabbitMQ URL (`AMQP_URL`). The vhost is the URL's path.
     pub amqp_url: SecretUrl,
-    /// PostgreSQL URL (`DATABASE_URL`).
+    /// Database URL (`DATABASE_URL`): `postgres://` or `mysql://` picks the
+    /// dialect.
     pub database_url: SecretUrl,
     /// gRPC inventory endpoint (`INVENTORY_URL`).
     pub inventory_url: SecretUrl,
@@ -228,8 +233,12 @@ pub struct Settings {
     /// How long a graceful shutdown waits for in-flight work.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// `cancel_reason` written on cancelled orders.
-    pub cancel_reason: String,
+    /// The shop's orders table (`[orders]`).
+    pub orders: OrdersMapping,
+    /// The shop's order lines (`[items]`), for `ReleaseStock`.
+    pub items: ItemsMapping,
+    /// How stock goes back (`[inventory]`).
+    pub inventory: InventorySettings,
 }
 
 impl Default for Settings {
@@ -253,7 +262,9 @@ impl Default for Settings {
             unknown_order: UnknownOrderPolicy::Park,
             max_body_bytes: 64 * 1024,
             shutdown_timeout: Duration::from_secs(20),
-            cancel_reason: "payment timeout".into(),
+            orders: OrdersMapping::default(),
+            items: ItemsMapping::default(),
+            inventory: InventorySettings::default(),
         }
     }
 }

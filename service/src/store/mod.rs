@@ -22,12 +22,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::message::OrderId;
-use crate::settings::SecretUrl;
+use crate::settings::{ItemsMapping, OrdersMapping, Release, SecretUrl, Settings};
 
+mod mysql;
 mod postgres;
+mod shape;
 mod state;
 
+pub use mysql::MySqlStore;
 pub use postgres::PgStore;
+pub use shape::{IdKind, SchemaReport};
 
 /// The store as the service holds it: one per instance, shared by every
 /// task.
@@ -35,27 +39,50 @@ pub type Store = Arc<dyn OrderStore>;
 
 /// The database operations the service needs, one method per operation.
 /// Every method is one transaction (or one statement) and safe to repeat:
-/// messages arrive at least once.
+/// messages arrive at least once. Order ids passed in are canonical
+/// ([`OrderStore::canonical`]).
 #[async_trait::async_trait]
 pub trait OrderStore: Send + Sync + std::fmt::Debug {
-    /// **The cancel transaction**, for a batch of distinct order ids: cancel
-    /// every order that is unpaid and overdue, record its outbox row leased
-    /// to the caller for `lease`, take the lease of earlier cancellations
-    /// whose work is pending and whose lease ran out, and report every
-    /// order's state. Commits atomically.
+    /// Reads the shop's schema, checks the configured mapping against it
+    /// (table, columns, status codes, deadline, guard, `set`, `also`,
+    /// items) and renders the statements. Done once; every other operation
+    /// does it first if nobody has. A mapping error names its config key
+    /// ([`StoreError::Schema`]).
+    async fn prepare(&self) -> Result<SchemaReport, StoreError>;
+
+    /// The order id as the shop's id column spells it (`00123` is `123` in
+    /// an integer column, uuids in lower case), or `None` when no row can
+    /// have it (`abc` for an integer column). Text ids are kept as they are.
+    /// Valid after [`OrderStore::prepare`]; before, every id is text.
+    fn canonical(&self, id: &OrderId) -> Option<OrderId>;
+
+    /// **The cancel transaction**, for a batch of distinct canonical order
+    /// ids: cancel every order that is unpaid, overdue and passes the
+    /// guard (with the `set` columns and the `also` statements), record its
+    /// outbox row leased to the caller for `lease`, take the lease of
+    /// earlier cancellations whose work is pending and whose lease ran out,
+    /// and report every order's state. Commits atomically.
     async fn cancel_due(
         &self,
         ids: &[OrderId],
-        reason: &str,
         lease: Duration,
     ) -> Result<Vec<(OrderId, OrderState)>, StoreError>;
 
     /// The items of each order (by order id), for the stock release.
     async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError>;
 
-    /// Unpaid orders overdue by more than `grace`, oldest first, at most
-    /// `limit`: what the sweeper cancels.
+    /// Unpaid orders (passing the guard) overdue by more than `grace`,
+    /// oldest first, at most `limit`: what the sweeper cancels.
     async fn overdue(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError>;
+
+    /// Unpaid orders (passing the guard) in id order after `from`
+    /// (exclusive), at most `limit`, with their deadlines: what `backfill`
+    /// schedules.
+    async fn unpaid_page(
+        &self,
+        from: Option<&OrderId>,
+        limit: u32,
+    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError>;
 
     /// Cancelled orders whose release or event is still pending after
     /// `grace`, with no live lease: work a crashed or parked delivery left.
@@ -73,13 +100,41 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     async fn ping(&self) -> Result<(), StoreError>;
 }
 
+/// The shop's schema as the store needs it: `[orders]`, `[items]` and
+/// whether stock is released over gRPC (else the items are never read).
+#[derive(Clone, Debug, Default)]
+pub struct ShopSchema {
+    /// `[orders]`.
+    pub orders: OrdersMapping,
+    /// `[items]`.
+    pub items: ItemsMapping,
+    /// `[inventory].release`.
+    pub release: Release,
+}
+
+impl ShopSchema {
+    /// The schema the settings describe.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            orders: settings.orders.clone(),
+            items: settings.items.clone(),
+            release: settings.inventory.release,
+        }
+    }
+}
+
 /// Connects to the database `url` names, with a pool of at most
 /// `max_connections`, lazily: the first query opens the first connection,
 /// so start-up does not fail on a database that is still booting.
-pub fn connect_lazy(url: &SecretUrl, max_connections: u32) -> Result<Store, StoreError> {
-    match Dialect::of(url)? {
-        Dialect::Postgres => Ok(Arc::new(PgStore::connect_lazy(url, max_connections)?)),
-    }
+pub fn connect_lazy(
+    url: &SecretUrl,
+    max_connections: u32,
+    schema: &ShopSchema,
+) -> Result<Store, StoreError> {
+    Ok(match Dialect::of(url)? {
+        Dialect::Postgres => Arc::new(PgStore::connect_lazy(url, max_connections, schema)?),
+        Dialect::MySql => Arc::new(MySqlStore::connect_lazy(url, max_connections, schema)?),
+    })
 }
 
 /// Creates the database if it does not exist, then applies the service's
@@ -87,6 +142,7 @@ pub fn connect_lazy(url: &SecretUrl, max_connections: u32) -> Result<Store, Stor
 pub async fn migrate(url: &SecretUrl) -> Result<(), StoreError> {
     match Dialect::of(url)? {
         Dialect::Postgres => PgStore::migrate(url).await,
+        Dialect::MySql => MySqlStore::migrate(url).await,
     }
 }
 
@@ -95,6 +151,8 @@ pub async fn migrate(url: &SecretUrl) -> Result<(), StoreError> {
 pub enum Dialect {
     /// `postgres://` or `postgresql://`.
     Postgres,
+    /// `mysql://` (MySQL 5.7/8, MariaDB 10.x).
+    MySql,
 }
 
 impl Dialect {
@@ -103,6 +161,7 @@ impl Dialect {
         let scheme = url.expose().split_once("://").map(|(s, _)| s);
         match scheme {
             Some("postgres" | "postgresql") => Ok(Self::Postgres),
+            Some("mysql" | "mariadb") => Ok(Self::MySql),
             _ => Err(StoreError::Scheme { url: url.clone() }),
         }
     }
@@ -120,7 +179,7 @@ pub enum StoreError {
         error: sqlx::Error,
     },
     /// The URL names a database this service does not speak.
-    #[error("unsupported DATABASE_URL {url}: expected postgres:// or postgresql://")]
+    #[error("unsupported DATABASE_URL {url}: expected postgres:// or mysql://")]
     Scheme {
         /// The URL (its password redacted when shown).
         url: SecretUrl,
@@ -131,6 +190,25 @@ pub enum StoreError {
     /// Applying migrations failed.
     #[error("migrations: {0}")]
     Migrate(sqlx::migrate::MigrateError),
+    /// The configured mapping does not fit the shop's schema: a
+    /// configuration error, not transient.
+    #[error("config {key}: {problem}")]
+    Schema {
+        /// The config key, e.g. `[orders].deadline`.
+        key: &'static str,
+        /// What does not fit.
+        problem: String,
+    },
+}
+
+impl StoreError {
+    /// A configuration error (retrying cannot help).
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            Self::Schema { .. } | Self::Url { .. } | Self::Scheme { .. }
+        )
+    }
 }
 
 // Hand-written (not `#[from]`) so the inner error is shown once, in the
@@ -154,6 +232,10 @@ pub enum OrderState {
     Unknown,
     /// Paid: leave it alone.
     Paid,
+    /// Neither unpaid nor paid nor cancelled, or it fails the guard
+    /// (soft-deleted, say), or its deadline is NULL: left alone, like a
+    /// paid order.
+    LeftAlone,
     /// Still unpaid and its deadline has not passed (it may have been
     /// extended): wait until `expires_at`.
     NotYetDue {

@@ -1,5 +1,5 @@
 //! The row → order-state mapping every SQL dialect shares: a dialect's
-//! cancel statement reports, per order asked about, the same facts
+//! cancel transaction reports, per order asked about, the same facts
 //! ([`StateRow`]), and one function turns them into an [`OrderState`], so
 //! the dialects cannot disagree about what a row means.
 
@@ -7,21 +7,29 @@ use chrono::{DateTime, Utc};
 
 use super::{Cancellation, OrderState};
 
-/// What a dialect's cancel statement reports about one order it was asked
-/// about, after its UPDATE ran.
-#[derive(Debug, sqlx::FromRow)]
+/// What a dialect's cancel transaction reports about one order it was
+/// asked about, after its UPDATE ran.
+#[derive(Debug, Default, sqlx::FromRow)]
 pub(crate) struct StateRow {
-    /// The order id asked about, as text.
+    /// The order id asked about (canonical), as text.
     pub(crate) id: String,
-    /// The row's status after the statement (`None`: no such row).
-    pub(crate) status: Option<String>,
-    /// The row's deadline (`None`: no such row).
+    /// A row with that id exists.
+    pub(crate) found: bool,
+    /// Its status is `cancelled` (now, by this transaction, or before).
+    pub(crate) is_cancelled: bool,
+    /// Its status is `paid`.
+    pub(crate) is_paid: bool,
+    /// Its status is `unpaid`.
+    pub(crate) is_unpaid: bool,
+    /// It passes the configured guard.
+    pub(crate) guard_ok: bool,
+    /// Its deadline (`None`: no row, or the deadline expression is NULL).
     pub(crate) expires_at: Option<DateTime<Utc>>,
-    /// When it was cancelled, if it was.
+    /// When this service cancelled it (its outbox row), if it did.
     pub(crate) cancelled_at: Option<DateTime<Utc>>,
-    /// This statement flipped it to cancelled.
+    /// This transaction cancelled it.
     pub(crate) just_cancelled: bool,
-    /// This statement holds (took or renewed) the outbox lease.
+    /// This transaction holds (took or renewed) the outbox lease.
     pub(crate) leased: bool,
     /// The outbox lease's end, if another worker holds it.
     pub(crate) claimed_until: Option<DateTime<Utc>>,
@@ -31,44 +39,57 @@ pub(crate) struct StateRow {
     pub(crate) stock_released: bool,
     /// The `order.cancelled` event is published.
     pub(crate) event_published: bool,
-    /// The database's clock when the statement ran.
+    /// The database's clock when the transaction ran.
     pub(crate) db_now: DateTime<Utc>,
 }
 
 impl StateRow {
     /// Where the order stands.
     pub(crate) fn state(&self) -> OrderState {
-        match (self.status.as_deref(), self.expires_at) {
-            (None, _) | (_, None) => OrderState::Unknown,
-            (Some("PAID"), _) => OrderState::Paid,
-            (Some("CANCELLED"), Some(_))
-                if self.has_outbox
-                    && !self.leased
-                    && !(self.stock_released && self.event_published) =>
-            {
-                OrderState::LeasedElsewhere {
-                    until: self.claimed_until.unwrap_or(self.db_now),
-                    db_now: self.db_now,
-                }
-            }
-            (Some("CANCELLED"), Some(expires_at)) if self.has_outbox => {
-                OrderState::Cancelled(Cancellation {
-                    just_now: self.just_cancelled,
-                    leased: self.leased,
-                    expires_at,
-                    cancelled_at: self.cancelled_at.unwrap_or(self.db_now),
-                    release_pending: !self.stock_released,
-                    event_pending: !self.event_published,
-                })
-            }
-            (Some("CANCELLED"), _) => OrderState::CancelledElsewhere,
-            (Some(_), Some(expires_at)) if expires_at > self.db_now => OrderState::NotYetDue {
+        if !self.found {
+            return OrderState::Unknown;
+        }
+        if self.is_cancelled {
+            return self.cancelled_state();
+        }
+        if self.is_paid {
+            return OrderState::Paid;
+        }
+        match self.expires_at {
+            Some(_) if !self.is_unpaid || !self.guard_ok => OrderState::LeftAlone,
+            None => OrderState::LeftAlone,
+            Some(expires_at) if expires_at > self.db_now => OrderState::NotYetDue {
                 expires_at,
                 db_now: self.db_now,
             },
-            // UNPAID, overdue, not flipped by us: a concurrent
-            // transaction got there first (our snapshot predates it).
-            (Some(_), Some(_)) => OrderState::Contended,
+            // Unpaid, overdue, passing the guard, not flipped by us: a
+            // concurrent transaction got there first (our snapshot
+            // predates it).
+            Some(_) => OrderState::Contended,
         }
+    }
+
+    fn cancelled_state(&self) -> OrderState {
+        if !self.has_outbox {
+            return OrderState::CancelledElsewhere;
+        }
+        let work_pending = !(self.stock_released && self.event_published);
+        if !self.leased && work_pending {
+            return OrderState::LeasedElsewhere {
+                until: self.claimed_until.unwrap_or(self.db_now),
+                db_now: self.db_now,
+            };
+        }
+        let cancelled_at = self.cancelled_at.unwrap_or(self.db_now);
+        OrderState::Cancelled(Cancellation {
+            just_now: self.just_cancelled,
+            leased: self.leased,
+            // A NULL deadline cannot be cancelled by this service; keep the
+            // event well-formed all the same.
+            expires_at: self.expires_at.unwrap_or(cancelled_at),
+            cancelled_at,
+            release_pending: !self.stock_released,
+            event_pending: !self.event_published,
+        })
     }
 }

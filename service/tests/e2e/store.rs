@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use order_timeout::message::OrderId;
 use order_timeout::settings::{self, SecretUrl};
-use order_timeout::store::{self, Cancellation, OrderState, OrderStore, Store};
+use order_timeout::store::{self, Cancellation, OrderState, OrderStore, ShopSchema, Store};
 
 const REASON: &str = "payment timeout";
 const LEASE: Duration = Duration::from_secs(15);
@@ -57,7 +57,7 @@ fn secs(n: i64) -> chrono::Duration {
 
 /// `cancel_due` for one order.
 async fn state_of(store: &dyn OrderStore, order: &str, lease: Duration) -> OrderState {
-    let states = store.cancel_due(&[id(order)], REASON, lease).await.unwrap();
+    let states = store.cancel_due(&[id(order)], lease).await.unwrap();
     assert_eq!(states.len(), 1, "{states:?}");
     assert_eq!(states[0].0.as_str(), order);
     states[0].1.clone()
@@ -112,7 +112,14 @@ mod cases {
         assert!(c.cancelled_at >= c.expires_at, "never early");
         let (status, cancelled_at, reason) = f.row("due").await;
         assert_eq!(status, "CANCELLED");
-        assert_eq!(cancelled_at, Some(c.cancelled_at));
+        // `set`'s `now()`: the same instant (PostgreSQL), or that second
+        // (MySQL's `now()` has whole seconds).
+        let set_at = cancelled_at.expect("cancelled_at set");
+        assert!(
+            (set_at - c.cancelled_at).abs() < secs(1),
+            "{set_at} vs {}",
+            c.cancelled_at
+        );
         assert_eq!(reason.as_deref(), Some(REASON));
         assert_eq!(f.outbox_rows("due").await, 1);
     }
@@ -207,7 +214,7 @@ mod cases {
             .into_iter()
             .map(id)
             .collect();
-        let mut states = f.store().cancel_due(&ids, REASON, LEASE).await.unwrap();
+        let mut states = f.store().cancel_due(&ids, LEASE).await.unwrap();
         states.sort_by(|a, b| a.0.cmp(&b.0));
         let got: Vec<(&str, &str)> = states
             .iter()
@@ -279,7 +286,7 @@ mod cases {
             .into_iter()
             .map(id)
             .collect();
-        store.cancel_due(&ids, REASON, LEASE).await.unwrap();
+        store.cancel_due(&ids, LEASE).await.unwrap();
         store.mark_done(&["o-done"], &["o-done"]).await.unwrap();
         store
             .release_leases(&["o-stale", "o-done", "o-fresh"])
@@ -356,6 +363,7 @@ macro_rules! store_suite {
 }
 
 store_suite!(postgres, pg::PgFixture);
+store_suite!(mysql, my::MyFixture);
 
 mod pg {
     //! PostgreSQL: a fresh database per test, dropped afterwards.
@@ -384,7 +392,7 @@ mod pg {
             let pool = order_timeout_tools::shop::prepare_database(&url, 5)
                 .await
                 .expect("prepare the store test database");
-            let store = store::connect_lazy(&url, 5).unwrap();
+            let store = store::connect_lazy(&url, 5, &ShopSchema::default()).unwrap();
             Self {
                 name,
                 base,
@@ -492,6 +500,149 @@ mod pg {
     }
 
     impl Drop for PgFixture {
+        fn drop(&mut self) {
+            let _ = scratch::drop_database_blocking(&self.base, &self.name);
+        }
+    }
+}
+
+mod my {
+    //! MySQL/MariaDB: a fresh database per test on the server of
+    //! `MYSQL_URL` (default: the local MariaDB's root), dropped afterwards.
+
+    use order_timeout_tools::scratch;
+    use sqlx::MySqlPool;
+
+    use super::*;
+
+    /// The MySQL/MariaDB server the tests use.
+    pub(crate) fn mysql_base() -> SecretUrl {
+        SecretUrl::new(
+            std::env::var("MYSQL_URL")
+                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into()),
+        )
+    }
+
+    pub(super) struct MyFixture {
+        name: String,
+        base: SecretUrl,
+        url: SecretUrl,
+        pool: MySqlPool,
+        store: Store,
+    }
+
+    impl Fixture for MyFixture {
+        async fn new() -> Self {
+            let base = mysql_base();
+            let name = format!("ot_store_{}", uuid::Uuid::new_v4().simple());
+            let url = scratch::with_path(&base, &name).unwrap();
+            let pool = order_timeout_tools::shop::prepare_mysql_database(&url, 5)
+                .await
+                .expect("prepare the MySQL store test database");
+            let store = store::connect_lazy(&url, 5, &ShopSchema::default()).unwrap();
+            Self {
+                name,
+                base,
+                url,
+                pool,
+                store,
+            }
+        }
+
+        fn store(&self) -> &Store {
+            &self.store
+        }
+
+        fn url(&self) -> &SecretUrl {
+            &self.url
+        }
+
+        async fn insert(&self, id: &str, status: &str, due_in: chrono::Duration) {
+            sqlx::query("INSERT INTO orders (id, status, expires_at) VALUES (?, ?, ?)")
+                .bind(id)
+                .bind(status)
+                .bind(Utc::now() + due_in)
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+
+        async fn add_item(&self, id: &str, sku: &str, quantity: i64) {
+            sqlx::query("INSERT INTO order_items (order_id, sku, quantity) VALUES (?, ?, ?)")
+                .bind(id)
+                .bind(sku)
+                .bind(quantity)
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+
+        async fn row(&self, id: &str) -> (String, Option<DateTime<Utc>>, Option<String>) {
+            sqlx::query_as("SELECT status, cancelled_at, cancel_reason FROM orders WHERE id = ?")
+                .bind(id)
+                .fetch_one(&self.pool)
+                .await
+                .unwrap()
+        }
+
+        async fn outbox_rows(&self, id: &str) -> i64 {
+            sqlx::query_scalar(
+                "SELECT COUNT(*) FROM order_timeout_cancel_outbox WHERE order_id = ?",
+            )
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+        }
+
+        async fn pay_concurrently(&self, id: &str, during: impl Future<Output = ()>) {
+            let mut tx = self.pool.begin().await.unwrap();
+            sqlx::query("UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'")
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            during.await;
+            tx.commit().await.unwrap();
+        }
+
+        async fn age_outbox(&self, id: &str, by: chrono::Duration) {
+            sqlx::query(
+                "UPDATE order_timeout_cancel_outbox \
+                    SET created_at = created_at + INTERVAL ? MICROSECOND WHERE order_id = ?",
+            )
+            .bind(by.num_microseconds().unwrap())
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        }
+
+        async fn shop_ddl(&self) -> Vec<String> {
+            sqlx::query_scalar(
+                "SELECT CAST(CONCAT_WS(' ', TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, \
+                                       COALESCE(COLUMN_DEFAULT, '-'), COLUMN_KEY) AS CHAR) \
+                   FROM information_schema.COLUMNS \
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('orders', 'order_items') \
+                  ORDER BY TABLE_NAME, ORDINAL_POSITION",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+        }
+
+        async fn other_tables(&self) -> Vec<String> {
+            sqlx::query_scalar(
+                "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME NOT IN ('orders', 'order_items')",
+            )
+            .fetch_all(&self.pool)
+            .await
+            .unwrap()
+        }
+    }
+
+    impl Drop for MyFixture {
         fn drop(&mut self) {
             let _ = scratch::drop_database_blocking(&self.base, &self.name);
         }
