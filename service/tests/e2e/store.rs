@@ -506,6 +506,8 @@ mod pg {
     }
 }
 
+pub(crate) use my::mysql_base;
+
 mod my {
     //! MySQL/MariaDB: a fresh database per test on the server of
     //! `MYSQL_URL` (default: the local MariaDB's root), dropped afterwards.
