@@ -2,31 +2,37 @@
 # Make sure what order-timeout's demo and tests need is there:
 #   - a Rust toolchain (cargo) -- checked only, never installed;
 #   - RabbitMQ at AMQP_URL      (default amqp://guest:guest@127.0.0.1:5672/%2f);
-#   - PostgreSQL at DATABASE_URL (default postgres://postgres@127.0.0.1:5432/order_timeout).
+#   - PostgreSQL at DATABASE_URL (default postgres://postgres@127.0.0.1:5432/order_timeout);
+#   - MariaDB/MySQL at DATABASE_URL when it is mysql://, and at MYSQL_URL (default
+#     mysql://root@127.0.0.1:3306/mysql) with --mysql (the tests run every store case
+#     on both dialects).
 #
 # When a URL points at this machine (127.0.0.1 / localhost / ::1) and nothing answers, the
 # server is installed from the Debian archive if missing (apt-get) and started without
 # systemd (works in containers and CI). When a URL points elsewhere, the host is only
 # checked, nothing is installed. Idempotent; well under a second when all is up.
 #
-# Usage: scripts/ensure-services.sh [--no-rabbitmqctl]
+# Usage: scripts/ensure-services.sh [--no-rabbitmqctl] [--mysql]
 #   --no-rabbitmqctl  don't require a working `rabbitmqctl`. The integration tests need it
 #                     (they create and delete a vhost per test); the demo does not.
+#   --mysql           also make sure MariaDB answers at MYSQL_URL (the tests need it).
 set -euo pipefail
 
 # rabbitmq-server / rabbitmqctl live in /usr/sbin, which is not on a normal user's PATH.
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 
 NEED_RABBITMQCTL=1
+NEED_MYSQL=0
 for arg in "$@"; do
     case $arg in
     --no-rabbitmqctl) NEED_RABBITMQCTL=0 ;;
+    --mysql) NEED_MYSQL=1 ;;
     -h | --help)
         sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
         exit 0
         ;;
     *)
-        echo "usage: $0 [--no-rabbitmqctl]" >&2
+        echo "usage: $0 [--no-rabbitmqctl] [--mysql]" >&2
         exit 2
         ;;
     esac
@@ -399,9 +405,60 @@ ensure_postgres() {
     ensure_database "$url" "$host"
 }
 
+# ---------------------------------------------------------------------------------------
+# MariaDB (MySQL dialect)
+# ---------------------------------------------------------------------------------------
+
+# Start the local MariaDB without systemd, installing it first if needed, and let root
+# log in over TCP from this machine with the URL's (empty) password, as the tests do.
+start_local_mariadb() {
+    if ! have mariadbd && [[ ! -x /usr/sbin/mariadbd ]]; then
+        apt_install mariadb-server
+    fi
+    as_root install -d -o mysql -g mysql /run/mysqld
+    if [[ ! -d /var/lib/mysql/mysql ]]; then
+        log "initialising the MariaDB data directory"
+        as_root mariadb-install-db --user=mysql --datadir=/var/lib/mysql >&2
+    fi
+    log "starting MariaDB"
+    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+    local i
+    for i in $(seq 1 60); do
+        reachable 127.0.0.1 3306 && break
+        sleep 0.5
+    done
+    reachable 127.0.0.1 3306 || die "MariaDB did not start listening on 127.0.0.1:3306"
+    # Debian's root logs in through the unix socket only; allow the empty password too.
+    as_root mariadb -uroot -e "ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('')" >&2 || true
+}
+
+ensure_mysql_at() {
+    local url=$1 what=$2 host port
+    host=$(url_host "$url")
+    port=$(url_port "$url" 3306)
+    if reachable "$host" "$port"; then
+        log "MariaDB/MySQL reachable on $host:$port ($what)"
+    elif ! is_local "$host"; then
+        die "MariaDB/MySQL not reachable on $host:$port ($what; remote host, so nothing is installed)"
+    elif [[ $port != 3306 ]]; then
+        die "MariaDB/MySQL not reachable on $host:$port ($what); only the default port 3306 is managed by this script"
+    else
+        start_local_mariadb
+        log "MariaDB reachable on 127.0.0.1:3306 (started)"
+    fi
+}
+
 ensure_cargo
 ensure_rabbitmq
-ensure_postgres
+case ${DATABASE_URL:-} in
+mysql://* | mariadb://*) ensure_mysql_at "$DATABASE_URL" DATABASE_URL ;;
+*) ensure_postgres ;;
+esac
+if [[ $NEED_MYSQL -eq 1 ]]; then
+    # The tests need PostgreSQL as well (the reference inventory server keeps its stock there).
+    [[ ${DATABASE_URL:-} == mysql://* ]] && (DATABASE_URL= ensure_postgres)
+    ensure_mysql_at "${MYSQL_URL:-mysql://root@127.0.0.1:3306/mysql}" MYSQL_URL
+fi
 if [[ -n $RABBITMQCTL_PID ]]; then
     wait "$RABBITMQCTL_PID" || exit 1
 fi

@@ -18,8 +18,8 @@ export RUST_LOG=${RUST_LOG:-warn}
 START=$SECONDS
 section() { printf '\n==== [%4ds] %s\n' "$((SECONDS - START))" "$*"; }
 
-section "services: scripts/ensure-services.sh"
-scripts/ensure-services.sh
+section "services: scripts/ensure-services.sh --mysql"
+scripts/ensure-services.sh --mysql
 
 section "format: cargo fmt --all -- --check"
 cargo fmt --all -- --check
