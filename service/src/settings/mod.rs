@@ -352,6 +352,48 @@ mod tests {
     }
 
     #[test]
+    fn the_worked_examples_parse() {
+        for (name, text) in [
+            (
+                "mall",
+                include_str!("../../../config/examples/mall-mysql.toml"),
+            ),
+            (
+                "litemall",
+                include_str!("../../../config/examples/litemall-mysql.toml"),
+            ),
+            (
+                "saleor",
+                include_str!("../../../config/examples/saleor-postgres.toml"),
+            ),
+            (
+                "reference",
+                include_str!("../../../config/examples/reference.toml"),
+            ),
+        ] {
+            let s: Settings = toml::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!s.orders.table.is_empty(), "{name}");
+        }
+        let reference: Settings =
+            toml::from_str(include_str!("../../../config/examples/reference.toml")).unwrap();
+        assert_eq!(
+            format!(
+                "{:?}",
+                (&reference.orders, &reference.items, &reference.inventory)
+            ),
+            format!(
+                "{:?}",
+                (
+                    &Settings::default().orders,
+                    &Settings::default().items,
+                    &Settings::default().inventory
+                )
+            ),
+            "reference.toml is the defaults"
+        );
+    }
+
+    #[test]
     fn unknown_keys_and_bad_addresses_are_errors() {
         assert!(toml::from_str::<Settings>("prefech = 1").is_err());
         let err = toml::from_str::<Settings>("cascade_shards = 0").unwrap_err();
