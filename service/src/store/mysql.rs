@@ -20,7 +20,7 @@ use sqlx::query::{Query, QueryAs, QueryScalar};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Either, Executor, SqlSafeStr, Statement};
 use tokio::sync::OnceCell;
 
-use super::shape::{self, IdKind, SchemaReport, TypeClass};
+use super::shape::{self, IdKind, SchemaReport};
 use super::state::StateRow;
 use super::{Dialect, OrderItem, OrderState, OrderStore, ShopSchema, StoreError};
 use crate::message::OrderId;
@@ -227,60 +227,16 @@ impl MySqlStore {
     #[tracing::instrument(skip_all)]
     async fn check(&self) -> Result<Prepared, StoreError> {
         let o = &self.schema.orders;
-        shape::check_identifiers(&[("[orders].table", &o.table)], true)?;
-        shape::check_identifiers(
-            &[("[orders].id", &o.id), ("[orders].status", &o.status)],
-            false,
-        )?;
-        for column in o.set.keys() {
-            shape::check_identifiers(&[("[orders].set", column)], false)?;
-        }
+        shape::check_orders_identifiers(o)?;
         let columns = self.columns("[orders].table", &o.table).await?;
-        let column = |key: &'static str, name: &str| {
-            columns
-                .get(name)
-                .cloned()
-                .ok_or_else(|| StoreError::Schema {
-                    key,
-                    problem: format!("table {:?} has no column {name:?}", o.table),
-                })
-        };
-        let (id_type, id_data_type) = column("[orders].id", &o.id)?;
-        let (status_type, status_data_type) = column("[orders].status", &o.status)?;
-        for column_name in o.set.keys() {
-            column("[orders].set", column_name)?;
-        }
-        let class = TypeClass::of(&status_data_type);
-        shape::check_status("[orders].unpaid", &o.unpaid, &o.status, class, &status_type)?;
-        shape::check_status(
-            "[orders].cancelled",
-            &o.cancelled,
-            &o.status,
-            class,
-            &status_type,
-        )?;
-        if let Some(paid) = &o.paid {
-            shape::check_status("[orders].paid", paid, &o.status, class, &status_type)?;
-        }
+        let orders_columns = shape::check_orders_columns(o, &columns)?;
         let with_items = self.schema.release == Release::Grpc;
         if with_items {
             self.check_items().await?;
         }
         let sql = Sql::render(&self.schema, with_items);
         let (unpaid, also_params) = self.check_statements(&sql).await?;
-        let report = SchemaReport {
-            dialect: Dialect::MySql,
-            table: o.table.clone(),
-            id_type,
-            id_kind: TypeClass::of(&id_data_type).id_kind(),
-            status_type,
-            deadline: o.deadline.clone(),
-            guard: o.guard.clone(),
-            unpaid,
-            also: o.also.len(),
-            release: self.schema.release,
-            items: with_items.then(|| self.schema.items.table.clone()),
-        };
+        let report = SchemaReport::new(Dialect::MySql, &self.schema, orders_columns, unpaid);
         Ok(Prepared {
             sql,
             also_params,

@@ -17,7 +17,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 use tokio::sync::OnceCell;
 
-use super::shape::{self, IdKind, SchemaReport, TypeClass};
+use super::shape::{self, IdKind, SchemaReport};
 use super::state::StateRow;
 use super::{Dialect, OrderItem, OrderState, OrderStore, ShopSchema, StoreError};
 use crate::message::OrderId;
@@ -151,73 +151,25 @@ impl PgStore {
     #[tracing::instrument(skip_all)]
     async fn check(&self) -> Result<Prepared, StoreError> {
         let o = &self.schema.orders;
-        shape::check_identifiers(&[("[orders].table", &o.table)], true)?;
-        shape::check_identifiers(
-            &[("[orders].id", &o.id), ("[orders].status", &o.status)],
-            false,
-        )?;
-        for column in o.set.keys() {
-            shape::check_identifiers(&[("[orders].set", column)], false)?;
-        }
+        shape::check_orders_identifiers(o)?;
         let columns = self.columns(&o.table).await?;
-        if columns.is_empty() {
-            return Err(StoreError::Schema {
-                key: "[orders].table",
-                problem: format!("no table {:?} (or it has no columns)", o.table),
-            });
-        }
-        let column = |key: &'static str, name: &str| {
-            columns
-                .get(name)
-                .cloned()
-                .ok_or_else(|| StoreError::Schema {
-                    key,
-                    problem: format!("table {:?} has no column {name:?}", o.table),
-                })
-        };
-        let (id_type, id_typname) = column("[orders].id", &o.id)?;
-        let (status_type, status_typname) = column("[orders].status", &o.status)?;
-        for column_name in o.set.keys() {
-            column("[orders].set", column_name)?;
-        }
-        let status_class = TypeClass::of(&status_typname);
-        shape::check_status(
-            "[orders].unpaid",
-            &o.unpaid,
-            &o.status,
-            status_class,
-            &status_type,
-        )?;
-        shape::check_status(
-            "[orders].cancelled",
-            &o.cancelled,
-            &o.status,
-            status_class,
-            &status_type,
-        )?;
-        if let Some(paid) = &o.paid {
-            shape::check_status("[orders].paid", paid, &o.status, status_class, &status_type)?;
-        }
-        let id_kind = TypeClass::of(&id_typname).id_kind();
+        let shape::OrdersColumns {
+            id_type,
+            id_kind,
+            status_type,
+        } = shape::check_orders_columns(o, &columns)?;
         let items = match self.schema.release {
             Release::Grpc => Some(self.items_columns().await?),
             Release::None => None,
         };
         let sql = Sql::render(&self.schema, &id_type, &status_type, items.as_ref());
         let unpaid = self.check_statements(&sql).await?;
-        let report = SchemaReport {
-            dialect: Dialect::Postgres,
-            table: o.table.clone(),
+        let columns = shape::OrdersColumns {
             id_type,
             id_kind,
             status_type,
-            deadline: o.deadline.clone(),
-            guard: o.guard.clone(),
-            unpaid,
-            also: o.also.len(),
-            release: self.schema.release,
-            items: items.map(|_| self.schema.items.table.clone()),
         };
+        let report = SchemaReport::new(Dialect::Postgres, &self.schema, columns, unpaid);
         Ok(Prepared { sql, report })
     }
 

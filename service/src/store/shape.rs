@@ -6,7 +6,9 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 
-use super::{Dialect, StoreError};
+use std::collections::HashMap;
+
+use super::{Dialect, ShopSchema, StoreError};
 use crate::message::OrderId;
 use crate::settings::{OrdersMapping, Release, StatusValue, is_identifier};
 
@@ -176,6 +178,76 @@ pub(crate) fn guard_sql(orders: &OrdersMapping) -> String {
     }
 }
 
+/// What the orders table's columns told about the mapping.
+#[derive(Clone, Debug)]
+pub(crate) struct OrdersColumns {
+    /// The id column's type, as the dialect shows it.
+    pub(crate) id_type: String,
+    /// What ids can be.
+    pub(crate) id_kind: IdKind,
+    /// The status column's type, as the dialect shows it.
+    pub(crate) status_type: String,
+}
+
+/// Checks that the mapping's table and column names are plain identifiers.
+pub(crate) fn check_orders_identifiers(o: &OrdersMapping) -> Result<(), StoreError> {
+    check_identifiers(&[("[orders].table", &o.table)], true)?;
+    check_identifiers(
+        &[("[orders].id", &o.id), ("[orders].status", &o.status)],
+        false,
+    )?;
+    for column in o.set.keys() {
+        check_identifiers(&[("[orders].set", column)], false)?;
+    }
+    Ok(())
+}
+
+/// Checks `[orders]` against the orders table's columns (name → (type as
+/// shown, type name to classify)): the table exists, the id, status and
+/// `set` columns exist, and the status codes fit the status column.
+pub(crate) fn check_orders_columns(
+    o: &OrdersMapping,
+    columns: &HashMap<String, (String, String)>,
+) -> Result<OrdersColumns, StoreError> {
+    if columns.is_empty() {
+        return Err(StoreError::Schema {
+            key: "[orders].table",
+            problem: format!("no table {:?} (or it has no columns)", o.table),
+        });
+    }
+    let column = |key: &'static str, name: &str| {
+        columns
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::Schema {
+                key,
+                problem: format!("table {:?} has no column {name:?}", o.table),
+            })
+    };
+    let (id_type, id_type_name) = column("[orders].id", &o.id)?;
+    let (status_type, status_type_name) = column("[orders].status", &o.status)?;
+    for name in o.set.keys() {
+        column("[orders].set", name)?;
+    }
+    let class = TypeClass::of(&status_type_name);
+    check_status("[orders].unpaid", &o.unpaid, &o.status, class, &status_type)?;
+    check_status(
+        "[orders].cancelled",
+        &o.cancelled,
+        &o.status,
+        class,
+        &status_type,
+    )?;
+    if let Some(paid) = &o.paid {
+        check_status("[orders].paid", paid, &o.status, class, &status_type)?;
+    }
+    Ok(OrdersColumns {
+        id_type,
+        id_kind: TypeClass::of(&id_type_name).id_kind(),
+        status_type,
+    })
+}
+
 /// What [`super::OrderStore::prepare`] found: the shop's schema as the
 /// store uses it, for `schema check` and the start-up log.
 #[derive(Clone, Debug)]
@@ -203,6 +275,31 @@ pub struct SchemaReport {
     pub release: Release,
     /// The items table, when `release = "grpc"`.
     pub items: Option<String>,
+}
+
+impl SchemaReport {
+    /// The report of a successful check.
+    pub(crate) fn new(
+        dialect: Dialect,
+        schema: &ShopSchema,
+        columns: OrdersColumns,
+        unpaid: (i64, i64),
+    ) -> Self {
+        let o = &schema.orders;
+        Self {
+            dialect,
+            table: o.table.clone(),
+            id_type: columns.id_type,
+            id_kind: columns.id_kind,
+            status_type: columns.status_type,
+            deadline: o.deadline.clone(),
+            guard: o.guard.clone(),
+            unpaid,
+            also: o.also.len(),
+            release: schema.release,
+            items: (schema.release == Release::Grpc).then(|| schema.items.table.clone()),
+        }
+    }
 }
 
 impl fmt::Display for SchemaReport {
