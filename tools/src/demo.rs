@@ -31,7 +31,7 @@ use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
 
 use crate::inventory::{ReferenceInventory, ShopInventory};
-use crate::shop::{self, NewOrder};
+use crate::shop::{self, NewOrder, Progress, ShopDb};
 
 /// Arguments of `demo`.
 #[derive(Debug, Args)]
@@ -51,6 +51,55 @@ pub struct DemoArgs {
     /// Distinct SKUs the orders draw from.
     #[arg(long, default_value_t = 20)]
     pub skus: usize,
+    /// Where the orders live: `postgres` (DATABASE_URL), or `mysql` (MYSQL_URL's
+    /// server, database `order_timeout`, or DATABASE_URL when it is mysql://).
+    /// The reference inventory server keeps its stock in PostgreSQL either way.
+    #[arg(long, value_enum, default_value_t = DemoDatabase::Postgres)]
+    pub database: DemoDatabase,
+}
+
+/// The demo's orders database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DemoDatabase {
+    /// PostgreSQL.
+    Postgres,
+    /// MySQL or MariaDB.
+    Mysql,
+}
+
+/// Where the orders live and where the inventory keeps its stock, and the
+/// service's settings for them.
+fn databases(settings: &Settings, database: DemoDatabase) -> anyhow::Result<(Settings, SecretUrl)> {
+    let pg_default = SecretUrl::new(order_timeout::settings::DEFAULT_DATABASE_URL);
+    let on_mysql = settings.database_url.expose().starts_with("mysql://");
+    match database {
+        DemoDatabase::Postgres if !on_mysql => Ok((settings.clone(), settings.database_url.clone())),
+        DemoDatabase::Postgres => anyhow::bail!("DATABASE_URL is mysql://: run with --database mysql"),
+        DemoDatabase::Mysql => {
+            let orders_url = if on_mysql {
+                settings.database_url.clone()
+            } else {
+                let server = std::env::var("MYSQL_URL")
+                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into());
+                crate::scratch::with_path(&SecretUrl::new(server), "/order_timeout")?
+            };
+            let inventory_db = if on_mysql { pg_default } else { settings.database_url.clone() };
+            let mut orders = settings.orders.clone();
+            // MySQL's now() has whole seconds; the demo measures lateness
+            // in milliseconds from this column.
+            orders
+                .set
+                .insert("cancelled_at".into(), "NOW(6)".into());
+            Ok((
+                Settings {
+                    database_url: orders_url,
+                    orders,
+                    ..settings.clone()
+                },
+                inventory_db,
+            ))
+        }
+    }
 }
 
 const STOCK_PER_SKU: i64 = 1_000_000;
@@ -67,8 +116,18 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
         "--paid-ratio is a share in 0..=1"
     );
 
+    let (settings, inventory_db) = databases(&settings, args.database)?;
     eprintln!("== migrating {}", settings.database_url);
-    let pool = shop::prepare_database(&settings.database_url, 20).await?;
+    let shop = ShopDb::prepare(&settings.database_url, 20).await?;
+    let pool = if inventory_db == settings.database_url {
+        match &shop {
+            ShopDb::Postgres(pool) => pool.clone(),
+            ShopDb::MySql(_) => unreachable!("a mysql:// URL is never the inventory's"),
+        }
+    } else {
+        eprintln!("== the reference inventory keeps its stock in {inventory_db}");
+        shop::prepare_database(&inventory_db, 10).await?
+    };
 
     // The reference inventory server, on a free local port.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -142,15 +201,15 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
     let creating = std::time::Instant::now();
     let created: Vec<NewOrder> = stream::iter(plans)
         .map(|(mut order, timeout, will_pay)| {
-            let (pool, inventory, publisher, pay_failures) =
-                (&pool, &inventory, &publisher, pay_failures.clone());
+            let (shop, inventory, publisher, pay_failures) =
+                (&shop, &inventory, &publisher, pay_failures.clone());
             async move {
                 inventory
                     .reserve(&order.id, &order.items)
                     .await
                     .context("reserving stock")?;
                 order.expires_at = Utc::now() + chrono::Duration::from_std(timeout)?;
-                shop::insert_order(pool, &order)
+                shop.insert_order(&order)
                     .await
                     .context("inserting order")?;
                 publisher
@@ -163,10 +222,10 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
                     // Pay somewhere in the window, at least 300 ms before the deadline.
                     let window = timeout.saturating_sub(Duration::from_millis(300));
                     let wait = window.mul_f64(rand::rng().random_range(0.0..1.0));
-                    let (pool, id) = (pool.clone(), order.id.clone());
+                    let (shop, id) = (shop.clone(), order.id.clone());
                     tokio::spawn(async move {
                         tokio::time::sleep(wait).await;
-                        if !matches!(shop::pay(&pool, &id).await, Ok(true)) {
+                        if !matches!(shop.pay(&id).await, Ok(true)) {
                             pay_failures.fetch_add(1, Ordering::Relaxed);
                         }
                     });
@@ -193,30 +252,14 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
     );
     let give_up = tokio::time::Instant::now() + args.max_timeout + Duration::from_secs(30);
     loop {
-        let (cancelled, paid, unpaid): (i64, i64, i64) = sqlx::query_as(
-            r#"
-            SELECT count(*) FILTER (WHERE status = 'CANCELLED'),
-                   count(*) FILTER (WHERE status = 'PAID'),
-                   count(*) FILTER (WHERE status = 'UNPAID')
-              FROM orders WHERE starts_with(id, $1)
-            "#,
-        )
-        .bind(&prefix)
-        .fetch_one(&pool)
-        .await?;
-        let pending_outbox: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM order_timeout_cancel_outbox WHERE starts_with(order_id, $1) AND (stock_released_at IS NULL OR event_published_at IS NULL)",
-        )
-        .bind(&prefix)
-        .fetch_one(&pool)
-        .await?;
-        // Paid orders count as settled once their deadline has passed.
-        let paid_past: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM orders WHERE starts_with(id, $1) AND status = 'PAID' AND expires_at < now()",
-        )
-        .bind(&prefix)
-        .fetch_one(&pool)
-        .await?;
+        let Progress {
+            cancelled,
+            paid,
+            unpaid,
+            // Paid orders count as settled once their deadline has passed.
+            paid_past,
+            pending_outbox,
+        } = shop.progress(&prefix).await?;
         bar.set_position((cancelled + paid_past) as u64);
         bar.set_message(format!(
             "cancelled {cancelled}, paid {paid}, unpaid {unpaid}"
@@ -232,7 +275,7 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
     }
     bar.finish();
 
-    let report = check(&pool, &inventory, &prefix, &created, &skus).await?;
+    let report = check(&shop, &pool, &inventory, &prefix, &created, &skus).await?;
     let pay_failures = pay_failures.load(Ordering::Relaxed);
     service.stop().await?;
     stop_inventory.trigger();
@@ -290,6 +333,7 @@ impl Report {
 }
 
 async fn check(
+    shop: &ShopDb,
     pool: &sqlx::PgPool,
     inventory: &ShopInventory,
     prefix: &str,
@@ -297,14 +341,7 @@ async fn check(
     skus: &[String],
 ) -> anyhow::Result<Report> {
     let mut failures = Vec::new();
-    let statuses: BTreeMap<String, String> = sqlx::query_as::<_, (String, String)>(
-        "SELECT id, status FROM orders WHERE starts_with(id, $1)",
-    )
-    .bind(prefix)
-    .fetch_all(pool)
-    .await?
-    .into_iter()
-    .collect();
+    let statuses: BTreeMap<String, String> = shop.statuses(prefix).await?.into_iter().collect();
     let cancelled = statuses.values().filter(|s| *s == "CANCELLED").count() as i64;
     let paid = statuses.values().filter(|s| *s == "PAID").count() as i64;
     let unpaid = statuses.values().filter(|s| *s == "UNPAID").count();
@@ -313,7 +350,7 @@ async fn check(
             "{unpaid} orders are still UNPAID after their deadline"
         ));
     }
-    let lateness = shop::lateness(pool, prefix).await?;
+    let lateness = shop.lateness(prefix).await?;
     if lateness.early > 0 {
         failures.push(format!(
             "{} orders were cancelled before their deadline",

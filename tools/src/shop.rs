@@ -170,3 +170,179 @@ pub async fn lateness(pool: &PgPool, prefix: &str) -> Result<Lateness, sqlx::Err
         max_ms: row.4.unwrap_or(0.0),
     })
 }
+
+/// The shop's orders database on either dialect, for the demo: the order
+/// service's writes and the demo's checks, on the reference schema.
+#[derive(Clone, Debug)]
+pub enum ShopDb {
+    /// PostgreSQL (`postgres://`).
+    Postgres(PgPool),
+    /// MySQL/MariaDB (`mysql://`).
+    MySql(MySqlPool),
+}
+
+/// How far a demo run has come (orders whose id starts with a prefix).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Progress {
+    /// Cancelled orders.
+    pub cancelled: i64,
+    /// Paid orders.
+    pub paid: i64,
+    /// Unpaid orders.
+    pub unpaid: i64,
+    /// Paid orders whose deadline has passed.
+    pub paid_past: i64,
+    /// Cancelled orders whose release or event is still pending.
+    pub pending_outbox: i64,
+}
+
+impl ShopDb {
+    /// Prepares `url`'s database ([`prepare_database`] or
+    /// [`prepare_mysql_database`], by its scheme).
+    pub async fn prepare(url: &SecretUrl, max_connections: u32) -> anyhow::Result<Self> {
+        if url.expose().starts_with("mysql://") {
+            Ok(Self::MySql(prepare_mysql_database(url, max_connections).await?))
+        } else {
+            Ok(Self::Postgres(prepare_database(url, max_connections).await?))
+        }
+    }
+
+    /// Inserts the order row (UNPAID) and its items in one transaction.
+    pub async fn insert_order(&self, order: &NewOrder) -> Result<(), sqlx::Error> {
+        let pool = match self {
+            Self::Postgres(pool) => return insert_order(pool, order).await,
+            Self::MySql(pool) => pool,
+        };
+        let mut tx = pool.begin().await?;
+        sqlx::query("INSERT INTO orders (id, status, expires_at) VALUES (?, 'UNPAID', ?)")
+            .bind(&order.id)
+            .bind(order.expires_at)
+            .execute(&mut *tx)
+            .await?;
+        for item in &order.items {
+            sqlx::query("INSERT INTO order_items (order_id, sku, quantity) VALUES (?, ?, ?)")
+                .bind(&order.id)
+                .bind(&item.sku)
+                .bind(item.quantity)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
+    }
+
+    /// Marks an order paid if it is still unpaid (`false`: it was not).
+    pub async fn pay(&self, order_id: &str) -> Result<bool, sqlx::Error> {
+        match self {
+            Self::Postgres(pool) => pay(pool, order_id).await,
+            Self::MySql(pool) => Ok(sqlx::query(
+                "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'",
+            )
+            .bind(order_id)
+            .execute(pool)
+            .await?
+            .rows_affected()
+                == 1),
+        }
+    }
+
+    /// Counts for the orders whose id starts with `prefix`.
+    pub async fn progress(&self, prefix: &str) -> Result<Progress, sqlx::Error> {
+        let (counts, pending): ((i64, i64, i64, i64), i64) = match self {
+            Self::Postgres(pool) => (
+                sqlx::query_as(
+                    "SELECT count(*) FILTER (WHERE status = 'CANCELLED'), \
+                            count(*) FILTER (WHERE status = 'PAID'), \
+                            count(*) FILTER (WHERE status = 'UNPAID'), \
+                            count(*) FILTER (WHERE status = 'PAID' AND expires_at < now()) \
+                       FROM orders WHERE starts_with(id, $1)",
+                )
+                .bind(prefix)
+                .fetch_one(pool)
+                .await?,
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM order_timeout_cancel_outbox WHERE starts_with(order_id, $1) \
+                        AND (stock_released_at IS NULL OR event_published_at IS NULL)",
+                )
+                .bind(prefix)
+                .fetch_one(pool)
+                .await?,
+            ),
+            Self::MySql(pool) => (
+                sqlx::query_as(
+                    "SELECT CAST(COALESCE(SUM(status = 'CANCELLED'), 0) AS SIGNED), \
+                            CAST(COALESCE(SUM(status = 'PAID'), 0) AS SIGNED), \
+                            CAST(COALESCE(SUM(status = 'UNPAID'), 0) AS SIGNED), \
+                            CAST(COALESCE(SUM(status = 'PAID' AND expires_at < UTC_TIMESTAMP(6)), 0) AS SIGNED) \
+                       FROM orders WHERE id LIKE CONCAT(?, '%')",
+                )
+                .bind(prefix)
+                .fetch_one(pool)
+                .await?,
+                sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM order_timeout_cancel_outbox WHERE order_id LIKE CONCAT(?, '%') \
+                        AND (stock_released_at IS NULL OR event_published_at IS NULL)",
+                )
+                .bind(prefix)
+                .fetch_one(pool)
+                .await?,
+            ),
+        };
+        Ok(Progress {
+            cancelled: counts.0,
+            paid: counts.1,
+            unpaid: counts.2,
+            paid_past: counts.3,
+            pending_outbox: pending,
+        })
+    }
+
+    /// Status by order id, for the orders whose id starts with `prefix`.
+    pub async fn statuses(&self, prefix: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
+        match self {
+            Self::Postgres(pool) => {
+                sqlx::query_as("SELECT id, status FROM orders WHERE starts_with(id, $1)")
+                    .bind(prefix)
+                    .fetch_all(pool)
+                    .await
+            }
+            Self::MySql(pool) => {
+                sqlx::query_as("SELECT id, status FROM orders WHERE id LIKE CONCAT(?, '%')")
+                    .bind(prefix)
+                    .fetch_all(pool)
+                    .await
+            }
+        }
+    }
+
+    /// [`Lateness`] of the cancelled orders whose id starts with `prefix`
+    /// (`cancelled_at - expires_at`, from the database's timestamps).
+    pub async fn lateness(&self, prefix: &str) -> Result<Lateness, sqlx::Error> {
+        let pool = match self {
+            Self::Postgres(pool) => return lateness(pool, prefix).await,
+            Self::MySql(pool) => pool,
+        };
+        let mut ms: Vec<f64> = sqlx::query_scalar::<_, i64>(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, expires_at, cancelled_at) FROM orders \
+              WHERE status = 'CANCELLED' AND id LIKE CONCAT(?, '%')",
+        )
+        .bind(prefix)
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .map(|us| us as f64 / 1000.0)
+        .collect();
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            ms.get(((ms.len() as f64 - 1.0) * q).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        Ok(Lateness {
+            count: ms.len() as i64,
+            early: ms.iter().filter(|m| **m < 0.0).count() as i64,
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            max_ms: ms.last().copied().unwrap_or(0.0),
+        })
+    }
+}

@@ -55,20 +55,13 @@ async fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitSt
     }
 }
 
-/// The tests here run the real binary and change the broker's users; they
-/// take turns, so that one's broker-wide effects (a refused login, a user
-/// deleted with its connections; once followed by a 30 s broker stall on
-/// RabbitMQ 3.10.8 that hung the other's restart) never land in the other's
-/// timing-sensitive restart.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 fn temp_log(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_work_and_a_restart_loses_nothing() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = crate::common::RESTARTS.lock().await;
     let env = TestEnv::new().await;
     env.stock_skus(5).await;
     let log = temp_log("sigterm");
@@ -165,7 +158,7 @@ async fn sigterm_finishes_in_flight_work_and_a_restart_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_never_appear_in_logs() {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = crate::common::RESTARTS.lock().await;
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
     // A broker user of our own with a password we can look for.

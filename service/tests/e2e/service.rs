@@ -238,6 +238,7 @@ async fn a_redelivery_after_a_crash_finishes_the_pending_release_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_service_loses_nothing_and_releases_once() {
+    let _turn = crate::common::RESTARTS.lock().await;
     let env = TestEnv::new().await;
     env.stock_skus(5).await;
     let spawn = || {
