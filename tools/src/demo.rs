@@ -73,8 +73,12 @@ fn databases(settings: &Settings, database: DemoDatabase) -> anyhow::Result<(Set
     let pg_default = SecretUrl::new(order_timeout::settings::DEFAULT_DATABASE_URL);
     let on_mysql = settings.database_url.expose().starts_with("mysql://");
     match database {
-        DemoDatabase::Postgres if !on_mysql => Ok((settings.clone(), settings.database_url.clone())),
-        DemoDatabase::Postgres => anyhow::bail!("DATABASE_URL is mysql://: run with --database mysql"),
+        DemoDatabase::Postgres if !on_mysql => {
+            Ok((settings.clone(), settings.database_url.clone()))
+        }
+        DemoDatabase::Postgres => {
+            anyhow::bail!("DATABASE_URL is mysql://: run with --database mysql")
+        }
         DemoDatabase::Mysql => {
             let orders_url = if on_mysql {
                 settings.database_url.clone()
@@ -83,13 +87,15 @@ fn databases(settings: &Settings, database: DemoDatabase) -> anyhow::Result<(Set
                     .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into());
                 crate::scratch::with_path(&SecretUrl::new(server), "/order_timeout")?
             };
-            let inventory_db = if on_mysql { pg_default } else { settings.database_url.clone() };
+            let inventory_db = if on_mysql {
+                pg_default
+            } else {
+                settings.database_url.clone()
+            };
             let mut orders = settings.orders.clone();
             // MySQL's now() has whole seconds; the demo measures lateness
             // in milliseconds from this column.
-            orders
-                .set
-                .insert("cancelled_at".into(), "NOW(6)".into());
+            orders.set.insert("cancelled_at".into(), "NOW(6)".into());
             Ok((
                 Settings {
                     database_url: orders_url,
@@ -209,9 +215,7 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
                     .await
                     .context("reserving stock")?;
                 order.expires_at = Utc::now() + chrono::Duration::from_std(timeout)?;
-                shop.insert_order(&order)
-                    .await
-                    .context("inserting order")?;
+                shop.insert_order(&order).await.context("inserting order")?;
                 publisher
                     .schedule(&TimeoutRequest {
                         order_id: OrderId::parse(&order.id)?,

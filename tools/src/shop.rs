@@ -201,9 +201,13 @@ impl ShopDb {
     /// [`prepare_mysql_database`], by its scheme).
     pub async fn prepare(url: &SecretUrl, max_connections: u32) -> anyhow::Result<Self> {
         if url.expose().starts_with("mysql://") {
-            Ok(Self::MySql(prepare_mysql_database(url, max_connections).await?))
+            Ok(Self::MySql(
+                prepare_mysql_database(url, max_connections).await?,
+            ))
         } else {
-            Ok(Self::Postgres(prepare_database(url, max_connections).await?))
+            Ok(Self::Postgres(
+                prepare_database(url, max_connections).await?,
+            ))
         }
     }
 
