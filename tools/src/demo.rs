@@ -31,7 +31,7 @@ use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
 
 use crate::inventory::{ReferenceInventory, ShopInventory};
-use crate::shop::{self, NewOrder, Progress, ShopDb};
+use crate::shop::{self, NewOrder, OrdersDatabase, Progress, ShopDb};
 
 /// Arguments of `demo`.
 #[derive(Debug, Args)]
@@ -54,38 +54,30 @@ pub struct DemoArgs {
     /// Where the orders live: `postgres` (DATABASE_URL), or `mysql` (MYSQL_URL's
     /// server, database `order_timeout`, or DATABASE_URL when it is mysql://).
     /// The reference inventory server keeps its stock in PostgreSQL either way.
-    #[arg(long, value_enum, default_value_t = DemoDatabase::Postgres)]
-    pub database: DemoDatabase,
-}
-
-/// The demo's orders database.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DemoDatabase {
-    /// PostgreSQL.
-    Postgres,
-    /// MySQL or MariaDB.
-    Mysql,
+    #[arg(long, value_enum, default_value_t = OrdersDatabase::Postgres)]
+    pub database: OrdersDatabase,
 }
 
 /// Where the orders live and where the inventory keeps its stock, and the
 /// service's settings for them.
-fn databases(settings: &Settings, database: DemoDatabase) -> anyhow::Result<(Settings, SecretUrl)> {
+fn databases(
+    settings: &Settings,
+    database: OrdersDatabase,
+) -> anyhow::Result<(Settings, SecretUrl)> {
     let pg_default = SecretUrl::new(order_timeout::settings::DEFAULT_DATABASE_URL);
     let on_mysql = settings.database_url.expose().starts_with("mysql://");
     match database {
-        DemoDatabase::Postgres if !on_mysql => {
+        OrdersDatabase::Postgres if !on_mysql => {
             Ok((settings.clone(), settings.database_url.clone()))
         }
-        DemoDatabase::Postgres => {
+        OrdersDatabase::Postgres => {
             anyhow::bail!("DATABASE_URL is mysql://: run with --database mysql")
         }
-        DemoDatabase::Mysql => {
+        OrdersDatabase::Mysql => {
             let orders_url = if on_mysql {
                 settings.database_url.clone()
             } else {
-                let server = std::env::var("MYSQL_URL")
-                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into());
-                crate::scratch::with_path(&SecretUrl::new(server), "/order_timeout")?
+                shop::mysql_url("order_timeout")?
             };
             let inventory_db = if on_mysql {
                 pg_default

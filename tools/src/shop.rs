@@ -171,6 +171,26 @@ pub async fn lateness(pool: &PgPool, prefix: &str) -> Result<Lateness, sqlx::Err
     })
 }
 
+/// Where the demo's and the bench's orders live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OrdersDatabase {
+    /// PostgreSQL (`DATABASE_URL`).
+    Postgres,
+    /// MySQL or MariaDB (`MYSQL_URL`'s server).
+    Mysql,
+}
+
+/// `MYSQL_URL` (default: the local MariaDB's root) with its database part
+/// replaced by `name`.
+pub fn mysql_url(name: &str) -> anyhow::Result<SecretUrl> {
+    let server =
+        std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into());
+    Ok(crate::scratch::with_path(
+        &SecretUrl::new(server),
+        &format!("/{name}"),
+    )?)
+}
+
 /// The shop's orders database on either dialect, for the demo: the order
 /// service's writes and the demo's checks, on the reference schema.
 #[derive(Clone, Debug)]

@@ -13,11 +13,12 @@ use lapin::types::FieldTable;
 use tokio::process::{Child, Command};
 
 use super::BenchError;
+use super::load::BenchDb;
 use crate::scratch;
+use crate::shop::{OrdersDatabase, ShopDb};
 use order_timeout::broker::connect_amqp;
 use order_timeout::broker::topology::DUE_QUEUE;
 use order_timeout::settings::{SecretUrl, Settings};
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 /// Runs `rabbitmqctl` with `args`, returning stdout, or `None` on failure.
@@ -63,8 +64,12 @@ pub struct BenchEnv {
     /// Settings pointing at the vhost and database (the inventory URL is
     /// the child inventory server's).
     pub settings: Settings,
-    /// A pool on the bench database for the load generator.
-    pub pool: PgPool,
+    /// The bench's databases, for the load generator.
+    pub db: BenchDb,
+    /// The reference inventory's database (the orders' too on PostgreSQL).
+    inventory_db: SecretUrl,
+    /// The orders' MySQL database, when they live there.
+    mysql_db: Option<SecretUrl>,
     /// Where the children write their logs.
     pub log_dir: PathBuf,
     config_file: Option<PathBuf>,
@@ -118,12 +123,18 @@ impl BenchEnv {
         config_file: Option<&Path>,
         keep: bool,
         db_connections: u32,
+        orders_in: OrdersDatabase,
     ) -> Result<Self, BenchError> {
         let name = format!("ot_bench_{}", chrono::Utc::now().format("%Y%m%d_%H%M%S"));
         let amqp_url = scratch::create_vhost(&base.amqp_url, &name)?;
         let database_url = scratch::with_path(&base.database_url, &name)?;
         let log_dir = std::env::temp_dir().join(&name);
         let _ = std::fs::create_dir_all(&log_dir);
+        let inventory_pool = PgPoolOptions::new()
+            .max_connections(db_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy(database_url.expose())
+            .map_err(|e| BenchError::Setup(format!("bad DATABASE_URL: {e}")))?;
         let mut env = Self {
             name: name.clone(),
             settings: Settings {
@@ -131,11 +142,12 @@ impl BenchEnv {
                 database_url: database_url.clone(),
                 ..base.clone()
             },
-            pool: PgPoolOptions::new()
-                .max_connections(db_connections)
-                .acquire_timeout(Duration::from_secs(5))
-                .connect_lazy(database_url.expose())
-                .map_err(|e| BenchError::Setup(format!("bad DATABASE_URL: {e}")))?,
+            db: BenchDb {
+                orders: ShopDb::Postgres(inventory_pool.clone()),
+                inventory: inventory_pool,
+            },
+            inventory_db: database_url.clone(),
+            mysql_db: None,
             log_dir,
             config_file: config_file.map(Path::to_path_buf),
             base_db_url: base.database_url.clone(),
@@ -148,6 +160,17 @@ impl BenchEnv {
         crate::shop::prepare_database(&database_url, 1)
             .await
             .map_err(|e| BenchError::Setup(format!("preparing the bench database: {e:#}")))?;
+        if orders_in == OrdersDatabase::Mysql {
+            // The orders (and the service) on MySQL; the reference inventory
+            // keeps its stock in the PostgreSQL database above.
+            let url =
+                crate::shop::mysql_url(&name).map_err(|e| BenchError::Setup(format!("{e:#}")))?;
+            env.mysql_db = Some(url.clone());
+            env.db.orders = ShopDb::prepare(&url, db_connections).await.map_err(|e| {
+                BenchError::Setup(format!("preparing the MySQL bench database: {e:#}"))
+            })?;
+            env.settings.database_url = url;
+        }
         let port = free_port()?;
         env.settings.inventory_url = SecretUrl::new(format!("http://127.0.0.1:{port}"));
         env.inventory = Some(env.spawn(
@@ -172,9 +195,16 @@ impl BenchEnv {
         if let Some(cfg) = &self.config_file {
             cmd.arg("--config").arg(cfg);
         }
+        // The inventory server keeps its stock in PostgreSQL, whatever the
+        // orders' database.
+        let database_url = if label == "inventory" {
+            &self.inventory_db
+        } else {
+            &self.settings.database_url
+        };
         cmd.args(args)
             .env("AMQP_URL", self.settings.amqp_url.expose())
-            .env("DATABASE_URL", self.settings.database_url.expose())
+            .env("DATABASE_URL", database_url.expose())
             .env("INVENTORY_URL", self.settings.inventory_url.expose())
             .env(
                 "RUST_LOG",
@@ -298,7 +328,10 @@ impl BenchEnv {
         if let Some(inv) = self.inventory.take() {
             inv.stop(Duration::from_secs(5)).await;
         }
-        self.pool.close().await;
+        self.db.inventory.close().await;
+        if let ShopDb::MySql(pool) = &self.db.orders {
+            pool.close().await;
+        }
         if self.keep {
             eprintln!(
                 "== kept vhost and database {} (logs in {})",
@@ -311,6 +344,11 @@ impl BenchEnv {
             eprintln!("warning: could not delete vhost {}: {e}", self.name);
         }
         if let Err(e) = scratch::drop_database(&self.base_db_url, &self.name).await {
+            eprintln!("warning: {e}");
+        }
+        if let Some(url) = &self.mysql_db
+            && let Err(e) = scratch::drop_database(url, &self.name).await
+        {
             eprintln!("warning: {e}");
         }
         let _ = std::fs::remove_dir_all(&self.log_dir);

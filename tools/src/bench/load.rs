@@ -4,7 +4,7 @@
 //! settle and measures the outcome from the database.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,13 +15,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Connection};
 use rand::Rng;
-use sqlx::PgPool;
+use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 
 use super::BenchError;
 use super::report::{LatenessStats, PhaseReport, per_second};
 use super::workload::TimeoutDist;
+use crate::shop::{Progress, ShopDb};
 use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY};
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 
@@ -102,7 +103,56 @@ pub async fn confirm_channels(conn: &Connection, n: usize) -> Result<Vec<Channel
     Ok(out)
 }
 
-async fn insert_batch(pool: &PgPool, orders: &[Order]) -> Result<(), sqlx::Error> {
+/// The bench's databases: where the orders live (PostgreSQL or
+/// MySQL/MariaDB), and the reference inventory's (always PostgreSQL; the
+/// same database when the orders are in PostgreSQL too).
+#[derive(Clone, Debug)]
+pub struct BenchDb {
+    /// The orders (the service's `DATABASE_URL`).
+    pub orders: ShopDb,
+    /// The reference inventory's stock and release log.
+    pub inventory: PgPool,
+}
+
+/// [`insert_batch`] on MySQL: multi-row inserts.
+async fn insert_batch_mysql(pool: &MySqlPool, orders: &[Order]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let rows = vec!["(?, 'UNPAID', ?)"; orders.len()].join(", ");
+    let mut q = sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO orders (id, status, expires_at) VALUES {rows}"
+    )));
+    for o in orders {
+        q = q.bind(&o.id).bind(o.expires_at);
+    }
+    q.execute(&mut *tx).await?;
+    let lines: Vec<(&str, &str, i64)> = orders
+        .iter()
+        .flat_map(|o| {
+            o.skus
+                .iter()
+                .zip(&o.quantities)
+                .map(|(s, q)| (o.id.as_str(), s.as_str(), *q))
+        })
+        .collect();
+    if !lines.is_empty() {
+        let rows = vec!["(?, ?, ?)"; lines.len()].join(", ");
+        let mut q = sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO order_items (order_id, sku, quantity) VALUES {rows}"
+        )));
+        for (id, sku, qty) in lines {
+            q = q.bind(id).bind(sku).bind(qty);
+        }
+        q.execute(&mut *tx).await?;
+    }
+    tx.commit().await
+}
+
+/// Inserts a batch of orders and their items in one transaction.
+async fn insert_batch(db: &BenchDb, orders: &[Order]) -> Result<(), sqlx::Error> {
+    let pool = match &db.orders {
+        ShopDb::Postgres(pool) => pool,
+        ShopDb::MySql(pool) => return insert_batch_mysql(pool, orders).await,
+    };
     let ids: Vec<&str> = orders.iter().map(|o| o.id.as_str()).collect();
     let expires: Vec<DateTime<Utc>> = orders.iter().map(|o| o.expires_at).collect();
     let mut item_order = Vec::new();
@@ -196,7 +246,7 @@ async fn publish_batch(channel: &Channel, route: Route, orders: &[Order]) -> u64
 /// payments that came after the deadline because the payer fell behind on
 /// an overloaded machine (not a failure: those orders must be cancelled).
 async fn payer(
-    pool: PgPool,
+    db: BenchDb,
     mut rx: mpsc::UnboundedReceiver<(Instant, String)>,
     counters: Arc<Counters>,
 ) {
@@ -227,21 +277,7 @@ async fn payer(
                 }
                 // The row lock makes the status read the latest one; a
                 // cancel statement running at the same time waits for it.
-                let counts: Result<(i64, i64, i64), _> = sqlx::query_as(
-                    "WITH target AS ( \
-                         SELECT id, status, expires_at > now() AS in_time \
-                         FROM orders WHERE id = ANY($1) FOR UPDATE), \
-                     paid AS ( \
-                         UPDATE orders o SET status = 'PAID' FROM target t \
-                         WHERE o.id = t.id AND t.status = 'UNPAID' AND t.in_time \
-                         RETURNING o.id) \
-                     SELECT (SELECT count(*) FROM paid), \
-                            (SELECT count(*) FROM target WHERE NOT in_time), \
-                            (SELECT count(*) FROM target WHERE in_time AND status <> 'UNPAID')",
-                )
-                .bind(&due)
-                .fetch_one(&pool)
-                .await;
+                let counts = pay_batch(&db.orders, &due).await;
                 let (done, late, failed) = match counts {
                     Ok((done, late, failed)) => (done as u64, late as u64, failed as u64),
                     // The payment did not go through: count it as failed
@@ -252,6 +288,66 @@ async fn payer(
                 counters.late_payments.fetch_add(late, Ordering::Relaxed);
                 counters.pay_failures.fetch_add(failed, Ordering::Relaxed);
             }
+        }
+    }
+}
+
+/// Pays the orders `due` that are still unpaid and whose window is open:
+/// `(paid now, too late, found no longer unpaid in time)`.
+async fn pay_batch(orders: &ShopDb, due: &[String]) -> Result<(i64, i64, i64), sqlx::Error> {
+    match orders {
+        // The row lock makes the status read the latest one; a cancel
+        // statement running at the same time waits for it.
+        ShopDb::Postgres(pool) => {
+            sqlx::query_as(
+                "WITH target AS ( \
+                     SELECT id, status, expires_at > now() AS in_time \
+                     FROM orders WHERE id = ANY($1) FOR UPDATE), \
+                 paid AS ( \
+                     UPDATE orders o SET status = 'PAID' FROM target t \
+                     WHERE o.id = t.id AND t.status = 'UNPAID' AND t.in_time \
+                     RETURNING o.id) \
+                 SELECT (SELECT count(*) FROM paid), \
+                        (SELECT count(*) FROM target WHERE NOT in_time), \
+                        (SELECT count(*) FROM target WHERE in_time AND status <> 'UNPAID')",
+            )
+            .bind(due)
+            .fetch_one(pool)
+            .await
+        }
+        ShopDb::MySql(pool) => {
+            let mut tx = pool.begin().await?;
+            let marks = vec!["?"; due.len()].join(", ");
+            let mut q = sqlx::query_as::<_, (String, String, bool)>(AssertSqlSafe(format!(
+                "SELECT id, status, expires_at > UTC_TIMESTAMP(6) FROM orders \
+                  WHERE id IN ({marks}) FOR UPDATE"
+            )));
+            for id in due {
+                q = q.bind(id);
+            }
+            let target = q.fetch_all(&mut *tx).await?;
+            let to_pay: Vec<&str> = target
+                .iter()
+                .filter(|(_, status, in_time)| status == "UNPAID" && *in_time)
+                .map(|(id, _, _)| id.as_str())
+                .collect();
+            if !to_pay.is_empty() {
+                let marks = vec!["?"; to_pay.len()].join(", ");
+                let mut q = sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE orders SET status = 'PAID' WHERE id IN ({marks})"
+                )));
+                for id in &to_pay {
+                    q = q.bind(*id);
+                }
+                q.execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            let late = target.iter().filter(|(_, _, in_time)| !*in_time).count();
+            let failed = target
+                .iter()
+                .filter(|(_, status, in_time)| *in_time && status != "UNPAID")
+                .count();
+            Ok((to_pay.len() as i64, late as i64, failed as i64))
         }
     }
 }
@@ -276,7 +372,7 @@ pub struct Generated {
 
 /// Generates one phase's orders at the paced rate.
 pub async fn generate(
-    pool: &PgPool,
+    db: &BenchDb,
     channels: &[Channel],
     route: Route,
     w: &Workload,
@@ -291,7 +387,7 @@ pub async fn generate(
         late_payments: AtomicU64::new(0),
     });
     let (pay_tx, pay_rx) = mpsc::unbounded_channel();
-    let payer = tokio::spawn(payer(pool.clone(), pay_rx, counters.clone()));
+    let payer = tokio::spawn(payer(db.clone(), pay_rx, counters.clone()));
     let bar = ProgressBar::new(total).with_style(
         ProgressStyle::with_template(
             "{spinner} {prefix} [{elapsed_precise}] {bar:30} {pos}/{len} created ({per_sec}) {msg}",
@@ -357,12 +453,12 @@ pub async fn generate(
         issued += n;
         let channel = channels[next_channel % channels.len()].clone();
         next_channel += 1;
-        let (pool, counters, pay_tx, bar) =
-            (pool.clone(), counters.clone(), pay_tx.clone(), bar.clone());
+        let (db, counters, pay_tx, bar) =
+            (db.clone(), counters.clone(), pay_tx.clone(), bar.clone());
         let created_at = Instant::now();
         tasks.push(tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = insert_batch(&pool, &orders).await {
+            if let Err(e) = insert_batch(&db, &orders).await {
                 tracing::warn!(error = %e, "insert failed");
                 counters
                     .errors
@@ -401,7 +497,7 @@ pub async fn generate(
 /// Waits until every order of the phase is settled (cancelled, or paid
 /// with its deadline passed) and no outbox work is pending, or until
 /// `settle_timeout` after the last deadline.
-pub async fn settle(pool: &PgPool, g: Generated, w: &Workload) -> Result<Settled, BenchError> {
+pub async fn settle(db: &BenchDb, g: Generated, w: &Workload) -> Result<Settled, BenchError> {
     let Generated {
         prefix,
         started,
@@ -421,20 +517,13 @@ pub async fn settle(pool: &PgPool, g: Generated, w: &Workload) -> Result<Settled
     let give_up = last_deadline
         + chrono::Duration::from_std(w.settle_timeout).unwrap_or(chrono::Duration::seconds(60));
     loop {
-        let (cancelled, paid_past, unpaid, pending): (i64, i64, i64, i64) = sqlx::query_as(
-            r#"
-            SELECT count(*) FILTER (WHERE status = 'CANCELLED'),
-                   count(*) FILTER (WHERE status = 'PAID' AND expires_at < now()),
-                   count(*) FILTER (WHERE status = 'UNPAID'),
-                   (SELECT count(*) FROM order_timeout_cancel_outbox
-                     WHERE starts_with(order_id, $1)
-                       AND (stock_released_at IS NULL OR event_published_at IS NULL))
-              FROM orders WHERE starts_with(id, $1)
-            "#,
-        )
-        .bind(&prefix)
-        .fetch_one(pool)
-        .await?;
+        let Progress {
+            cancelled,
+            paid_past,
+            unpaid,
+            pending_outbox: pending,
+            ..
+        } = db.orders.progress(&prefix).await?;
         bar.set_position((cancelled + paid_past) as u64);
         bar.set_message(format!(
             "cancelled {cancelled}, unpaid {unpaid}, outbox pending {pending}"
@@ -481,60 +570,27 @@ pub struct Settled {
 /// cancellation as `(seconds since start by deadline, lateness ms)` for
 /// the plot.
 pub async fn measure(
-    pool: &PgPool,
+    db: &BenchDb,
     s: &Settled,
     route: Route,
     w: &Workload,
 ) -> Result<(PhaseReport, Vec<(f64, f64)>), BenchError> {
-    let points: Vec<(f64, f64)> = sqlx::query_as(
-        r#"
-        SELECT extract(epoch FROM expires_at - $2)::float8,
-               extract(epoch FROM cancelled_at - expires_at)::float8 * 1000
-          FROM orders
-         WHERE status = 'CANCELLED' AND starts_with(id, $1)
-         ORDER BY expires_at
-        "#,
-    )
-    .bind(&s.prefix)
-    .bind(s.started)
-    .fetch_all(pool)
-    .await?;
+    let counts = match &db.orders {
+        ShopDb::Postgres(pool) => measure_pg(pool, s).await?,
+        ShopDb::MySql(pool) => measure_mysql(pool, &db.inventory, s).await?,
+    };
+    let Counts {
+        points,
+        orders,
+        span,
+        unpaid,
+        paid_touched,
+        releases,
+        calls,
+        pending,
+        peak,
+    } = counts;
     let lateness: Vec<f64> = points.iter().map(|p| p.1).collect();
-    let (orders, span, unpaid, paid_touched): (i64, Option<f64>, i64, i64) = sqlx::query_as(
-        r#"
-        SELECT count(*),
-               extract(epoch FROM max(created_at) - min(created_at))::float8,
-               count(*) FILTER (WHERE status = 'UNPAID'),
-               count(*) FILTER (WHERE status = 'PAID' AND (cancelled_at IS NOT NULL
-                    OR EXISTS (SELECT 1 FROM order_timeout_cancel_outbox b WHERE b.order_id = o.id)
-                    OR EXISTS (SELECT 1 FROM inventory.releases r WHERE r.order_id = o.id)))
-          FROM orders o WHERE starts_with(id, $1)
-        "#,
-    )
-    .bind(&s.prefix)
-    .fetch_one(pool)
-    .await?;
-    let (releases, calls, pending): (i64, i64, i64) = sqlx::query_as(
-        r#"
-        SELECT (SELECT count(*) FROM inventory.releases WHERE starts_with(order_id, $1)),
-               (SELECT coalesce(sum(calls), 0)::bigint FROM inventory.releases WHERE starts_with(order_id, $1)),
-               (SELECT count(*) FROM order_timeout_cancel_outbox WHERE starts_with(order_id, $1)
-                   AND (stock_released_at IS NULL OR event_published_at IS NULL))
-        "#,
-    )
-    .bind(&s.prefix)
-    .fetch_one(pool)
-    .await?;
-    let peak: Option<i64> = sqlx::query_scalar(
-        r#"
-        SELECT max(n) FROM (SELECT count(*) AS n FROM orders
-          WHERE status = 'CANCELLED' AND starts_with(id, $1)
-          GROUP BY date_trunc('second', cancelled_at)) t
-        "#,
-    )
-    .bind(&s.prefix)
-    .fetch_one(pool)
-    .await?;
     let stats = LatenessStats::from_ms(&lateness);
     let cancelled = stats.count;
     let mut failures = Vec::new();
@@ -605,7 +661,7 @@ pub async fn measure(
 /// cancelled) and publishes their timeouts as fast as confirms allow, a
 /// few batches at a time. Returns how many failed.
 pub async fn fill(
-    pool: &PgPool,
+    db: &BenchDb,
     channels: &[Channel],
     timeouts: &TimeoutDist,
     n: u64,
@@ -645,10 +701,10 @@ pub async fn fill(
         seq += k;
         let channel = channels[i % channels.len()].clone();
         i += 1;
-        let (pool, errors, bar) = (pool.clone(), errors.clone(), bar.clone());
+        let (db, errors, bar) = (db.clone(), errors.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = insert_batch(&pool, &orders).await {
+            if let Err(e) = insert_batch(&db, &orders).await {
                 tracing::warn!(error = %e, "insert failed");
                 errors.fetch_add(orders.len() as u64, Ordering::Relaxed);
                 return;
@@ -660,4 +716,155 @@ pub async fn fill(
     }
     join_all(tasks).await;
     Ok(errors.load(Ordering::Relaxed))
+}
+
+/// What measuring a phase reads from the databases.
+struct Counts {
+    /// Per cancelled order: (seconds since the phase started, by deadline;
+    /// lateness in ms).
+    points: Vec<(f64, f64)>,
+    orders: i64,
+    span: Option<f64>,
+    unpaid: i64,
+    paid_touched: i64,
+    releases: i64,
+    calls: i64,
+    pending: i64,
+    peak: Option<i64>,
+}
+
+/// [`measure`]'s reads on PostgreSQL (orders and inventory in one database).
+async fn measure_pg(pool: &PgPool, s: &Settled) -> Result<Counts, BenchError> {
+    let points: Vec<(f64, f64)> = sqlx::query_as(
+        r#"
+        SELECT extract(epoch FROM expires_at - $2)::float8,
+               extract(epoch FROM cancelled_at - expires_at)::float8 * 1000
+          FROM orders
+         WHERE status = 'CANCELLED' AND starts_with(id, $1)
+         ORDER BY expires_at
+        "#,
+    )
+    .bind(&s.prefix)
+    .bind(s.started)
+    .fetch_all(pool)
+    .await?;
+    let (orders, span, unpaid, paid_touched): (i64, Option<f64>, i64, i64) = sqlx::query_as(
+        r#"
+        SELECT count(*),
+               extract(epoch FROM max(created_at) - min(created_at))::float8,
+               count(*) FILTER (WHERE status = 'UNPAID'),
+               count(*) FILTER (WHERE status = 'PAID' AND (cancelled_at IS NOT NULL
+                    OR EXISTS (SELECT 1 FROM order_timeout_cancel_outbox b WHERE b.order_id = o.id)
+                    OR EXISTS (SELECT 1 FROM inventory.releases r WHERE r.order_id = o.id)))
+          FROM orders o WHERE starts_with(id, $1)
+        "#,
+    )
+    .bind(&s.prefix)
+    .fetch_one(pool)
+    .await?;
+    let (releases, calls, pending): (i64, i64, i64) = sqlx::query_as(
+        r#"
+        SELECT (SELECT count(*) FROM inventory.releases WHERE starts_with(order_id, $1)),
+               (SELECT coalesce(sum(calls), 0)::bigint FROM inventory.releases WHERE starts_with(order_id, $1)),
+               (SELECT count(*) FROM order_timeout_cancel_outbox WHERE starts_with(order_id, $1)
+                   AND (stock_released_at IS NULL OR event_published_at IS NULL))
+        "#,
+    )
+    .bind(&s.prefix)
+    .fetch_one(pool)
+    .await?;
+    let peak: Option<i64> = sqlx::query_scalar(
+        r#"
+        SELECT max(n) FROM (SELECT count(*) AS n FROM orders
+          WHERE status = 'CANCELLED' AND starts_with(id, $1)
+          GROUP BY date_trunc('second', cancelled_at)) t
+        "#,
+    )
+    .bind(&s.prefix)
+    .fetch_one(pool)
+    .await?;
+    Ok(Counts {
+        points,
+        orders,
+        span,
+        unpaid,
+        paid_touched,
+        releases,
+        calls,
+        pending,
+        peak,
+    })
+}
+
+/// [`measure`]'s reads with the orders on MySQL: the rows are read once and
+/// counted here; the cancellation time is the outbox row's (the cancel
+/// transaction's clock, in microseconds); releases come from the
+/// reference inventory's PostgreSQL.
+async fn measure_mysql(
+    pool: &MySqlPool,
+    inventory: &PgPool,
+    s: &Settled,
+) -> Result<Counts, BenchError> {
+    type Row = (String, String, i64, i64, Option<i64>, bool);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT o.id, o.status, \
+                TIMESTAMPDIFF(MICROSECOND, ?, o.expires_at), \
+                TIMESTAMPDIFF(MICROSECOND, ?, o.created_at), \
+                TIMESTAMPDIFF(MICROSECOND, ?, b.created_at), \
+                b.order_id IS NOT NULL AND (b.stock_released_at IS NULL OR b.event_published_at IS NULL) \
+           FROM orders o LEFT JOIN order_timeout_cancel_outbox b ON b.order_id = o.id \
+          WHERE o.id LIKE CONCAT(?, '%') ORDER BY o.expires_at",
+    )
+    .bind(s.started)
+    .bind(s.started)
+    .bind(s.started)
+    .bind(&s.prefix)
+    .fetch_all(pool)
+    .await?;
+    let mut points = Vec::new();
+    let mut per_second: HashMap<i64, i64> = HashMap::new();
+    let mut paid_ids = Vec::new();
+    let mut paid_touched = 0;
+    for (id, status, expires_us, _, cancelled_us, _) in &rows {
+        match (status.as_str(), cancelled_us) {
+            ("CANCELLED", Some(c)) => {
+                points.push((*expires_us as f64 / 1e6, (c - expires_us) as f64 / 1000.0));
+                *per_second.entry(c.div_euclid(1_000_000)).or_default() += 1;
+            }
+            ("PAID", touched) => {
+                paid_touched += i64::from(touched.is_some());
+                paid_ids.push(id.clone());
+            }
+            _ => {}
+        }
+    }
+    let created = rows.iter().map(|r| r.3);
+    let span = created
+        .clone()
+        .max()
+        .zip(created.min())
+        .map(|(max, min)| (max - min) as f64 / 1e6);
+    let released_paid: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inventory.releases WHERE order_id = ANY($1)")
+            .bind(&paid_ids)
+            .fetch_one(inventory)
+            .await?;
+    let (releases, calls): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(sum(calls), 0)::bigint FROM inventory.releases \
+          WHERE starts_with(order_id, $1)",
+    )
+    .bind(&s.prefix)
+    .fetch_one(inventory)
+    .await?;
+    Ok(Counts {
+        points,
+        orders: rows.len() as i64,
+        span,
+        unpaid: rows.iter().filter(|r| r.1 == "UNPAID").count() as i64,
+        paid_touched: paid_touched + released_paid,
+        releases,
+        calls,
+        pending: rows.iter().filter(|r| r.5).count() as i64,
+        peak: per_second.values().max().copied(),
+    })
 }

@@ -41,6 +41,7 @@ use self::load::{Route, Workload};
 use self::report::{BenchReport, PendingReport, PhaseReport};
 use self::sys::{Group, Sampler, Who};
 use self::workload::TimeoutDist;
+use crate::shop::OrdersDatabase;
 use order_timeout::settings::Settings;
 
 /// Errors of the bench (setup, broker, database, plotting, output).
@@ -97,6 +98,10 @@ pub struct BenchArgs {
     /// Orders created per second.
     #[arg(long, default_value_t = 1000.0)]
     pub rate: f64,
+    /// Where the orders live: `postgres`, or `mysql` (a database on
+    /// MYSQL_URL's server; the reference inventory stays on PostgreSQL).
+    #[arg(long, value_enum, default_value_t = OrdersDatabase::Postgres)]
+    pub database: OrdersDatabase,
     /// How long to create orders.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
@@ -235,7 +240,14 @@ pub async fn run(
     };
     let db_conns = 16;
     eprintln!("== creating the bench's vhost and database");
-    let mut env = BenchEnv::create(&settings, config_file.as_deref(), args.keep, db_conns).await?;
+    let mut env = BenchEnv::create(
+        &settings,
+        config_file.as_deref(),
+        args.keep,
+        db_conns,
+        args.database,
+    )
+    .await?;
     let result = run_in(&mut env, &args, &mut report).await;
     eprintln!("== cleaning up");
     env.cleanup().await;
@@ -319,6 +331,12 @@ async fn run_in(
             who: Who::Comm("postgres"),
         },
     ];
+    if args.database == OrdersDatabase::Mysql {
+        groups.push(Group {
+            name: "mariadb".into(),
+            who: Who::Comm("mariadbd"),
+        });
+    }
     if let Some(pid) = env.inventory.as_ref().and_then(|c| c.pid()) {
         groups.push(Group {
             name: "inventory".into(),
@@ -400,7 +418,7 @@ async fn run_in(
             .map(|i| format!("bench-sku-{i:05}"))
             .collect();
         crate::shop::set_stock(
-            &env.pool,
+            &env.db.inventory,
             &skus
                 .iter()
                 .map(|s| (s.clone(), 1_000_000_000))
@@ -439,10 +457,10 @@ async fn run_in(
             let la0 = loadavg();
             let m0 = env.scrape().await;
             let prefix = format!("{}-", route.design());
-            let g = load::generate(&env.pool, &channels, route, &w, &prefix).await?;
-            let s = load::settle(&env.pool, g, &w).await?;
+            let g = load::generate(&env.db, &channels, route, &w, &prefix).await?;
+            let s = load::settle(&env.db, g, &w).await?;
             let resources = usage(&sampler);
-            let (mut phase, points) = load::measure(&env.pool, &s, route, &w).await?;
+            let (mut phase, points) = load::measure(&env.db, &s, route, &w).await?;
             phase.resources = resources;
             phase.loadavg = (la0, loadavg());
             phase.service_metrics = env
@@ -501,7 +519,7 @@ async fn pending(
     };
     let (mem0, data_dir) = broker_status();
     let disk0 = data_dir.as_deref().and_then(sys::disk_usage);
-    let pool = env.pool.clone();
+    let db = env.db.clone();
     let conn =
         order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-fill")
             .await?;
@@ -514,7 +532,7 @@ async fn pending(
         .map_err(|e| BenchError::Setup(e.to_string()))?,
     );
     let started = std::time::Instant::now();
-    let errors = load::fill(&pool, &channels, &args.timeouts, n, &bar).await?;
+    let errors = load::fill(&db, &channels, &args.timeouts, n, &bar).await?;
     p.publish_seconds = started.elapsed().as_secs_f64();
     bar.finish();
     if errors > 0 {
