@@ -625,7 +625,8 @@ mod my {
                 "SELECT CAST(CONCAT_WS(' ', TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, \
                                        COALESCE(COLUMN_DEFAULT, '-'), COLUMN_KEY) AS CHAR) \
                    FROM information_schema.COLUMNS \
-                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('orders', 'order_items') \
+                  WHERE TABLE_SCHEMA = DATABASE() \
+                    AND TABLE_NAME IN ('orders', 'order_items', 'shop_stock') \
                   ORDER BY TABLE_NAME, ORDINAL_POSITION",
             )
             .fetch_all(&self.pool)
@@ -636,7 +637,8 @@ mod my {
         async fn other_tables(&self) -> Vec<String> {
             sqlx::query_scalar(
                 "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
-                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME NOT IN ('orders', 'order_items')",
+                  WHERE TABLE_SCHEMA = DATABASE() \
+                    AND TABLE_NAME NOT IN ('orders', 'order_items', 'shop_stock')",
             )
             .fetch_all(&self.pool)
             .await

@@ -17,3 +17,10 @@ CREATE TABLE IF NOT EXISTS order_items (
     quantity BIGINT       NOT NULL,
     PRIMARY KEY (order_id, sku)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+
+-- Stock kept in the shop's own database, for `bench --stock also`: given back by
+-- an `[orders].also` statement in the cancel transaction instead of over gRPC.
+CREATE TABLE IF NOT EXISTS shop_stock (
+    sku       VARCHAR(128) NOT NULL PRIMARY KEY,
+    available BIGINT       NOT NULL
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;

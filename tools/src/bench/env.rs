@@ -13,6 +13,7 @@ use lapin::types::FieldTable;
 use tokio::process::{Child, Command};
 
 use super::BenchError;
+use super::StockPath;
 use super::load::BenchDb;
 use crate::scratch;
 use crate::shop::{OrdersDatabase, ShopDb};
@@ -124,6 +125,7 @@ impl BenchEnv {
         keep: bool,
         db_connections: u32,
         orders_in: OrdersDatabase,
+        stock: StockPath,
     ) -> Result<Self, BenchError> {
         let name = format!("ot_bench_{}", chrono::Utc::now().format("%Y%m%d_%H%M%S"));
         let amqp_url = scratch::create_vhost(&base.amqp_url, &name)?;
@@ -145,6 +147,7 @@ impl BenchEnv {
             db: BenchDb {
                 orders: ShopDb::Postgres(inventory_pool.clone()),
                 inventory: inventory_pool,
+                also_stock: false,
             },
             inventory_db: database_url.clone(),
             mysql_db: None,
@@ -170,6 +173,26 @@ impl BenchEnv {
                 BenchError::Setup(format!("preparing the MySQL bench database: {e:#}"))
             })?;
             env.settings.database_url = url;
+        }
+        if stock == StockPath::Also {
+            // The services give stock back in the cancel transaction: the
+            // mapping of the reference schema plus a stock table, no gRPC.
+            if env.config_file.is_some() {
+                return Err(BenchError::Setup(
+                    "--stock also writes the services' config file itself: drop --config".into(),
+                ));
+            }
+            let file = env.log_dir.join("also.toml");
+            std::fs::write(
+                &file,
+                "[orders]\n\
+                 also = [\"UPDATE shop_stock s JOIN order_items i ON i.sku = s.sku \
+                 SET s.available = s.available + i.quantity WHERE i.order_id = ?\"]\n\
+                 [inventory]\nrelease = \"none\"\n",
+            )
+            .map_err(|e| BenchError::Setup(format!("writing {}: {e}", file.display())))?;
+            env.config_file = Some(file);
+            env.db.also_stock = true;
         }
         let port = free_port()?;
         env.settings.inventory_url = SecretUrl::new(format!("http://127.0.0.1:{port}"));

@@ -112,6 +112,9 @@ pub struct BenchDb {
     pub orders: ShopDb,
     /// The reference inventory's stock and release log.
     pub inventory: PgPool,
+    /// Stock goes back by an `also` statement into the orders' `shop_stock`
+    /// table (`--stock also`), not over gRPC.
+    pub also_stock: bool,
 }
 
 /// [`insert_batch`] on MySQL: multi-row inserts.
@@ -577,7 +580,7 @@ pub async fn measure(
 ) -> Result<(PhaseReport, Vec<(f64, f64)>), BenchError> {
     let counts = match &db.orders {
         ShopDb::Postgres(pool) => measure_pg(pool, s).await?,
-        ShopDb::MySql(pool) => measure_mysql(pool, &db.inventory, s).await?,
+        ShopDb::MySql(pool) => measure_mysql(pool, db, s).await?,
     };
     let Counts {
         points,
@@ -800,11 +803,8 @@ async fn measure_pg(pool: &PgPool, s: &Settled) -> Result<Counts, BenchError> {
 /// counted here; the cancellation time is the outbox row's (the cancel
 /// transaction's clock, in microseconds); releases come from the
 /// reference inventory's PostgreSQL.
-async fn measure_mysql(
-    pool: &MySqlPool,
-    inventory: &PgPool,
-    s: &Settled,
-) -> Result<Counts, BenchError> {
+async fn measure_mysql(pool: &MySqlPool, db: &BenchDb, s: &Settled) -> Result<Counts, BenchError> {
+    let inventory = &db.inventory;
     type Row = (String, String, i64, i64, Option<i64>, bool);
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT o.id, o.status, \
@@ -849,13 +849,17 @@ async fn measure_mysql(
             .bind(&paid_ids)
             .fetch_one(inventory)
             .await?;
-    let (releases, calls): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), coalesce(sum(calls), 0)::bigint FROM inventory.releases \
-          WHERE starts_with(order_id, $1)",
-    )
-    .bind(&s.prefix)
-    .fetch_one(inventory)
-    .await?;
+    let (releases, calls): (i64, i64) = if db.also_stock {
+        also_releases(pool, &s.prefix).await?
+    } else {
+        sqlx::query_as(
+            "SELECT count(*), coalesce(sum(calls), 0)::bigint FROM inventory.releases \
+              WHERE starts_with(order_id, $1)",
+        )
+        .bind(&s.prefix)
+        .fetch_one(inventory)
+        .await?
+    };
     Ok(Counts {
         points,
         orders: rows.len() as i64,
@@ -867,4 +871,37 @@ async fn measure_mysql(
         pending: rows.iter().filter(|r| r.5).count() as i64,
         peak: per_second.values().max().copied(),
     })
+}
+
+/// With `--stock also` there is no release log: the units given back to
+/// `shop_stock` must equal the units of the cancelled orders' lines, which
+/// holds only if every cancelled order gave its stock back exactly once.
+/// Returns `(releases, calls)` as the gRPC path would count them:
+/// `(cancelled, cancelled)` when the units match, `(0, 0)` when they do not
+/// (so the release check fails and says so).
+async fn also_releases(pool: &MySqlPool, prefix: &str) -> Result<(i64, i64), BenchError> {
+    let (skus, available): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), CAST(COALESCE(SUM(available), 0) AS SIGNED) FROM shop_stock",
+    )
+    .fetch_one(pool)
+    .await?;
+    let (cancelled, units): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(DISTINCT o.id), CAST(COALESCE(SUM(i.quantity), 0) AS SIGNED) \
+           FROM orders o JOIN order_items i ON i.order_id = o.id \
+          WHERE o.status = 'CANCELLED' AND o.id LIKE CONCAT(?, '%')",
+    )
+    .bind(prefix)
+    .fetch_one(pool)
+    .await?;
+    let returned = available - skus * super::INITIAL_STOCK;
+    if returned == units {
+        Ok((cancelled, cancelled))
+    } else {
+        tracing::error!(
+            returned,
+            expected = units,
+            "stock given back by also does not match"
+        );
+        Ok((0, 0))
+    }
 }

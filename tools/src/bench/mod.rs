@@ -41,7 +41,7 @@ use self::load::{Route, Workload};
 use self::report::{BenchReport, PendingReport, PhaseReport};
 use self::sys::{Group, Sampler, Who};
 use self::workload::TimeoutDist;
-use crate::shop::OrdersDatabase;
+use crate::shop::{OrdersDatabase, ShopDb};
 use order_timeout::settings::Settings;
 
 /// Errors of the bench (setup, broker, database, plotting, output).
@@ -102,6 +102,12 @@ pub struct BenchArgs {
     /// MYSQL_URL's server; the reference inventory stays on PostgreSQL).
     #[arg(long, value_enum, default_value_t = OrdersDatabase::Postgres)]
     pub database: OrdersDatabase,
+    /// How cancelled orders' stock goes back: `grpc` (ReleaseStock to the
+    /// reference inventory, from the outbox) or `also` (an `[orders].also`
+    /// statement in the cancel transaction, on a stock table in the orders'
+    /// MySQL database; with `--database mysql`).
+    #[arg(long, value_enum, default_value_t = StockPath::Grpc)]
+    pub stock: StockPath,
     /// How long to create orders.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
@@ -179,9 +185,27 @@ impl BenchArgs {
         if self.pending.is_some() && self.baseline.contains(&Baseline::SingleQueue) {
             return bad("--pending measures the product only; drop --baseline single-queue");
         }
+        if self.stock == StockPath::Also
+            && (self.database != OrdersDatabase::Mysql
+                || self.baseline.contains(&Baseline::SingleQueue))
+        {
+            return bad("--stock also needs --database mysql and no --baseline single-queue");
+        }
         Ok(())
     }
 }
+
+/// How the bench's cancelled orders give their stock back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StockPath {
+    /// `ReleaseStock` over gRPC to the reference inventory.
+    Grpc,
+    /// An `also` statement in the cancel transaction (`release = "none"`).
+    Also,
+}
+
+/// Stock per SKU at the start of a run.
+pub const INITIAL_STOCK: i64 = 1_000_000_000;
 
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -246,6 +270,7 @@ pub async fn run(
         args.keep,
         db_conns,
         args.database,
+        args.stock,
     )
     .await?;
     let result = run_in(&mut env, &args, &mut report).await;
@@ -417,14 +442,19 @@ async fn run_in(
         let skus: Vec<String> = (0..args.skus)
             .map(|i| format!("bench-sku-{i:05}"))
             .collect();
-        crate::shop::set_stock(
-            &env.db.inventory,
-            &skus
-                .iter()
-                .map(|s| (s.clone(), 1_000_000_000))
-                .collect::<Vec<_>>(),
-        )
-        .await?;
+        let stock: Vec<(String, i64)> = skus.iter().map(|s| (s.clone(), INITIAL_STOCK)).collect();
+        match &env.db.orders {
+            ShopDb::MySql(pool) if args.stock == StockPath::Also => {
+                for (sku, n) in &stock {
+                    sqlx::query("INSERT INTO shop_stock (sku, available) VALUES (?, ?)")
+                        .bind(sku)
+                        .bind(n)
+                        .execute(pool)
+                        .await?;
+                }
+            }
+            _ => crate::shop::set_stock(&env.db.inventory, &stock).await?,
+        }
         let w = Workload {
             rate: args.rate,
             duration: args.duration,
