@@ -470,3 +470,104 @@ async fn a_saleor_like_shop_on_postgres_with_uuid_keys_and_text_statuses() {
     assert_eq!(env.stock(1).await, crate::common::STOCK);
     service.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_schedules_the_unpaid_orders_already_in_the_table() {
+    let env = TestEnv::new().await;
+    let db = MallDb::new().await;
+    let hour = Duration::from_secs(3600);
+    // Adoption day: orders the order service created before the switch,
+    // never published. Four due in 3-6 s, three long overdue, one deleted
+    // and overdue, one paid.
+    for i in 0..4 {
+        db.order(
+            400 + i,
+            hour - Duration::from_secs(3 + i as u64),
+            0,
+            false,
+            1 + i % 3,
+        )
+        .await;
+    }
+    for i in 0..3 {
+        db.order(500 + i, hour * 3, 0, false, 1 + i % 3).await;
+    }
+    db.order(600, hour * 3, 0, true, 1).await;
+    db.order(700, hour * 3, 1, false, 2).await;
+    let (orders, inventory) = mall_mapping();
+    let service = env
+        .service_with(Settings {
+            database_url: db.url.clone(),
+            orders,
+            inventory,
+            ..env.settings.clone()
+        })
+        .await;
+    let config = std::env::temp_dir().join(format!("{}-backfill.toml", env.name));
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+            cascade_shards = {shards}
+            [orders]
+            table = "oms_order"
+            unpaid = 0
+            paid = 1
+            cancelled = 4
+            deadline = "create_time + INTERVAL (SELECT normal_order_overtime FROM oms_order_setting WHERE id = 1) MINUTE"
+            guard = "delete_status = 0"
+            time_zone = "+08:00"
+            set = {{ modify_time = "NOW()" }}
+            [inventory]
+            release = "none"
+            "#,
+            shards = env.settings.cascade_shards.get()
+        ),
+    )
+    .unwrap();
+    let backfill = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+            .args([
+                "--config",
+                config.to_str().unwrap(),
+                "backfill",
+                "--batch",
+                "3",
+            ])
+            .env("AMQP_URL", env.settings.amqp_url.expose())
+            .env("DATABASE_URL", db.url.expose())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let out = backfill();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("scheduled 7 unpaid orders"), "{stdout}");
+    // Twice is harmless.
+    assert!(backfill().status.success());
+    env.eventually(
+        Duration::from_secs(40),
+        "every unpaid order closed",
+        || async {
+            let mut all = true;
+            for id in (400..404).chain(500..503) {
+                all &= db.status(id).await == 4;
+            }
+            all
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(db.status(600).await, 0, "a deleted order is left alone");
+    assert_eq!(db.status(700).await, 1, "a paid order is left alone");
+    // 9 orders locked 2 units each; the 7 closed ones gave theirs back once.
+    let locked = db.lock_stock().await;
+    assert_eq!(locked.values().sum::<i32>(), 2 * 2, "{locked:?}");
+    service.stop().await.unwrap();
+    let _ = std::fs::remove_file(&config);
+}
