@@ -170,10 +170,15 @@ pub async fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
     Service::build(settings).await?.run(shutdown).await
 }
 
+/// Between broker sessions: 200 ms, growing to at most 500 ms (plus as much
+/// jitter), so that a broker that is back is consumed from within about a
+/// second. Each attempt is one TCP connect per configured node; the old
+/// 30 s ceiling left a restarted broker unused for up to 15 s (issue 12's
+/// crash run).
 fn reconnect_backoff() -> backon::ExponentialBackoff {
     backon::ExponentialBuilder::new()
         .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(30))
+        .with_max_delay(Duration::from_millis(500))
         .with_jitter()
         .without_max_times()
         .build()

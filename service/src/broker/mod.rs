@@ -19,11 +19,37 @@ pub mod topology;
 /// reconnect loop retries with backoff (and readiness stays red).
 pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Connects to RabbitMQ with this service's connection name, within
-/// [`AMQP_CONNECT_TIMEOUT`].
+/// Connects to RabbitMQ with this service's connection name, each attempt
+/// within [`AMQP_CONNECT_TIMEOUT`]. `url` may list several broker nodes
+/// separated by commas (`amqp://u:p@n1/shop,amqp://u:p@n2/shop`): they are
+/// tried in turn, and the first that accepts is used; the error is the last
+/// node's.
 #[tracing::instrument(skip_all, fields(url = %url))]
 pub async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
-    connect_amqp_within(url.expose(), name, AMQP_CONNECT_TIMEOUT).await
+    let nodes = broker_nodes(url.expose());
+    let mut last = None;
+    for node in &nodes {
+        match connect_amqp_within(node, name, AMQP_CONNECT_TIMEOUT).await {
+            Ok(connection) => return Ok(connection),
+            Err(e) => {
+                if nodes.len() > 1 {
+                    tracing::warn!(node = %crate::settings::redact_url(node), error = %e, "broker node refused; trying the next");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "AMQP_URL names no broker").into()
+    }))
+}
+
+/// The broker nodes of an `AMQP_URL`: its comma-separated URLs.
+fn broker_nodes(urls: &str) -> Vec<&str> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
 }
 
 async fn connect_amqp_within(
@@ -63,6 +89,34 @@ pub async fn declare_topology(settings: &Settings) -> Result<(), topology::Topol
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amqp_url_may_list_several_nodes() {
+        assert_eq!(
+            broker_nodes("amqp://a/%2f, amqp://b/%2f,,"),
+            ["amqp://a/%2f", "amqp://b/%2f"]
+        );
+        assert_eq!(broker_nodes("amqp://a/%2f"), ["amqp://a/%2f"]);
+    }
+
+    #[tokio::test]
+    async fn a_refusing_node_is_skipped_for_the_next() {
+        // Nothing listens on the first port; the second is a listener that
+        // never answers the handshake: both fail, the error is the last one.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let url = SecretUrl::new(format!(
+            "amqp://guest:guest@127.0.0.1:{closed_port}/%2f,amqp://guest:guest@127.0.0.1:1/%2f"
+        ));
+        let started = std::time::Instant::now();
+        let err = connect_amqp(&url, "test").await.unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no wait on a refused node"
+        );
+        assert!(!err.to_string().is_empty());
+    }
 
     #[tokio::test]
     async fn a_broker_that_never_answers_the_handshake_is_an_error_not_a_hang() {

@@ -50,8 +50,14 @@ impl fmt::Debug for SecretUrl {
 }
 
 /// A URL with its password replaced by `***`, for logs and error messages.
+/// A comma-separated list of URLs (several broker nodes in `AMQP_URL`) is
+/// redacted URL by URL.
 pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
+    raw.split(',').map(redact_one).collect::<Vec<_>>().join(",")
+}
+
+fn redact_one(raw: &str) -> String {
+    match url::Url::parse(raw.trim()) {
         Ok(mut url) if url.password().is_some() => {
             let _ = url.set_password(Some("***"));
             url.to_string()
@@ -76,6 +82,13 @@ mod tests {
             "postgres://postgres@127.0.0.1/db"
         );
         assert!(!redact_url("not a url s3cret").contains("s3cret"));
+    }
+
+    #[test]
+    fn every_url_of_a_list_is_redacted() {
+        let nodes = redact_url("amqp://u:p1@n1:5672/shop, amqp://u:p2@n2:5672/shop");
+        assert_eq!(nodes, "amqp://u:***@n1:5672/shop,amqp://u:***@n2:5672/shop");
+        assert!(!redact_url("amqp://u:p1@n1/x,garbage p2").contains("p2"));
     }
 
     #[test]
