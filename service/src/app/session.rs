@@ -136,7 +136,7 @@ impl Connections {
         // the consumer fell behind).
         let publish = connect_amqp(&settings.amqp_url, "order-timeout-publish").await?;
         let publisher = Publisher::new(&publish).await?;
-        topology::declare(publisher.channel(), &topology::Layout::of(settings)).await?;
+        topology::declare(&publish, &topology::Layout::of(settings)).await?;
         let consume_channel = consume.create_channel().await?;
         let depth_channel = consume.create_channel().await?;
         let publish_channels = publisher.channels().to_vec();

@@ -77,11 +77,7 @@ pub async fn declare_topology(settings: &Settings) -> Result<(), topology::Topol
     let conn = connect_amqp(&settings.amqp_url, "order-timeout-setup")
         .await
         .map_err(topology::TopologyError::Connect)?;
-    let channel = conn
-        .create_channel()
-        .await
-        .map_err(topology::TopologyError::Connect)?;
-    topology::declare(&channel, &topology::Layout::of(settings)).await?;
+    topology::declare(&conn, &topology::Layout::of(settings)).await?;
     let _ = conn.close(200, "setup done".into()).await;
     Ok(())
 }

@@ -20,8 +20,9 @@
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Channel, ExchangeKind};
+use lapin::{Connection, ErrorKind, ExchangeKind};
 
 use super::cascade::{LEVELS, bit_pattern, shard_level_name};
 use crate::settings::{CascadeShards, QueueType, Settings};
@@ -84,7 +85,35 @@ pub enum TopologyError {
     },
 }
 
-fn queue_args(queue_type: QueueType, ttl_ms: Option<u64>, dlx: Option<&str>) -> FieldTable {
+/// The delivery limit of the queues the service consumes or browses (due,
+/// parked) when they are quorum queues: in effect none.
+///
+/// A quorum queue counts how often each message was returned (nack with
+/// requeue, a consumer's channel closing with it unacked, every `parked
+/// list` pass) and, past its delivery limit, dead-letters or **drops** it.
+/// RabbitMQ 3.x has no limit unless one is set; 4.x applies a default of
+/// 20, so a service restarting in a loop, or 20 looks at the parked queue,
+/// would silently lose orders. `-1` (4.x's "unlimited") means *0* on 3.x,
+/// so the service sets a large explicit limit, which means the same on
+/// both and which `topology check` verifies like any other argument.
+pub const DELIVERY_LIMIT: i64 = 1_000_000;
+
+/// Whether a queue is read by consumers (due, parked) or only holds
+/// messages for their TTL (the cascade levels).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    /// Consumed or browsed: gets [`DELIVERY_LIMIT`] as a quorum queue.
+    Consumed,
+    /// Never delivered to a consumer: messages leave by dead-lettering.
+    DeadLetterOnly,
+}
+
+fn queue_args(
+    queue_type: QueueType,
+    reads: Reads,
+    ttl_ms: Option<u64>,
+    dlx: Option<&str>,
+) -> FieldTable {
     let mut args = FieldTable::default();
     let mut put = |k: &str, v: AMQPValue| {
         args.insert(ShortString::from(k), v);
@@ -98,6 +127,9 @@ fn queue_args(queue_type: QueueType, ttl_ms: Option<u64>, dlx: Option<&str>) -> 
                 // after the next level has confirmed it. Requires reject-publish.
                 put("x-dead-letter-strategy", text("at-least-once"));
                 put("x-overflow", text("reject-publish"));
+            }
+            if reads == Reads::Consumed {
+                put("x-delivery-limit", AMQPValue::LongLongInt(DELIVERY_LIMIT));
             }
         }
         QueueType::Classic => {
@@ -128,11 +160,11 @@ pub fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
     let mut specs = vec![
         QueueSpec {
             name: DUE_QUEUE.into(),
-            args: queue_args(queue_type, None, None),
+            args: queue_args(queue_type, Reads::Consumed, None, None),
         },
         QueueSpec {
             name: PARKED_QUEUE.into(),
-            args: queue_args(queue_type, None, None),
+            args: queue_args(queue_type, Reads::Consumed, None, None),
         },
     ];
     for shard in layout.shard_range() {
@@ -141,6 +173,7 @@ pub fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
                 name: shard_level_name(shard, k),
                 args: queue_args(
                     queue_type,
+                    Reads::DeadLetterOnly,
                     Some(1000u64 << k),
                     Some(&exchange_below(shard, k)),
                 ),
@@ -250,10 +283,21 @@ pub fn queue_options() -> QueueDeclareOptions {
     }
 }
 
-/// Declares every exchange, queue and binding. Idempotent: safe to run on
-/// every start and from several replicas at once.
-#[tracing::instrument(skip(channel))]
-pub async fn declare(channel: &Channel, layout: &Layout) -> Result<(), TopologyError> {
+/// Declares every exchange, queue and binding, on a channel of its own
+/// (a refused declaration closes the channel it was made on). Idempotent:
+/// safe to run on every start and from several replicas at once.
+///
+/// A due or parked queue declared by an older version, without
+/// [`DELIVERY_LIMIT`], is used as it is, with a warning naming the fix
+/// (RabbitMQ cannot change a queue's arguments; a policy can set the limit):
+/// refusing to start would stop cancellations over a setting that matters
+/// only on RabbitMQ 4.x.
+#[tracing::instrument(skip(connection))]
+pub async fn declare(connection: &Connection, layout: &Layout) -> Result<(), TopologyError> {
+    let mut channel = connection
+        .create_channel()
+        .await
+        .map_err(TopologyError::Connect)?;
     for spec in exchange_specs(layout) {
         channel
             .exchange_declare(
@@ -269,13 +313,43 @@ pub async fn declare(channel: &Channel, layout: &Layout) -> Result<(), TopologyE
             })?;
     }
     for spec in queue_specs(layout) {
-        channel
-            .queue_declare(spec.name.as_str().into(), queue_options(), spec.args)
-            .await
-            .map_err(|error| TopologyError::Declare {
+        let declared = channel
+            .queue_declare(
+                spec.name.as_str().into(),
+                queue_options(),
+                spec.args.clone(),
+            )
+            .await;
+        let refused = match declared {
+            Ok(_) => continue,
+            Err(error) if predates_delivery_limit(&error) => {
+                tracing::warn!(
+                    queue = %spec.name,
+                    "the queue was declared without a delivery limit; {DELIVERY_LIMIT_FIX}"
+                );
+                channel = connection
+                    .create_channel()
+                    .await
+                    .map_err(TopologyError::Connect)?;
+                let mut args = FieldTable::default();
+                for (key, value) in spec.args.inner() {
+                    if key.as_str() != "x-delivery-limit" {
+                        args.insert(key.clone(), value.clone());
+                    }
+                }
+                channel
+                    .queue_declare(spec.name.as_str().into(), queue_options(), args)
+                    .await
+                    .err()
+            }
+            Err(error) => Some(error),
+        };
+        if let Some(error) = refused {
+            return Err(TopologyError::Declare {
                 what: format!("queue {}", spec.name),
                 error,
-            })?;
+            });
+        }
     }
     for spec in binding_specs(layout) {
         let source = spec.source.as_str().into();
@@ -314,7 +388,39 @@ pub async fn declare(channel: &Channel, layout: &Layout) -> Result<(), TopologyE
             error,
         })?;
     }
+    let _ = channel.close(200, "declared".into()).await;
     Ok(())
+}
+
+/// What to do about a due or parked queue without [`DELIVERY_LIMIT`]
+/// (declared by a version before it); `topology check` prints it too.
+pub const DELIVERY_LIMIT_FIX: &str = "RabbitMQ 4.x gives such a quorum queue a delivery limit of 20 and \
+drops messages returned more often (a restart loop of the service, 20 `parked list` passes). \
+Set the limit with a policy (applies at once, no restart): rabbitmqctl set_policy -p VHOST \
+--apply-to quorum_queues --priority 10 order-timeout-delivery-limit '^order-timeout\\.(due|parked)$' \
+'{\"delivery-limit\": 1000000}' -- or delete the queue while it is empty and restart the service";
+
+/// A broker's soft (channel-level) error: its kind and its text.
+pub fn soft_error(error: &lapin::Error) -> Option<(AMQPSoftError, String)> {
+    match error.kind() {
+        ErrorKind::ProtocolError(e) => match e.kind() {
+            AMQPErrorKind::Soft(kind) => Some((kind.clone(), e.get_message().to_string())),
+            AMQPErrorKind::Hard(_) => None,
+        },
+        _ => None,
+    }
+}
+
+/// True when the broker refused a declaration because the existing queue
+/// has no `x-delivery-limit` (it predates [`DELIVERY_LIMIT`]). RabbitMQ
+/// says: "inequivalent arg 'x-delivery-limit' for queue '…': received the
+/// value '1000000' of type 'signedint' but current is none".
+pub fn predates_delivery_limit(error: &lapin::Error) -> bool {
+    soft_error(error).is_some_and(|(kind, text)| {
+        kind == AMQPSoftError::PRECONDITIONFAILED
+            && text.contains("'x-delivery-limit'")
+            && text.ends_with("current is none")
+    })
 }
 
 #[cfg(test)]
@@ -428,6 +534,28 @@ mod tests {
             shard1.args.inner().get("x-dead-letter-exchange"),
             Some(&AMQPValue::LongString("order-timeout.delay.02.s1".into()))
         );
+    }
+
+    #[test]
+    fn only_consumed_quorum_queues_get_the_delivery_limit() {
+        let limited = |layout: &Layout| -> Vec<String> {
+            queue_specs(layout)
+                .into_iter()
+                .filter(|q| q.args.contains_key("x-delivery-limit"))
+                .map(|q| q.name)
+                .collect()
+        };
+        assert_eq!(limited(&layout(2)), [DUE_QUEUE, PARKED_QUEUE]);
+        let due = &queue_specs(&layout(1))[0];
+        assert_eq!(
+            due.args.inner().get("x-delivery-limit"),
+            Some(&AMQPValue::LongLongInt(DELIVERY_LIMIT))
+        );
+        let classic = Layout {
+            queue_type: QueueType::Classic,
+            ..layout(1)
+        };
+        assert!(limited(&classic).is_empty(), "classic queues refuse it");
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub(super) async fn run(settings: Settings, args: BackfillArgs) -> anyhow::Resul
     let report = store.prepare().await?;
     let conn = connect(&settings, "order-timeout-backfill").await?;
     let publisher = Publisher::new(&conn).await?;
-    topology::declare(publisher.channel(), &Layout::of(&settings)).await?;
+    topology::declare(&conn, &Layout::of(&settings)).await?;
     let bar = ProgressBar::new(u64::try_from(report.unpaid.0).unwrap_or(0)).with_style(
         ProgressStyle::with_template(
             "{bar:40} {pos}/{len} unpaid orders scheduled ({per_sec}, eta {eta})",

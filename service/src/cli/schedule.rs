@@ -48,7 +48,7 @@ pub(super) async fn run(settings: Settings, args: ScheduleArgs) -> anyhow::Resul
     };
     let conn = connect(&settings, "order-timeout-cli").await?;
     let publisher = Publisher::new(&conn).await?;
-    topology::declare(publisher.channel(), &Layout::of(&settings)).await?;
+    topology::declare(&conn, &Layout::of(&settings)).await?;
     publisher.schedule(&request).await?;
     let _ = conn.close(200, "done".into()).await;
     println!(

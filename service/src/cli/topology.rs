@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 use super::connect;
-use crate::broker::topology::{BindingDestination, Layout};
+use crate::broker::topology::{BindingDestination, DELIVERY_LIMIT_FIX, Layout};
 use crate::ops::topology_check::{self, Status};
 use crate::settings::{QueueType, Settings};
 
@@ -56,6 +56,12 @@ pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow:
             Status::Ok if args.verbose => format!("ok       {} {}", object.kind, object.name),
             Status::Ok => continue,
             Status::Missing => format!("MISSING  {} {}", object.kind, object.name),
+            Status::Differs(why) if why.contains("'x-delivery-limit'") => format!(
+                "DIFFERS  {} {}: {why}\n         {}",
+                object.kind,
+                object.name,
+                DELIVERY_LIMIT_FIX.replace("VHOST", &shell_word(&vhost))
+            ),
             Status::Differs(why) => format!("DIFFERS  {} {}: {why}", object.kind, object.name),
             Status::Unchecked(why) => {
                 format!("UNCHECKED {} {}: {why}", object.kind, object.name)
@@ -90,6 +96,19 @@ pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow:
             "MISMATCH: `order-timeout serve` declares what is missing; differing objects must be deleted (after draining) and re-declared"
         );
         Ok(ExitCode::from(1))
+    }
+}
+
+/// `word` as one shell word (quoted unless it is plainly safe).
+fn shell_word(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+    {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 

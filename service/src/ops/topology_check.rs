@@ -18,13 +18,13 @@
 //! on start; `rabbitmqctl list_bindings -p VHOST` shows the real ones.
 
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions};
-use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ErrorKind};
+use lapin::{Channel, Connection};
 
 use crate::broker::topology::{
     self, BindingDestination, BindingSpec, Layout, exchange_options, exchange_specs, queue_options,
-    queue_specs,
+    queue_specs, soft_error,
 };
 use crate::settings::QueueType;
 
@@ -121,16 +121,6 @@ impl TopologyReport {
 /// True for a channel closed with `404 NOT_FOUND`.
 pub fn is_not_found(error: &lapin::Error) -> bool {
     soft_error(error).is_some_and(|(kind, _)| kind == AMQPSoftError::NOTFOUND)
-}
-
-fn soft_error(error: &lapin::Error) -> Option<(AMQPSoftError, String)> {
-    match error.kind() {
-        ErrorKind::ProtocolError(e) => match e.kind() {
-            AMQPErrorKind::Soft(kind) => Some((kind.clone(), e.get_message().to_string())),
-            AMQPErrorKind::Hard(_) => None,
-        },
-        _ => None,
-    }
 }
 
 /// Maps a failed declare to a status; errors that are not about this

@@ -380,3 +380,60 @@ async fn topology_check_reports_ok_and_then_every_difference() {
         .await;
     assert!(missing.is_err(), "topology check must not create queues");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_the_check_names_the_fix() {
+    let env = TestEnv::new().await;
+    // As a version without the delivery limit declared it.
+    let channel = env.amqp.create_channel().await.unwrap();
+    delete_queue(&channel, topology::PARKED_QUEUE).await;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            topology::PARKED_QUEUE.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+
+    // The service starts on it (a warning, not a refusal) and parks into it.
+    let service = env.service().await;
+    publish_for_unknown(&env, "no-such-order").await;
+    wait_parked(&env, &service, 1).await;
+    service.stop().await.unwrap();
+
+    let out = env.cli(&["topology", "check"]).await;
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    let parked = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with(&format!("DIFFERS  queue {}", topology::PARKED_QUEUE)))
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        parked.contains("'x-delivery-limit'") && parked.contains("current is none"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        parked.contains("rabbitmqctl set_policy -p ")
+            && parked.contains(r#""delivery-limit": 1000000"#),
+        "the check names the fix: {parked}"
+    );
+    // Every other queue, the due queue included, has the limit.
+    assert!(
+        !out.stdout
+            .contains(&format!("queue {}:", topology::DUE_QUEUE)),
+        "{}",
+        out.stdout
+    );
+}
