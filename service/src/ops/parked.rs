@@ -10,11 +10,13 @@
 //!
 //! Why a whole pass, even for `list --limit 10`: on RabbitMQ 3.10+ a quorum
 //! queue without a delivery limit puts requeued messages at the *back* of
-//! the queue (measured on 3.10.8, also for a closed channel). Returning the
-//! first 10 of 50 would rotate the queue; returning all of them at once, in
-//! the order they were taken, leaves it as it was. Each pass adds one to
-//! every message's `x-delivery-count`; with no `delivery-limit` (the
-//! service declares none) that is only a counter, never a reason to drop.
+//! the queue (measured on 3.10.8, also for a closed channel), one with a
+//! limit near the head. Returning the first 10 of 50 would rotate the
+//! queue; returning all of them at once, in the order they were taken,
+//! leaves it as it was either way. Each pass adds one to every message's
+//! `x-delivery-count`; the parked queue's limit
+//! ([`crate::broker::topology::DELIVERY_LIMIT`]) is high enough that this
+//! stays a counter, never a reason to drop.
 //!
 //! Replay and purge only act on the messages that were in the queue when
 //! the pass began (the count from a passive declare): a replayed message
