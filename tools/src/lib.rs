@@ -7,6 +7,8 @@
 //! - [`demo`]: the product end to end on local servers;
 //! - [`bench`](mod@bench): load generation and measurement (docs/BENCHMARKS.md);
 //! - [`scratch`]: a fresh vhost and database per bench or test run;
+//! - [`private_broker`]: private RabbitMQ nodes and clusters for the
+//!   broker-fault tests;
 //! - [`cli`]: the `order-timeout-tools` command line.
 //!
 //! Depends on the `order-timeout` crate; that crate never depends on this
@@ -18,5 +20,6 @@ pub mod bench;
 pub mod cli;
 pub mod demo;
 pub mod inventory;
+pub mod private_broker;
 pub mod scratch;
 pub mod shop;

@@ -8,6 +8,14 @@
 //! cancel statement and outbox leases as the consumer — so several replicas
 //! sweeping at once, or a sweep racing a late message, still release stock
 //! once.
+//!
+//! It is also **the catch-up after a (re)connect**: for `catch_up_window`
+//! after each broker session starts it sweeps every `catch_up_interval`
+//! with a short grace, because a broker restart can hold timeout messages
+//! in the cascade for minutes (RabbitMQ's dead-letter worker starts before
+//! the next level's queue is back and retries only after
+//! `dead_letter_worker_publisher_confirm_timeout`). Measured in
+//! docs/BENCHMARKS.md, "Broker crashes".
 
 use std::collections::HashSet;
 
@@ -20,40 +28,59 @@ use crate::store::{OrderState, StoreError};
 /// Most batches one sweep takes before yielding to the next interval.
 const MAX_BATCHES: usize = 100;
 
-/// Sweeps every `interval` until `stop` fires.
+/// Sweeps until `stop` fires: every `catch_up_interval` during the
+/// session's first `catch_up_window` (the catch-up after a (re)connect),
+/// then every `interval`.
 pub(crate) async fn run(worker: Worker, stop: Shutdown) {
     let settings = worker.ctx.settings.sweeper.clone();
     if !settings.enabled {
         return;
     }
+    let session_start = tokio::time::Instant::now();
     loop {
+        let catching_up = session_start.elapsed() < settings.catch_up_window;
+        let (pause, grace) = if catching_up {
+            (settings.catch_up_interval, settings.catch_up_grace)
+        } else {
+            (settings.interval, settings.grace)
+        };
         tokio::select! {
-            _ = tokio::time::sleep(settings.interval) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = stop.wait() => return,
         }
-        match sweep_once(&worker).await {
-            Ok(0) => tracing::debug!("sweep: nothing overdue"),
+        match sweep_once(&worker, grace, !catching_up).await {
+            Ok(0) => tracing::debug!(catching_up, "sweep: nothing overdue"),
+            Ok(n) if catching_up => tracing::warn!(
+                orders = n,
+                "catch-up sweep: settled orders whose timeout messages are late (held up in the broker around a reconnect)"
+            ),
             Ok(n) => tracing::warn!(
                 orders = n,
                 "sweep: settled orders no timeout message did (dual-write gap or lost work)"
             ),
             Err(e) => {
-                tracing::warn!(error = %e, "sweep failed; next one in {:?}", settings.interval)
+                tracing::warn!(error = %e, "sweep failed; next one in {pause:?}")
             }
         }
     }
 }
 
-/// One sweep; returns how many orders it cancelled or finished.
-#[tracing::instrument(skip_all)]
-pub(crate) async fn sweep_once(worker: &Worker) -> Result<u64, StoreError> {
+/// One sweep over orders overdue by more than `grace` (and, with
+/// `outbox`, cancellations whose stock release is stale); returns how many
+/// orders it cancelled or finished.
+#[tracing::instrument(skip(worker))]
+pub(crate) async fn sweep_once(
+    worker: &Worker,
+    grace: std::time::Duration,
+    outbox: bool,
+) -> Result<u64, StoreError> {
     let ctx = &worker.ctx;
     let s = &ctx.settings.sweeper;
     let mut settled = 0u64;
     let mut seen: HashSet<OrderId> = HashSet::new();
     for round in 0..MAX_BATCHES {
-        let mut ids = ctx.store.overdue(s.grace, s.batch).await?;
-        if round == 0 {
+        let mut ids = ctx.store.overdue(grace, s.batch).await?;
+        if round == 0 && outbox {
             ids.extend(ctx.store.stale_outbox(s.grace, s.batch).await?);
         }
         // An order that did not settle in this sweep (contended, inventory

@@ -172,6 +172,22 @@ pub struct SweeperSettings {
     /// Orders per statement; a sweep takes batches until one comes back
     /// short (at most 100 batches per sweep).
     pub batch: u32,
+    /// For this long after every (re)connect to the broker, sweep every
+    /// `catch_up_interval` for orders overdue by more than `catch_up_grace`
+    /// (`0s` turns it off). After a broker restart, messages can sit in a
+    /// cascade level until RabbitMQ retries dead-lettering them (180 s on
+    /// 3.10–3.13 unless `dead_letter_worker_publisher_confirm_timeout` is
+    /// lowered, see `deploy/rabbitmq/`); the orders they were for are
+    /// cancelled by these sweeps instead, seconds late instead of minutes.
+    #[serde(with = "humantime_serde")]
+    pub catch_up_window: Duration,
+    /// Time between catch-up sweeps.
+    #[serde(with = "humantime_serde")]
+    pub catch_up_interval: Duration,
+    /// Catch-up sweeps take orders overdue by more than this; the normal
+    /// path settles orders within milliseconds of their deadline.
+    #[serde(with = "humantime_serde")]
+    pub catch_up_grace: Duration,
 }
 
 impl Default for SweeperSettings {
@@ -181,6 +197,9 @@ impl Default for SweeperSettings {
             interval: Duration::from_secs(30),
             grace: Duration::from_secs(60),
             batch: 500,
+            catch_up_window: Duration::from_secs(300),
+            catch_up_interval: Duration::from_secs(1),
+            catch_up_grace: Duration::from_secs(1),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{STOCK, TestEnv};
+use crate::common::{STOCK, TestEnv, http_get};
 use chrono::Utc;
 use order_timeout::broker::headers::{header_int, header_str};
 use order_timeout::message::format_instant;
@@ -633,29 +633,6 @@ async fn orders_without_any_message_are_swept_once_even_by_two_replicas() {
     assert_eq!(swept, 40, "each order swept by exactly one replica");
     a.stop().await.unwrap();
     b.stop().await.unwrap();
-}
-
-/// A bare-bones HTTP/1.1 GET: `(status, body)`.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return (0, String::new());
-    };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

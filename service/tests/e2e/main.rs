@@ -3,6 +3,7 @@
 //! ([`common::TestEnv`]) and talks to the real servers.
 
 mod adopt;
+mod broker_faults;
 mod common;
 mod failures;
 mod operations;

@@ -1,0 +1,250 @@
+//! Private RabbitMQ nodes for the broker-fault tests and measurements: a
+//! cluster of 1..N nodes of this run's own (own names, ports, data, cookie),
+//! driven through `scripts/rabbitmq-cluster.sh` — the script users run —
+//! and removed on drop. The machine's own broker is never touched.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::Command;
+
+/// Where the cluster script lives in this repository.
+pub fn cluster_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rabbitmq-cluster.sh")
+}
+
+/// A failed script command, with what it printed.
+#[derive(Debug, thiserror::Error)]
+#[error("scripts/rabbitmq-cluster.sh {command} failed ({status}): {stderr}")]
+pub struct ClusterError {
+    /// The command line after the script's name.
+    pub command: String,
+    /// Its exit status.
+    pub status: String,
+    /// The tail of its stderr (the node's log tail on a timeout).
+    pub stderr: String,
+}
+
+/// What the nodes are started with.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Number of nodes.
+    pub nodes: usize,
+    /// The `advanced.config` every node gets (default: the repository's
+    /// `deploy/rabbitmq/advanced.config`).
+    pub advanced_config: Option<String>,
+    /// Lines appended to every node's `rabbitmq.conf` (`@I@` and `@PORT@`
+    /// are replaced by the script).
+    pub extra_conf: Option<String>,
+}
+
+impl ClusterConfig {
+    /// `nodes` nodes with the repository's broker settings.
+    pub fn nodes(nodes: usize) -> Self {
+        Self {
+            nodes,
+            advanced_config: None,
+            extra_conf: None,
+        }
+    }
+}
+
+/// A running private cluster; stopped and deleted on drop.
+pub struct PrivateCluster {
+    dir: PathBuf,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// AMQP port of node 1 (node `i` listens on `port + i - 1`).
+    pub port: u16,
+}
+
+impl PrivateCluster {
+    /// Starts the nodes on free ports and waits until they form one cluster.
+    pub async fn start(config: ClusterConfig) -> Result<Self, ClusterError> {
+        let unique = format!(
+            "ot{}x{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() % 1_000_000)
+                .unwrap_or(0)
+        );
+        let dir = std::env::temp_dir().join(format!("order-timeout-rabbit-{unique}"));
+        std::fs::create_dir_all(&dir).map_err(|e| io_error("mkdir", e))?;
+        let port = free_port_range(config.nodes);
+        let mut env = vec![
+            ("CLUSTER_NODES", config.nodes.to_string()),
+            ("CLUSTER_PORT", port.to_string()),
+            ("CLUSTER_NAME", unique.clone()),
+        ];
+        if let Some(text) = &config.advanced_config {
+            let path = dir.join("advanced.config.in");
+            std::fs::write(&path, text).map_err(|e| io_error("write advanced.config", e))?;
+            env.push(("CLUSTER_ADVANCED_CONFIG", path.display().to_string()));
+        }
+        if let Some(text) = &config.extra_conf {
+            let path = dir.join("extra.conf.in");
+            std::fs::write(&path, text).map_err(|e| io_error("write extra conf", e))?;
+            env.push(("CLUSTER_CONF_EXTRA", path.display().to_string()));
+        }
+        let cluster = Self {
+            dir: dir.join("cluster"),
+            nodes: config.nodes,
+            port,
+        };
+        cluster.run_with(&["start"], &env).await?;
+        Ok(cluster)
+    }
+
+    /// The AMQP URL of node `i` (1-based), default vhost.
+    pub fn url(&self, i: usize) -> String {
+        format!(
+            "amqp://guest:guest@127.0.0.1:{}/%2f",
+            self.port as usize + i - 1
+        )
+    }
+
+    /// Every node's URL, comma-separated, starting with node `first`: what
+    /// `AMQP_URL` holds for a cluster.
+    pub fn urls_from(&self, first: usize) -> String {
+        (0..self.nodes)
+            .map(|k| self.url((first - 1 + k) % self.nodes + 1))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `kill -9` of node `i`'s Erlang VM; its data is kept.
+    pub async fn kill_node(&self, i: usize) -> Result<(), ClusterError> {
+        self.run(&["kill-node", &i.to_string()]).await.map(drop)
+    }
+
+    /// (Re)starts node `i` and waits until it runs.
+    pub async fn start_node(&self, i: usize) -> Result<(), ClusterError> {
+        self.run(&["start-node", &i.to_string()]).await.map(drop)
+    }
+
+    /// Graceful stop of node `i` (`rabbitmqctl stop`).
+    pub async fn stop_node(&self, i: usize) -> Result<(), ClusterError> {
+        self.run(&["stop-node", &i.to_string()]).await.map(drop)
+    }
+
+    /// `rabbitmqctl stop_app` on node `i`.
+    pub async fn stop_app(&self, i: usize) -> Result<(), ClusterError> {
+        self.run(&["stop-app", &i.to_string()]).await.map(drop)
+    }
+
+    /// `rabbitmqctl start_app` on node `i`, waiting until it runs.
+    pub async fn start_app(&self, i: usize) -> Result<(), ClusterError> {
+        self.run(&["start-app", &i.to_string()]).await.map(drop)
+    }
+
+    /// The script's `status` lines.
+    pub async fn status(&self) -> String {
+        match self.run(&["status"]).await {
+            Ok(out) => out,
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Runs `rabbitmqctl -n NODE_i args…` against node `i` (the cluster's
+    /// own cookie and node name) and returns its stdout.
+    pub async fn rabbitmqctl(&self, i: usize, args: &[&str]) -> Result<String, ClusterError> {
+        let mut full: Vec<String> = vec!["ctl".into(), i.to_string()];
+        full.extend(args.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+        self.run(&refs).await
+    }
+
+    async fn run(&self, args: &[&str]) -> Result<String, ClusterError> {
+        self.run_with(args, &[]).await
+    }
+
+    async fn run_with(
+        &self,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> Result<String, ClusterError> {
+        let mut command = Command::new("bash");
+        command
+            .arg(cluster_script())
+            .args(args)
+            .env("CLUSTER_DIR", &self.dir)
+            .kill_on_drop(true);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let output = command
+            .output()
+            .await
+            .map_err(|e| io_error(&args.join(" "), e))?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
+            Err(ClusterError {
+                command: args.join(" "),
+                status: output.status.to_string(),
+                stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            })
+        }
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        // Blocking on purpose: the nodes must be gone when the test ends.
+        let _ = std::process::Command::new("bash")
+            .arg(cluster_script())
+            .arg("stop")
+            .env("CLUSTER_DIR", &self.dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir_all(parent);
+        }
+    }
+}
+
+fn io_error(command: &str, e: std::io::Error) -> ClusterError {
+    ClusterError {
+        command: command.into(),
+        status: "not run".into(),
+        stderr: e.to_string(),
+    }
+}
+
+/// A first port such that `n` AMQP ports and their distribution ports
+/// (+10000) are free right now, in 20000..40000.
+fn free_port_range(n: usize) -> u16 {
+    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() as u64)
+            .unwrap_or(0);
+    for attempt in 0..500u64 {
+        let base = 20_000 + ((seed + attempt * 7919) % 19_000) as u16;
+        if (0..n as u16).all(|k| free(base + k) && free(base + k + 10_000)) {
+            return base;
+        }
+    }
+    21_681
+}
+
+/// Waits up to `limit` for `check` to hold, polling every 100 ms.
+pub async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
