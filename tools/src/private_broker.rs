@@ -146,15 +146,6 @@ impl PrivateCluster {
         }
     }
 
-    /// Runs `rabbitmqctl -n NODE_i args…` against node `i` (the cluster's
-    /// own cookie and node name) and returns its stdout.
-    pub async fn rabbitmqctl(&self, i: usize, args: &[&str]) -> Result<String, ClusterError> {
-        let mut full: Vec<String> = vec!["ctl".into(), i.to_string()];
-        full.extend(args.iter().map(|s| s.to_string()));
-        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
-        self.run(&refs).await
-    }
-
     async fn run(&self, args: &[&str]) -> Result<String, ClusterError> {
         self.run_with(args, &[]).await
     }

@@ -495,14 +495,6 @@ async fn backfill_schedules_the_unpaid_orders_already_in_the_table() {
     db.order(600, hour * 3, 0, true, 1).await;
     db.order(700, hour * 3, 1, false, 2).await;
     let (orders, inventory) = mall_mapping();
-    let service = env
-        .service_with(Settings {
-            database_url: db.url.clone(),
-            orders,
-            inventory,
-            ..env.settings.clone()
-        })
-        .await;
     let config = std::env::temp_dir().join(format!("{}-backfill.toml", env.name));
     std::fs::write(
         &config,
@@ -548,6 +540,16 @@ async fn backfill_schedules_the_unpaid_orders_already_in_the_table() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("scheduled 7 unpaid orders"), "{stdout}");
+    // The service starts after the first backfill: its catch-up sweeps
+    // would otherwise settle the long overdue orders before it counts them.
+    let service = env
+        .service_with(Settings {
+            database_url: db.url.clone(),
+            orders,
+            inventory,
+            ..env.settings.clone()
+        })
+        .await;
     // Twice is harmless.
     assert!(backfill().status.success());
     env.eventually(
