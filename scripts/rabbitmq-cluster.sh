@@ -260,22 +260,36 @@ launch_node() {
     echo $! >"$dir/server.pid"
 }
 
+# log_tail I: what tells why node I failed, on stderr, in under 30 lines: from its console
+# output of this boot the first error lines and the last lines, then the end of its log.
 log_tail() {
-    local i=$1 dir f
+    local i=$1 dir run f
     dir=$(node_dir "$i")
-    for f in "$dir/console.log" "$dir/log/$(node_name "$i").log"; do
-        [[ -s $f ]] || continue
-        printf -- '---- last lines of %s\n' "$f" >&2
-        tail -n 25 "$f" >&2
-    done
+    if [[ -s $dir/console.log ]]; then
+        # this boot's part: from the last "==== ...: starting" line written by launch_node
+        run=$(awk '/^==== .*: starting /{buf=""; next} {buf=buf $0 "\n"} END{printf "%s", buf}' "$dir/console.log")
+        if grep -qF '[error]' <<<"$run"; then
+            printf -- '---- %s, first errors of this boot:\n' "$dir/console.log" >&2
+            grep -m 8 -F '[error]' <<<"$run" >&2
+        fi
+        printf -- '---- %s, last lines of this boot:\n' "$dir/console.log" >&2
+        if [[ -n $run ]]; then tail -n 5 <<<"$run" >&2; else echo "(no output yet)" >&2; fi
+    fi
+    f=$dir/log/$(node_name "$i").log
+    if [[ -s $f ]]; then
+        printf -- '---- %s, last lines:\n' "$f" >&2
+        tail -n 10 "$f" >&2
+    fi
     printf -- '----\n' >&2
 }
 
+# node_fail I MESSAGE: node I's log tail, then the error (last, so a caller that keeps
+# only the end of stderr sees it).
 node_fail() {
     local i=$1
     shift
-    printf '[rabbitmq-cluster %s] ERROR: node %s (%s): %s\n' "$NAME" "$i" "$(node_name "$i")" "$*" >&2
     log_tail "$i"
+    printf '[rabbitmq-cluster %s] ERROR: node %s (%s): %s\n' "$NAME" "$i" "$(node_name "$i")" "$*" >&2
     return 1
 }
 
@@ -461,7 +475,11 @@ start_cleanup() {
         while [[ -n $spid ]] && pid_alive "$spid" && ! node_pid "$i" >/dev/null && (($(now) < deadline)); do
             sleep 0.2
         done
-        kill_node "$i" || true
+        if node_pid "$i" >/dev/null; then
+            kill_node "$i" || true
+        elif [[ -n $spid ]] && pid_alive "$spid"; then
+            log "node $i wrote no pid file, so its VM was not killed; its rabbitmq-server pid is $spid"
+        fi
     done
     exit $((rc ? rc : 1))
 }
