@@ -92,19 +92,18 @@ impl std::fmt::Display for Figures {
 }
 
 /// `deploy/rabbitmq/advanced.config` with the dead-letter retry set to
-/// `retry_ms` (or left at RabbitMQ's default when `None`).
+/// `retry_ms` (`None`: RabbitMQ's default, 180 s).
 fn advanced_config(retry_ms: Option<u64>) -> String {
     let shipped = include_str!("../../../deploy/rabbitmq/advanced.config");
-    match retry_ms {
-        Some(ms) => shipped.replace(
-            "{dead_letter_worker_publisher_confirm_timeout, 2000}",
-            &format!("{{dead_letter_worker_publisher_confirm_timeout, {ms}}}"),
-        ),
-        None => shipped.replace(
-            ",\n    {dead_letter_worker_publisher_confirm_timeout, 2000}",
-            "",
-        ),
-    }
+    let key = "{dead_letter_worker_publisher_confirm_timeout, ";
+    let start = shipped.find(key).expect("the shipped config sets the retry") + key.len();
+    let end = start + shipped[start..].find('}').unwrap();
+    format!(
+        "{}{}{}",
+        &shipped[..start],
+        retry_ms.unwrap_or(180_000),
+        &shipped[end..]
+    )
 }
 
 async fn ready(addr: std::net::SocketAddr) -> bool {
@@ -366,12 +365,14 @@ async fn in_a_cluster_losing_the_connected_node_or_a_leader_node_loses_nothing()
 #[ignore = "a measurement (~10 min), not a check: see docs/BENCHMARKS.md"]
 async fn crash_levers_measured() {
     let mut table = Vec::new();
-    for (retry, catch_up) in [
-        (None, false),
-        (None, true),
-        (Some(2000), false),
-        (Some(2000), true),
-    ] {
+    // CRASH_LEVERS="none:off,2000:on": per run, the dead-letter retry in ms
+    // (or "none": the broker's default) and catch-up sweeps on or off.
+    let plans = std::env::var("CRASH_LEVERS")
+        .unwrap_or_else(|_| "none:off,none:on,2000:off,2000:on".into());
+    for run_spec in plans.split(',') {
+        let (retry, catch_up) = run_spec.split_once(':').expect("RETRY:on|off");
+        let retry: Option<u64> = retry.parse().ok();
+        let catch_up = catch_up == "on";
         let env = TestEnv::new().await;
         env.stock_skus(SKUS).await;
         let cluster = PrivateCluster::start(ClusterConfig {
@@ -384,12 +385,18 @@ async fn crash_levers_measured() {
         if !catch_up {
             settings.sweeper.catch_up_window = Duration::ZERO;
         }
-        let label = match (retry, catch_up) {
-            (None, false) => "broker default, no catch-up",
-            (None, true) => "broker default, catch-up sweeps",
-            (Some(_), false) => "dead-letter retry 2 s, no catch-up",
-            (Some(_), true) => "dead-letter retry 2 s, catch-up sweeps",
-        };
+        let label: &'static str = Box::leak(
+            format!(
+                "dead-letter retry {}, {}",
+                retry.map_or("180 s (default)".into(), |ms| format!("{ms} ms")),
+                if catch_up {
+                    "catch-up sweeps"
+                } else {
+                    "no catch-up"
+                }
+            )
+            .into_boxed_str(),
+        );
         let plan = Plan {
             label,
             prefix: "k-",
