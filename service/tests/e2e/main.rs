@@ -9,3 +9,4 @@ mod operations;
 mod process;
 mod service;
 mod store;
+mod tls;
