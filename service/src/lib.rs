@@ -14,7 +14,8 @@
 //! inventory, message,  the gRPC client; the accepted message forms;
 //! observe              metrics, /metrics /healthz /readyz, logs
 //!    │
-//! settings, shutdown   configuration and credentials; the shutdown signal
+//! settings, shutdown,  configuration and credentials; the shutdown signal;
+//! tls                  the crypto provider and the PEM file checks
 //! ```
 //!
 //! Where to look:
@@ -51,3 +52,4 @@ mod pipeline;
 pub mod settings;
 pub mod shutdown;
 pub mod store;
+pub mod tls;

@@ -70,7 +70,9 @@ pub async fn drop_database(database_base: &SecretUrl, name: &str) -> Result<(), 
     let fail = |e: sqlx::Error| ScratchError(format!("dropping database {name}: {e}"));
     if database_base.expose().starts_with("mysql://") {
         let admin = with_path(database_base, "/information_schema")?;
-        let mut conn = sqlx::MySqlConnection::connect(admin.expose())
+        let options = order_timeout::store::mysql_options(&admin)
+            .map_err(|e| ScratchError(format!("dropping database {name}: {e}")))?;
+        let mut conn = sqlx::MySqlConnection::connect_with(&options)
             .await
             .map_err(fail)?;
         conn.execute(sqlx::AssertSqlSafe(format!(
@@ -82,7 +84,9 @@ pub async fn drop_database(database_base: &SecretUrl, name: &str) -> Result<(), 
         return Ok(());
     }
     let admin = with_path(database_base, "/postgres")?;
-    let mut conn = sqlx::PgConnection::connect(admin.expose())
+    let options = order_timeout::store::pg_options(&admin)
+        .map_err(|e| ScratchError(format!("dropping database {name}: {e}")))?;
+    let mut conn = sqlx::PgConnection::connect_with(&options)
         .await
         .map_err(fail)?;
     conn.execute(sqlx::AssertSqlSafe(format!(

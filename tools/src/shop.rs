@@ -31,7 +31,7 @@ pub async fn prepare_database(url: &SecretUrl, max_connections: u32) -> anyhow::
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .connect(url.expose())
+        .connect_with(order_timeout::store::pg_options(url)?)
         .await?;
     create_reference_schema(&pool).await?;
     Ok(pool)
@@ -48,7 +48,7 @@ pub async fn prepare_mysql_database(
     let pool = MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .connect(url.expose())
+        .connect_with(order_timeout::store::mysql_options(url)?)
         .await?;
     sqlx::raw_sql(REFERENCE_ORDERS_MYSQL).execute(&pool).await?;
     Ok(pool)

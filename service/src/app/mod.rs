@@ -36,6 +36,7 @@ impl Service {
     /// clients. Fails only on a bad address or URL, never because a
     /// dependency is down: those are waited for.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        crate::broker::tls::check(settings.amqp_url.expose())?;
         let store = store::connect_lazy(
             &settings.database_url,
             settings.db_max_connections,

@@ -1,6 +1,7 @@
 //! The broker side: connecting, the objects the service declares
 //! ([`topology`]) and **the delay cascade** they form ([`cascade`]), the
-//! `x-*` headers ([`headers`]), and confirmed publishing ([`publisher`]).
+//! `x-*` headers ([`headers`]), confirmed publishing ([`publisher`]), and
+//! `amqps://` ([`tls`]).
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use crate::settings::{SecretUrl, Settings};
 pub mod cascade;
 pub mod headers;
 pub mod publisher;
+pub mod tls;
 pub mod topology;
 
 /// How long opening a broker connection (TCP, AMQP handshake, vhost) may
@@ -24,6 +26,11 @@ pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// separated by commas (`amqp://u:p@n1/shop,amqp://u:p@n2/shop`): they are
 /// tried in turn, and the first that accepts is used; the error is the last
 /// node's.
+///
+/// `amqps://` nodes connect over TLS with the CA file and client
+/// certificate their query parameters name ([`tls`]); a node whose TLS
+/// files cannot be used fails like a refusing one, with the parameter's name
+/// in the error.
 #[tracing::instrument(skip_all, fields(url = %url))]
 pub async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
     let nodes = broker_nodes(url.expose());
@@ -57,9 +64,13 @@ async fn connect_amqp_within(
     name: &str,
     limit: Duration,
 ) -> Result<Connection, lapin::Error> {
-    let connect = Connection::connect(
+    let tls = tls::node_config(url)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let connect = Connection::connect_with_config(
         url,
         ConnectionProperties::default().with_connection_name(name.into()),
+        tls,
+        lapin::runtime::default_runtime()?,
     );
     match tokio::time::timeout(limit, connect).await {
         Ok(result) => result,

@@ -28,6 +28,9 @@ mod mysql;
 mod postgres;
 mod shape;
 mod state;
+mod tls;
+
+pub use tls::{mysql_options, pg_options};
 
 pub use mysql::MySqlStore;
 pub use postgres::PgStore;
@@ -178,6 +181,21 @@ pub enum StoreError {
         /// The driver's complaint.
         error: sqlx::Error,
     },
+    /// A TLS file the URL names (`sslrootcert`, `ssl-ca`, `sslcert`,
+    /// `sslkey`, …) cannot be used.
+    #[error("{0}")]
+    Tls(crate::tls::TlsFileError),
+    /// The URL names a CA or client certificate but no TLS mode, which
+    /// would mean "prefer": TLS without verifying the server against it.
+    #[error(
+        "DATABASE_URL {url}: {param} needs a TLS mode: add sslmode=verify-full (PostgreSQL) or ssl-mode=VERIFY_IDENTITY (MySQL), or verify-ca/VERIFY_CA"
+    )]
+    TlsWithoutMode {
+        /// The URL (its password redacted when shown).
+        url: SecretUrl,
+        /// The parameter that names a file.
+        param: String,
+    },
     /// The URL names a database this service does not speak.
     #[error("unsupported DATABASE_URL {url}: expected postgres:// or mysql://")]
     Scheme {
@@ -246,7 +264,11 @@ impl StoreError {
     pub fn is_config(&self) -> bool {
         matches!(
             self,
-            Self::Schema { .. } | Self::Url { .. } | Self::Scheme { .. }
+            Self::Schema { .. }
+                | Self::Url { .. }
+                | Self::Scheme { .. }
+                | Self::Tls(_)
+                | Self::TlsWithoutMode { .. }
         )
     }
 }

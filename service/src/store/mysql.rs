@@ -45,16 +45,10 @@ fn mysql_time_zone(time_zone: &str) -> String {
 }
 
 fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<MySqlConnectOptions, StoreError> {
-    url.expose()
-        .parse::<MySqlConnectOptions>()
-        .map(|o| {
-            o.log_statements(tracing::log::LevelFilter::Trace)
-                .timezone(Some(mysql_time_zone(time_zone)))
-        })
-        .map_err(|error| StoreError::Url {
-            url: url.clone(),
-            error,
-        })
+    super::mysql_options(url).map(|o| {
+        o.log_statements(tracing::log::LevelFilter::Trace)
+            .timezone(Some(mysql_time_zone(time_zone)))
+    })
 }
 
 /// `?, ?, …` for `n` values.

@@ -70,27 +70,21 @@ struct Prepared {
 }
 
 fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<PgConnectOptions, StoreError> {
-    url.expose()
-        .parse::<PgConnectOptions>()
-        .map(|o| {
-            o.log_statements(tracing::log::LevelFilter::Trace)
-                // Plan every execution with its real parameters. With cached
-                // generic plans, a connection that prepared the cancel
-                // statement while `orders`/the outbox were nearly empty
-                // kept seq-scanning them as they grew (measured with `bench`
-                // on a fresh database: one seq scan of each table per batch,
-                // cancellations capped near 700/s). Planning costs well under
-                // a millisecond per statement.
-                .options([
-                    ("plan_cache_mode", "force_custom_plan"),
-                    // Zone-less `timestamp` columns are read in this zone.
-                    ("TimeZone", &pg_time_zone(time_zone)),
-                ])
-        })
-        .map_err(|error| StoreError::Url {
-            url: url.clone(),
-            error,
-        })
+    super::pg_options(url).map(|o| {
+        o.log_statements(tracing::log::LevelFilter::Trace)
+            // Plan every execution with its real parameters. With cached
+            // generic plans, a connection that prepared the cancel
+            // statement while `orders`/the outbox were nearly empty
+            // kept seq-scanning them as they grew (measured with `bench`
+            // on a fresh database: one seq scan of each table per batch,
+            // cancellations capped near 700/s). Planning costs well under
+            // a millisecond per statement.
+            .options([
+                ("plan_cache_mode", "force_custom_plan"),
+                // Zone-less `timestamp` columns are read in this zone.
+                ("TimeZone", &pg_time_zone(time_zone)),
+            ])
+    })
 }
 
 impl PgStore {

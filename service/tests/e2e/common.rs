@@ -58,12 +58,25 @@ pub struct TestEnv {
     stop_inventory: std::sync::Mutex<Shutdown>,
     inventory_addr: std::net::SocketAddr,
     base_db_url: SecretUrl,
+    /// The vhost was made for this test (and is deleted with it).
+    owns_vhost: bool,
 }
 
 impl TestEnv {
     /// Creates the vhost and database (migrated, with the reference shop
     /// schema), declares the topology and starts the inventory server.
     pub async fn new() -> Self {
+        Self::build(None).await
+    }
+
+    /// [`TestEnv::new`] on a broker of the test's own (a private node,
+    /// `amqp_url` naming its vhost) instead of a new vhost on the shared
+    /// one: the vhost is used as it is and left alone afterwards.
+    pub async fn on_broker(amqp_url: SecretUrl) -> Self {
+        Self::build(Some(amqp_url)).await
+    }
+
+    async fn build(own_broker: Option<SecretUrl>) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
@@ -72,10 +85,16 @@ impl TestEnv {
             .with_test_writer()
             .try_init();
         let name = format!("ot_test_{}", uuid::Uuid::new_v4().simple());
-        let amqp_base =
-            std::env::var("AMQP_URL").unwrap_or_else(|_| settings::DEFAULT_AMQP_URL.into());
-        let amqp_url = scratch::create_vhost(&SecretUrl::new(amqp_base), &name)
-            .expect("create the test's vhost");
+        let owns_vhost = own_broker.is_none();
+        let amqp_url = match own_broker {
+            Some(url) => url,
+            None => {
+                let amqp_base =
+                    std::env::var("AMQP_URL").unwrap_or_else(|_| settings::DEFAULT_AMQP_URL.into());
+                scratch::create_vhost(&SecretUrl::new(amqp_base), &name)
+                    .expect("create the test's vhost")
+            }
+        };
 
         let base_db_url = SecretUrl::new(
             std::env::var("DATABASE_URL").unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
@@ -132,6 +151,7 @@ impl TestEnv {
             stop_inventory: std::sync::Mutex::new(stop_inventory),
             inventory_addr,
             base_db_url,
+            owns_vhost,
         }
     }
 
@@ -447,7 +467,9 @@ impl TestEnv {
 impl Drop for TestEnv {
     fn drop(&mut self) {
         self.stop_inventory();
-        let _ = scratch::delete_vhost(&self.name);
+        if self.owns_vhost {
+            let _ = scratch::delete_vhost(&self.name);
+        }
         let _ = scratch::drop_database_blocking(&self.base_db_url, &self.name);
     }
 }

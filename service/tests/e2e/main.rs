@@ -10,3 +10,4 @@ mod operations;
 mod process;
 mod service;
 mod store;
+mod tls;

@@ -135,8 +135,10 @@ impl BenchEnv {
         let inventory_pool = PgPoolOptions::new()
             .max_connections(db_connections)
             .acquire_timeout(Duration::from_secs(5))
-            .connect_lazy(database_url.expose())
-            .map_err(|e| BenchError::Setup(format!("bad DATABASE_URL: {e}")))?;
+            .connect_lazy_with(
+                order_timeout::store::pg_options(&database_url)
+                    .map_err(|e| BenchError::Setup(e.to_string()))?,
+            );
         let mut env = Self {
             name: name.clone(),
             settings: Settings {
