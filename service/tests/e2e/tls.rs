@@ -5,7 +5,8 @@
 //!
 //! Each test starts its own server: PostgreSQL 15 (`initdb`, `pg_ctl`, as
 //! user `postgres`), MariaDB 10.11 (`mariadb-install-db`, `mariadbd`) or a
-//! one-node RabbitMQ (`scripts/rabbitmq-cluster.sh`), on free ports, in a
+//! one-node RabbitMQ (`scripts/rabbitmq-cluster.sh` through the tools'
+//! `PrivateCluster`), on free ports, in a
 //! directory of its own; none is the machine's shared server. Each is
 //! stopped and its directory removed when the test ends, also when it fails.
 
@@ -20,6 +21,7 @@ use order_timeout::broker::connect_amqp;
 use order_timeout::message::OrderId;
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout::store::{self, OrderState, ShopSchema, StoreError};
+use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster};
 use order_timeout_tools::shop;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -502,68 +504,42 @@ async fn mariadb_over_tls_verifies_the_server_and_plaintext_is_refused() {
 
 // ---- RabbitMQ ----
 
-/// A private one-node RabbitMQ (`scripts/rabbitmq-cluster.sh`) with a TLS
-/// listener that requires a client certificate signed by the test's CA.
+/// A private one-node RabbitMQ (`scripts/rabbitmq-cluster.sh`, through the
+/// tools' [`PrivateCluster`]) with a TLS listener that requires a client
+/// certificate signed by the test's CA.
 struct PrivateRabbit {
-    cluster_dir: TempDir,
+    _node: PrivateCluster,
     tls_port: u16,
 }
 
-impl PrivateRabbit {
-    fn start(pki: &Pki) -> Self {
-        let cluster_dir = TempDir::new("rabbitmq");
-        // The script wants the node's AMQP port and that port + 10000 free.
-        let amqp_port = (0..100)
-            .map(|_| 20_000 + u16::try_from(uuid::Uuid::new_v4().as_u128() % 10_000).unwrap())
-            .find(|p| {
-                TcpListener::bind(("127.0.0.1", *p)).is_ok()
-                    && TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok()
-            })
-            .expect("a free port pair");
-        let tls_port = free_port();
-        let extra = pki.dir.path().join("rabbitmq-tls.conf");
-        std::fs::write(
-            &extra,
-            format!(
-                "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
-                 ssl_options.cacertfile = {ca}\n\
-                 ssl_options.certfile = {cert}\n\
-                 ssl_options.keyfile = {key}\n\
-                 ssl_options.verify = verify_peer\n\
-                 ssl_options.fail_if_no_peer_cert = true\n",
-                ca = pki.ca.display(),
-                cert = pki.server_cert.display(),
-                key = pki.server_key.display(),
-            ),
-        )
-        .unwrap();
-        let node = Self {
-            cluster_dir,
-            tls_port,
-        };
-        run(
-            node.script("start")
-                .env("CLUSTER_NODES", "1")
-                .env("CLUSTER_PORT", amqp_port.to_string())
-                .env(
-                    "CLUSTER_NAME",
-                    format!("ot-tls-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
-                )
-                .env("CLUSTER_CONF_EXTRA", &extra)
-                .env("CLUSTER_TIMEOUT", "90"),
-            "rabbitmq-cluster.sh start",
-        );
-        node
-    }
+/// rabbitmqctl's own distribution ports: a listener there could get in the
+/// way of the CLI calls the cluster script makes.
+const CLI_DIST_PORTS: std::ops::RangeInclusive<u16> = 35_672..=35_682;
 
-    fn script(&self, command: &str) -> Command {
-        let mut cmd = Command::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../scripts/rabbitmq-cluster.sh"
+impl PrivateRabbit {
+    async fn start(pki: &Pki) -> Self {
+        let tls_port = std::iter::repeat_with(free_port)
+            .find(|p| !CLI_DIST_PORTS.contains(p))
+            .unwrap();
+        let mut config = ClusterConfig::nodes(1);
+        config.extra_conf = Some(format!(
+            "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
+             ssl_options.cacertfile = {ca}\n\
+             ssl_options.certfile = {cert}\n\
+             ssl_options.keyfile = {key}\n\
+             ssl_options.verify = verify_peer\n\
+             ssl_options.fail_if_no_peer_cert = true\n",
+            ca = pki.ca.display(),
+            cert = pki.server_cert.display(),
+            key = pki.server_key.display(),
         ));
-        cmd.arg(command)
-            .env("CLUSTER_DIR", self.cluster_dir.path().join("cluster"));
-        cmd
+        let node = PrivateCluster::start(config)
+            .await
+            .expect("start a private RabbitMQ node with a TLS listener");
+        Self {
+            _node: node,
+            tls_port,
+        }
     }
 
     /// `amqps://` to the TLS listener's default vhost, with `params`.
@@ -572,17 +548,6 @@ impl PrivateRabbit {
             "amqps://guest:guest@localhost:{}/%2f{params}",
             self.tls_port
         ))
-    }
-}
-
-impl Drop for PrivateRabbit {
-    fn drop(&mut self) {
-        let _ = self
-            .script("stop")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
     }
 }
 
@@ -610,7 +575,7 @@ async fn the_service_runs_over_amqps_with_a_private_ca_and_a_client_certificate(
         "{err:#}"
     );
 
-    let rabbit = PrivateRabbit::start(&pki);
+    let rabbit = PrivateRabbit::start(&pki).await;
     let with_ca = format!("?cacertfile={}", pki.ca.display());
     let identity = format!(
         "&certfile={}&keyfile={}",
