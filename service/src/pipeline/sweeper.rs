@@ -48,7 +48,7 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.wait() => return,
         }
-        match sweep_once(&worker, grace, !catching_up).await {
+        match sweep_once(&worker, grace, true).await {
             Ok(0) => tracing::debug!(catching_up, "sweep: nothing overdue"),
             Ok(n) if catching_up => tracing::warn!(
                 orders = n,
