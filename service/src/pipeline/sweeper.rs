@@ -48,7 +48,7 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.wait() => return,
         }
-        match sweep_once(&worker, grace, true).await {
+        match sweep_once(&worker, grace).await {
             Ok(0) => tracing::debug!(catching_up, "sweep: nothing overdue"),
             Ok(n) if catching_up => tracing::warn!(
                 orders = n,
@@ -65,14 +65,13 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
     }
 }
 
-/// One sweep over orders overdue by more than `grace` (and, with
-/// `outbox`, cancellations whose stock release is stale); returns how many
-/// orders it cancelled or finished.
+/// One sweep over orders overdue by more than `grace` and cancellations
+/// whose stock release is stale; returns how many orders it cancelled or
+/// finished.
 #[tracing::instrument(skip(worker))]
 pub(crate) async fn sweep_once(
     worker: &Worker,
     grace: std::time::Duration,
-    outbox: bool,
 ) -> Result<u64, StoreError> {
     let ctx = &worker.ctx;
     let s = &ctx.settings.sweeper;
@@ -80,7 +79,7 @@ pub(crate) async fn sweep_once(
     let mut seen: HashSet<OrderId> = HashSet::new();
     for round in 0..MAX_BATCHES {
         let mut ids = ctx.store.overdue(grace, s.batch).await?;
-        if round == 0 && outbox {
+        if round == 0 {
             ids.extend(ctx.store.stale_outbox(s.grace, s.batch).await?);
         }
         // An order that did not settle in this sweep (contended, inventory

@@ -49,6 +49,31 @@ struct Plan {
     down: Duration,
 }
 
+impl Plan {
+    /// `orders` due evenly from 3 s to `last_due_s` from now, `fault` on
+    /// `node` 2 s in, for `down_s`.
+    fn new(
+        label: &'static str,
+        prefix: &'static str,
+        orders: usize,
+        last_due_s: u64,
+        fault: Fault,
+        node: usize,
+        down_s: u64,
+    ) -> Self {
+        Self {
+            label,
+            prefix,
+            orders,
+            spread: (Duration::from_secs(3), Duration::from_secs(last_due_s)),
+            fault,
+            node,
+            fault_after: Duration::from_secs(2),
+            down: Duration::from_secs(down_s),
+        }
+    }
+}
+
 /// What a run measured.
 #[derive(Debug)]
 struct Figures {
@@ -284,38 +309,19 @@ async fn a_single_broker_killed_and_restarted_gracefully_loses_nothing_and_catch
         .unwrap();
     let settings = on(&cluster, &env, 1);
     // The run: 600 orders due over 3-30 s, kill -9, 8 s down.
-    let kill = Plan {
-        label: "kill -9, 8 s down",
-        prefix: "k-",
-        orders: 600,
-        spread: (Duration::from_secs(3), Duration::from_secs(30)),
-        fault: Fault::Kill,
-        node: 1,
-        fault_after: Duration::from_secs(2),
-        down: Duration::from_secs(8),
-    };
+    let kill = Plan::new("kill -9, 8 s down", "k-", 600, 30, Fault::Kill, 1, 8);
     assert_bounds(&run(&env, &cluster, settings.clone(), kill).await);
-    let stop_app = Plan {
-        label: "stop_app, 5 s, start_app",
-        prefix: "a-",
-        orders: 300,
-        spread: (Duration::from_secs(3), Duration::from_secs(20)),
-        fault: Fault::StopApp,
-        node: 1,
-        fault_after: Duration::from_secs(2),
-        down: Duration::from_secs(5),
-    };
+    let stop_app = Plan::new(
+        "stop_app, 5 s, start_app",
+        "a-",
+        300,
+        20,
+        Fault::StopApp,
+        1,
+        5,
+    );
     assert_bounds(&run(&env, &cluster, settings.clone(), stop_app).await);
-    let stop = Plan {
-        label: "stop, 5 s, start",
-        prefix: "s-",
-        orders: 300,
-        spread: (Duration::from_secs(3), Duration::from_secs(20)),
-        fault: Fault::Stop,
-        node: 1,
-        fault_after: Duration::from_secs(2),
-        down: Duration::from_secs(5),
-    };
+    let stop = Plan::new("stop, 5 s, start", "s-", 300, 20, Fault::Stop, 1, 5);
     assert_bounds(&run(&env, &cluster, settings, stop).await);
     env.assert_stock_exact(SKUS).await;
 }
@@ -334,28 +340,26 @@ async fn in_a_cluster_losing_the_connected_node_or_a_leader_node_loses_nothing()
     .unwrap();
     let settings = on(&cluster, &env, 1);
     // The service connects to node 1, the first listed.
-    let connected = Plan {
-        label: "cluster: kill -9 of the connected node, 8 s down",
-        prefix: "n1-",
-        orders: 400,
-        spread: (Duration::from_secs(3), Duration::from_secs(25)),
-        fault: Fault::Kill,
-        node: 1,
-        fault_after: Duration::from_secs(2),
-        down: Duration::from_secs(8),
-    };
+    let connected = Plan::new(
+        "cluster: kill -9 of the connected node, 8 s down",
+        "n1-",
+        400,
+        25,
+        Fault::Kill,
+        1,
+        8,
+    );
     assert_bounds(&run(&env, &cluster, settings.clone(), connected).await);
     // Node 3 leads a third of the queues; the service stays on node 1.
-    let leader = Plan {
-        label: "cluster: kill -9 of another node leading queues, 8 s down",
-        prefix: "n3-",
-        orders: 400,
-        spread: (Duration::from_secs(3), Duration::from_secs(25)),
-        fault: Fault::Kill,
-        node: 3,
-        fault_after: Duration::from_secs(2),
-        down: Duration::from_secs(8),
-    };
+    let leader = Plan::new(
+        "cluster: kill -9 of another node leading queues, 8 s down",
+        "n3-",
+        400,
+        25,
+        Fault::Kill,
+        3,
+        8,
+    );
     assert_bounds(&run(&env, &cluster, settings, leader).await);
     env.assert_stock_exact(SKUS).await;
 }
@@ -401,16 +405,7 @@ async fn crash_levers_measured() {
             )
             .into_boxed_str(),
         );
-        let plan = Plan {
-            label,
-            prefix: "k-",
-            orders: 600,
-            spread: (Duration::from_secs(3), Duration::from_secs(30)),
-            fault: Fault::Kill,
-            node: 1,
-            fault_after: Duration::from_secs(2),
-            down: Duration::from_secs(8),
-        };
+        let plan = Plan::new(label, "k-", 600, 30, Fault::Kill, 1, 8);
         let figures = run(&env, &cluster, settings, plan).await;
         eprintln!("{figures}");
         table.push(figures.to_string());
