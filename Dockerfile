@@ -12,10 +12,12 @@ FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 
 # build.rs compiles proto/ with protox (pure Rust): no system protoc needed.
-# sqlx::migrate! embeds service/migrations/ at compile time.
-COPY Cargo.toml Cargo.lock ./
+# sqlx::migrate! embeds migrations/ at compile time. The root package is the service;
+# tools/ is the workspace's other member.
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto ./proto
-COPY service ./service
+COPY src ./src
+COPY migrations ./migrations
 COPY tools ./tools
 
 # Cache mounts keep the crate registry and compiled dependencies between builds, so a

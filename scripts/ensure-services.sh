@@ -5,17 +5,22 @@
 #   - PostgreSQL at DATABASE_URL (default postgres://postgres@127.0.0.1:5432/order_timeout);
 #   - MariaDB/MySQL at DATABASE_URL when it is mysql://, and at MYSQL_URL (default
 #     mysql://root@127.0.0.1:3306/mysql) with --mysql (the tests run every store case
-#     on both dialects).
+#     on both dialects);
+#   - with --ops-tools: `promtool` (Debian's `prometheus` package; the alert rules and the
+#     dashboard's queries are checked and unit-tested with it) and headless Chromium
+#     (`chromium`; the console's browser test drives it) -- installed with apt-get when
+#     missing, nothing started.
 #
 # When a URL points at this machine (127.0.0.1 / localhost / ::1) and nothing answers, the
 # server is installed from the Debian archive if missing (apt-get) and started without
 # systemd (works in containers and CI). When a URL points elsewhere, the host is only
 # checked, nothing is installed. Idempotent; well under a second when all is up.
 #
-# Usage: scripts/ensure-services.sh [--no-rabbitmqctl] [--mysql]
+# Usage: scripts/ensure-services.sh [--no-rabbitmqctl] [--mysql] [--ops-tools]
 #   --no-rabbitmqctl  don't require a working `rabbitmqctl`. The integration tests need it
 #                     (they create and delete a vhost per test); the demo does not.
 #   --mysql           also make sure MariaDB answers at MYSQL_URL (the tests need it).
+#   --ops-tools       also make sure promtool and chromium are installed (the tests need them).
 set -euo pipefail
 
 # rabbitmq-server / rabbitmqctl live in /usr/sbin, which is not on a normal user's PATH.
@@ -23,16 +28,18 @@ PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 
 NEED_RABBITMQCTL=1
 NEED_MYSQL=0
+NEED_OPS_TOOLS=0
 for arg in "$@"; do
     case $arg in
     --no-rabbitmqctl) NEED_RABBITMQCTL=0 ;;
     --mysql) NEED_MYSQL=1 ;;
+    --ops-tools) NEED_OPS_TOOLS=1 ;;
     -h | --help)
         sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
         exit 0
         ;;
     *)
-        echo "usage: $0 [--no-rabbitmqctl] [--mysql]" >&2
+        echo "usage: $0 [--no-rabbitmqctl] [--mysql] [--ops-tools]" >&2
         exit 2
         ;;
     esac
@@ -146,6 +153,39 @@ rabbitmq_diagnostics_hint() {
     done
 }
 
+# Debian's rabbitmq-server wrapper switches to the rabbitmq user with su, whose PAM session
+# resets the open-file limit to 1024: the broker then allows ~900 file handles, each vhost
+# with the service's quorum queues holds ~100, and once they run out creating a vhost hangs
+# (the test suite creates one per test). As root, start the node as the rabbitmq user
+# directly, with the hard limit as the soft one.
+start_rabbitmq_detached() {
+    if [[ $(id -u) -eq 0 ]] && have start-stop-daemon && id rabbitmq >/dev/null 2>&1 &&
+        [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]]; then
+        (
+            ulimit -S -n 65536 2>/dev/null || ulimit -S -n "$(ulimit -H -n)"
+            cd /var/lib/rabbitmq &&
+                HOME=/var/lib/rabbitmq exec start-stop-daemon --start --chuid rabbitmq \
+                    --chdir /var/lib/rabbitmq --exec /usr/lib/rabbitmq/bin/rabbitmq-server -- -detached
+        )
+    else
+        as_root rabbitmq-server -detached
+    fi
+}
+
+# Warns when a running broker allows few file handles (see start_rabbitmq_detached).
+check_rabbitmq_file_handles() {
+    local limit
+    limit=$(rabbitmqctl -q eval 'proplists:get_value(total_limit, file_handle_cache:info([total_limit])).' 2>/dev/null) || return 0
+    if [[ $limit =~ ^[0-9]+$ ]] && ((limit < 4000)); then
+        log "warning: RabbitMQ allows only $limit file handles (open-file limit ~1024); the tests
+    create a vhost per test, ~100 handles each, and vhost creation hangs when they run out.
+    Restart the broker with a higher limit, e.g. as root:
+      rabbitmqctl stop; cd /var/lib/rabbitmq && (ulimit -S -n 65536; HOME=/var/lib/rabbitmq \\
+        start-stop-daemon --start --chuid rabbitmq --exec /usr/lib/rabbitmq/bin/rabbitmq-server -- -detached)
+    or set LimitNOFILE for the rabbitmq-server systemd unit."
+    fi
+}
+
 start_local_rabbitmq() {
     if ! have rabbitmq-server; then
         apt_install rabbitmq-server
@@ -165,7 +205,7 @@ start_local_rabbitmq() {
         # e.g. `scripts/test.sh | tee log` waiting forever.
         local out
         out=$(mktemp)
-        if ! as_root rabbitmq-server -detached </dev/null >"$out" 2>&1; then
+        if ! start_rabbitmq_detached </dev/null >"$out" 2>&1; then
             cat "$out" >&2
             log "rabbitmq-server -detached failed (node already starting?); waiting anyway"
         fi
@@ -217,6 +257,7 @@ check_rabbitmqctl() {
         log "note: AMQP_URL points to $host; rabbitmqctl must manage that same broker for the tests"
     fi
     log "rabbitmqctl works"
+    check_rabbitmq_file_handles
 }
 
 ensure_rabbitmq() {
@@ -448,6 +489,25 @@ ensure_mysql_at() {
     fi
 }
 
+# ---------------------------------------------------------------------------------------
+# promtool and headless Chromium (tests of the alert rules, the dashboard and the console)
+# ---------------------------------------------------------------------------------------
+# Debian's `prometheus` package brings promtool; its daemon is not started here (the tests
+# only run `promtool check rules` / `promtool test rules`). `chromium` is the browser the
+# console test drives headless over the DevTools protocol. No recommends: no node exporter,
+# no fonts beyond what chromium depends on.
+ensure_ops_tools() {
+    local missing=()
+    have promtool || missing+=(prometheus)
+    [[ -x ${CHROMIUM:-/usr/bin/chromium} ]] || missing+=(chromium)
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        apt_install --no-install-recommends "${missing[@]}"
+    fi
+    have promtool || die "promtool not found after installing prometheus"
+    [[ -x ${CHROMIUM:-/usr/bin/chromium} ]] || die "${CHROMIUM:-/usr/bin/chromium} not found after installing chromium"
+    log "promtool and chromium present"
+}
+
 ensure_cargo
 ensure_rabbitmq
 case ${DATABASE_URL:-} in
@@ -458,6 +518,9 @@ if [[ $NEED_MYSQL -eq 1 ]]; then
     # The tests need PostgreSQL as well (the reference inventory server keeps its stock there).
     [[ ${DATABASE_URL:-} == mysql://* ]] && (DATABASE_URL= ensure_postgres)
     ensure_mysql_at "${MYSQL_URL:-mysql://root@127.0.0.1:3306/mysql}" MYSQL_URL
+fi
+if [[ $NEED_OPS_TOOLS -eq 1 ]]; then
+    ensure_ops_tools
 fi
 if [[ -n $RABBITMQCTL_PID ]]; then
     wait "$RABBITMQCTL_PID" || exit 1

@@ -18,8 +18,14 @@ export RUST_LOG=${RUST_LOG:-warn}
 START=$SECONDS
 section() { printf '\n==== [%4ds] %s\n' "$((SECONDS - START))" "$*"; }
 
-section "services: scripts/ensure-services.sh --mysql"
-scripts/ensure-services.sh --mysql
+# A full build of the workspace and its tests takes a few gigabytes under target/.
+avail_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [[ -n $avail_kb && $avail_kb -lt 6000000 ]]; then
+    echo "warning: only $((avail_kb / 1024)) MiB free on $(df -P . | awk 'NR == 2 { print $6 }'); the build needs a few GiB" >&2
+fi
+
+section "services: scripts/ensure-services.sh --mysql --ops-tools"
+scripts/ensure-services.sh --mysql --ops-tools
 
 section "format: cargo fmt --all -- --check"
 cargo fmt --all -- --check

@@ -35,9 +35,9 @@ pub enum Command {
     /// Show the product working end to end on the local servers.
     Demo(crate::demo::DemoArgs),
     /// Load-generate on the real path and measure lateness, throughput,
-    /// resources; compare with the single-queue design and the broker's
-    /// one-hop ceiling (see docs/BENCHMARKS.md).
-    Bench(crate::bench::BenchArgs),
+    /// CPU per order; compare with the seed design, the single-queue design
+    /// and the broker's one-hop ceiling (see docs/BENCHMARKS.md).
+    Bench(Box<crate::bench::BenchArgs>),
     /// Run the reference gRPC inventory service (stock in `inventory.stock`
     /// of DATABASE_URL's database).
     InventoryServer {
@@ -48,6 +48,12 @@ pub enum Command {
     /// Create the reference shop schema (orders, order_items, inventory.*)
     /// in DATABASE_URL's database, after the service's own migrations.
     ReferenceSchema,
+    /// The seed design's plain consumer, for `bench --baseline seed` (the
+    /// bench starts it as a child process): cancels the order of each
+    /// message on `bench.seed.cancel` in DATABASE_URL's `orders` with one
+    /// conditional UPDATE.
+    #[command(hide = true)]
+    SeedConsumer,
 }
 
 impl Command {
@@ -66,12 +72,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(cli.config.as_deref())?;
     match cli.command {
         Command::Demo(args) => crate::demo::run(settings, args).await,
-        Command::Bench(args) => crate::bench::run(settings, cli.config, args).await,
+        Command::Bench(args) => crate::bench::run(settings, cli.config, *args).await,
         Command::InventoryServer { addr } => {
             let pool = shop::prepare_database(&settings.database_url, 10).await?;
             ReferenceInventory::new(pool)
                 .serve_addr(addr, shutdown::wait_for_signal())
                 .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::SeedConsumer => {
+            crate::bench::seed::consume(
+                &settings.amqp_url,
+                &settings.database_url,
+                shutdown::wait_for_signal(),
+            )
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::ReferenceSchema => {

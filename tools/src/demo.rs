@@ -104,90 +104,22 @@ const STOCK_PER_SKU: i64 = 1_000_000;
 
 /// Runs the demo; the exit code says whether every check passed.
 pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(args.orders > 0, "--orders must be positive");
-    anyhow::ensure!(
-        args.min_timeout >= Duration::from_millis(500) && args.max_timeout >= args.min_timeout,
-        "need 500ms <= --min-timeout <= --max-timeout"
-    );
-    anyhow::ensure!(
-        (0.0..=1.0).contains(&args.paid_ratio),
-        "--paid-ratio is a share in 0..=1"
-    );
-
-    let (settings, inventory_db) = databases(&settings, args.database)?;
-    eprintln!("== migrating {}", settings.database_url);
-    let shop = ShopDb::prepare(&settings.database_url, 20).await?;
-    let pool = if inventory_db == settings.database_url {
-        match &shop {
-            ShopDb::Postgres(pool) => pool.clone(),
-            ShopDb::MySql(_) => unreachable!("a mysql:// URL is never the inventory's"),
-        }
-    } else {
-        eprintln!("== the reference inventory keeps its stock in {inventory_db}");
-        shop::prepare_database(&inventory_db, 10).await?
-    };
-
-    // The reference inventory server, on a free local port.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let inventory_url = format!("http://{}", listener.local_addr()?);
-    let stop_inventory = Shutdown::new();
-    let inventory_task = tokio::spawn({
-        let stop = stop_inventory.clone();
-        ReferenceInventory::new(pool.clone()).serve(listener, async move { stop.wait().await })
-    });
-    let inventory = ShopInventory::connect_lazy(&inventory_url, Duration::from_secs(5))?;
-
-    eprintln!("== starting the service (inventory at {inventory_url})");
-    declare_topology(&settings).await?;
-    let service = RunningService::start(Settings {
-        inventory_url: SecretUrl::new(inventory_url.clone()),
-        // The demo may run beside a `serve` that holds HTTP_ADDR.
-        http_addr: "127.0.0.1:0".parse().expect("valid address"),
-        ..settings.clone()
-    })
-    .await?;
-
-    // The order service's side: its own connection and publisher.
-    let amqp = connect_amqp(&settings.amqp_url, "order-timeout-demo-shop").await?;
-    let publisher = Publisher::new(&amqp).await?;
-
+    check_args(&args)?;
+    let world = World::start(&settings, args.database).await?;
     let run_id = Utc::now().format("%Y%m%d%H%M%S%3f").to_string();
     let prefix = format!("demo-{run_id}-");
     let skus: Vec<String> = (0..args.skus.max(1))
         .map(|i| format!("{prefix}sku-{i:02}"))
         .collect();
     shop::set_stock(
-        &pool,
+        &world.pool,
         &skus
             .iter()
             .map(|s| (s.clone(), STOCK_PER_SKU))
             .collect::<Vec<_>>(),
     )
     .await?;
-
-    let plans: Vec<(NewOrder, Duration, bool)> = {
-        let mut rng = rand::rng();
-        (0..args.orders)
-            .map(|i| {
-                let timeout = rng.random_range(args.min_timeout..=args.max_timeout);
-                let mut items: BTreeMap<String, i64> = BTreeMap::new();
-                for _ in 0..rng.random_range(1..=3) {
-                    let sku = skus.choose(&mut rng).expect("at least one sku").clone();
-                    *items.entry(sku).or_default() += rng.random_range(1..=5);
-                }
-                let order = NewOrder {
-                    id: format!("{prefix}{i:05}"),
-                    expires_at: Utc::now(),
-                    items: items
-                        .into_iter()
-                        .map(|(sku, quantity)| OrderItem { sku, quantity })
-                        .collect(),
-                };
-                (order, timeout, rng.random_bool(args.paid_ratio))
-            })
-            .collect()
-    };
-
+    let plans = plan_orders(&args, &skus, &prefix);
     eprintln!(
         "== creating {} orders (timeouts {:?}..{:?}, {:.0}% to be paid), run {run_id}",
         args.orders,
@@ -197,41 +129,7 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
     );
     let pay_failures = Arc::new(AtomicU64::new(0));
     let creating = std::time::Instant::now();
-    let created: Vec<NewOrder> = stream::iter(plans)
-        .map(|(mut order, timeout, will_pay)| {
-            let (shop, inventory, publisher, pay_failures) =
-                (&shop, &inventory, &publisher, pay_failures.clone());
-            async move {
-                inventory
-                    .reserve(&order.id, &order.items)
-                    .await
-                    .context("reserving stock")?;
-                order.expires_at = Utc::now() + chrono::Duration::from_std(timeout)?;
-                shop.insert_order(&order).await.context("inserting order")?;
-                publisher
-                    .schedule(&TimeoutRequest {
-                        order_id: OrderId::parse(&order.id)?,
-                        deadline: Deadline::At(order.expires_at),
-                    })
-                    .await?;
-                if will_pay {
-                    // Pay somewhere in the window, at least 300 ms before the deadline.
-                    let window = timeout.saturating_sub(Duration::from_millis(300));
-                    let wait = window.mul_f64(rand::rng().random_range(0.0..1.0));
-                    let (shop, id) = (shop.clone(), order.id.clone());
-                    tokio::spawn(async move {
-                        tokio::time::sleep(wait).await;
-                        if !matches!(shop.pay(&id).await, Ok(true)) {
-                            pay_failures.fetch_add(1, Ordering::Relaxed);
-                        }
-                    });
-                }
-                anyhow::Ok(order)
-            }
-        })
-        .buffer_unordered(32)
-        .try_collect()
-        .await?;
+    let created = world.create_orders(plans, &pay_failures).await?;
     let took = creating.elapsed();
     eprintln!(
         "== created {} orders in {:.1} s ({:.0} orders/s); waiting for their deadlines",
@@ -239,14 +137,203 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
         took.as_secs_f64(),
         created.len() as f64 / took.as_secs_f64()
     );
+    let give_up = tokio::time::Instant::now() + args.max_timeout + Duration::from_secs(30);
+    wait_settled(&world.shop, &prefix, created.len(), give_up).await?;
+    let report = check(
+        &world.shop,
+        &world.pool,
+        &world.inventory,
+        &prefix,
+        &created,
+        &skus,
+    )
+    .await?;
+    let pay_failures = pay_failures.load(Ordering::Relaxed);
+    world.stop().await?;
+    Ok(verdict(&report, pay_failures))
+}
 
-    let bar = ProgressBar::new(created.len() as u64).with_style(
+fn check_args(args: &DemoArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.orders > 0, "--orders must be positive");
+    anyhow::ensure!(
+        args.min_timeout >= Duration::from_millis(500) && args.max_timeout >= args.min_timeout,
+        "need 500ms <= --min-timeout <= --max-timeout"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.paid_ratio),
+        "--paid-ratio is a share in 0..=1"
+    );
+    Ok(())
+}
+
+/// What the demo runs on: the orders' database, the reference inventory
+/// server (in this process, on a free port) and its client, the service
+/// (in this process), and the order service's own publisher.
+struct World {
+    shop: ShopDb,
+    /// The reference inventory's database.
+    pool: sqlx::PgPool,
+    inventory: ShopInventory,
+    stop_inventory: Shutdown,
+    inventory_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    service: RunningService,
+    amqp: lapin::Connection,
+    publisher: Publisher,
+}
+
+impl World {
+    async fn start(settings: &Settings, database: OrdersDatabase) -> anyhow::Result<Self> {
+        let (settings, inventory_db) = databases(settings, database)?;
+        eprintln!("== migrating {}", settings.database_url);
+        let shop = ShopDb::prepare(&settings.database_url, 20).await?;
+        let pool = if inventory_db == settings.database_url {
+            match &shop {
+                ShopDb::Postgres(pool) => pool.clone(),
+                ShopDb::MySql(_) => unreachable!("a mysql:// URL is never the inventory's"),
+            }
+        } else {
+            eprintln!("== the reference inventory keeps its stock in {inventory_db}");
+            shop::prepare_database(&inventory_db, 10).await?
+        };
+
+        // The reference inventory server, on a free local port.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let inventory_url = format!("http://{}", listener.local_addr()?);
+        let stop_inventory = Shutdown::new();
+        let inventory_task = tokio::spawn({
+            let stop = stop_inventory.clone();
+            ReferenceInventory::new(pool.clone()).serve(listener, async move { stop.wait().await })
+        });
+        let inventory = ShopInventory::connect_lazy(&inventory_url, Duration::from_secs(5))?;
+
+        eprintln!("== starting the service (inventory at {inventory_url})");
+        declare_topology(&settings).await?;
+        let service = RunningService::start(Settings {
+            inventory_url: SecretUrl::new(inventory_url.clone()),
+            // The demo may run beside a `serve` that holds HTTP_ADDR.
+            http_addr: "127.0.0.1:0".parse().expect("valid address"),
+            ..settings.clone()
+        })
+        .await?;
+
+        // The order service's side: its own connection and publisher.
+        let amqp = connect_amqp(&settings.amqp_url, "order-timeout-demo-shop").await?;
+        let publisher = Publisher::new(&amqp).await?;
+        Ok(Self {
+            shop,
+            pool,
+            inventory,
+            stop_inventory,
+            inventory_task,
+            service,
+            amqp,
+            publisher,
+        })
+    }
+
+    /// Creates the planned orders as an order service would (reserve
+    /// stock, insert the row, publish the timeout), 32 at a time, and pays
+    /// the ones to be paid at a random moment of their window; a payment
+    /// that does not go through is counted in `pay_failures`.
+    async fn create_orders(
+        &self,
+        plans: Vec<(NewOrder, Duration, bool)>,
+        pay_failures: &Arc<AtomicU64>,
+    ) -> anyhow::Result<Vec<NewOrder>> {
+        stream::iter(plans)
+            .map(|(order, timeout, will_pay)| {
+                self.create_order(order, timeout, will_pay, pay_failures)
+            })
+            .buffer_unordered(32)
+            .try_collect()
+            .await
+    }
+
+    async fn create_order(
+        &self,
+        mut order: NewOrder,
+        timeout: Duration,
+        will_pay: bool,
+        pay_failures: &Arc<AtomicU64>,
+    ) -> anyhow::Result<NewOrder> {
+        self.inventory
+            .reserve(&order.id, &order.items)
+            .await
+            .context("reserving stock")?;
+        order.expires_at = Utc::now() + chrono::Duration::from_std(timeout)?;
+        self.shop
+            .insert_order(&order)
+            .await
+            .context("inserting order")?;
+        self.publisher
+            .schedule(&TimeoutRequest {
+                order_id: OrderId::parse(&order.id)?,
+                deadline: Deadline::At(order.expires_at),
+            })
+            .await?;
+        if will_pay {
+            // Pay somewhere in the window, at least 300 ms before the deadline.
+            let window = timeout.saturating_sub(Duration::from_millis(300));
+            let wait = window.mul_f64(rand::rng().random_range(0.0..1.0));
+            let (shop, id, pay_failures) =
+                (self.shop.clone(), order.id.clone(), pay_failures.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                if !matches!(shop.pay(&id).await, Ok(true)) {
+                    pay_failures.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        Ok(order)
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.service.stop().await?;
+        self.stop_inventory.trigger();
+        let _ = self.inventory_task.await;
+        let _ = self.amqp.close(200, "demo done".into()).await;
+        Ok(())
+    }
+}
+
+/// Each order with its timeout and whether it will be paid.
+fn plan_orders(args: &DemoArgs, skus: &[String], prefix: &str) -> Vec<(NewOrder, Duration, bool)> {
+    let mut rng = rand::rng();
+    (0..args.orders)
+        .map(|i| {
+            let timeout = rng.random_range(args.min_timeout..=args.max_timeout);
+            let mut items: BTreeMap<String, i64> = BTreeMap::new();
+            for _ in 0..rng.random_range(1..=3) {
+                let sku = skus.choose(&mut rng).expect("at least one sku").clone();
+                *items.entry(sku).or_default() += rng.random_range(1..=5);
+            }
+            let order = NewOrder {
+                id: format!("{prefix}{i:05}"),
+                expires_at: Utc::now(),
+                items: items
+                    .into_iter()
+                    .map(|(sku, quantity)| OrderItem { sku, quantity })
+                    .collect(),
+            };
+            (order, timeout, rng.random_bool(args.paid_ratio))
+        })
+        .collect()
+}
+
+/// Waits until the `created` orders have settled (paid orders once their
+/// deadline has passed), showing progress, or until `give_up`.
+async fn wait_settled(
+    shop: &ShopDb,
+    prefix: &str,
+    created: usize,
+    give_up: tokio::time::Instant,
+) -> anyhow::Result<()> {
+    let bar = ProgressBar::new(created as u64).with_style(
         ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} settled  {msg}",
         )
         .expect("valid template"),
     );
-    let give_up = tokio::time::Instant::now() + args.max_timeout + Duration::from_secs(30);
     loop {
         let Progress {
             cancelled,
@@ -255,12 +342,12 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
             // Paid orders count as settled once their deadline has passed.
             paid_past,
             pending_outbox,
-        } = shop.progress(&prefix).await?;
+        } = shop.progress(prefix).await?;
         bar.set_position((cancelled + paid_past) as u64);
         bar.set_message(format!(
             "cancelled {cancelled}, paid {paid}, unpaid {unpaid}"
         ));
-        if unpaid == 0 && pending_outbox == 0 && cancelled + paid_past == created.len() as i64 {
+        if unpaid == 0 && pending_outbox == 0 && cancelled + paid_past == created as i64 {
             break;
         }
         if tokio::time::Instant::now() > give_up {
@@ -270,14 +357,11 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     bar.finish();
+    Ok(())
+}
 
-    let report = check(&shop, &pool, &inventory, &prefix, &created, &skus).await?;
-    let pay_failures = pay_failures.load(Ordering::Relaxed);
-    service.stop().await?;
-    stop_inventory.trigger();
-    let _ = inventory_task.await;
-    let _ = amqp.close(200, "demo done".into()).await;
-
+/// Prints the summary and the failures; the exit code.
+fn verdict(report: &Report, pay_failures: u64) -> ExitCode {
     println!("{}", report.summary());
     let mut ok = report.failures.is_empty();
     if pay_failures > 0 {
@@ -287,12 +371,12 @@ pub async fn run(settings: Settings, args: DemoArgs) -> anyhow::Result<ExitCode>
     for failure in &report.failures {
         println!("FAIL: {failure}");
     }
-    Ok(if ok {
+    if ok {
         println!("demo: all checks passed");
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
-    })
+    }
 }
 
 struct Report {
@@ -354,28 +438,8 @@ async fn check(
         ));
     }
 
-    // Stock after = stock before − stock of paid orders.
-    let mut expected: BTreeMap<String, i64> =
-        skus.iter().map(|s| (s.clone(), STOCK_PER_SKU)).collect();
-    for order in created {
-        if statuses.get(&order.id).map(String::as_str) == Some("PAID") {
-            for item in &order.items {
-                *expected.entry(item.sku.clone()).or_default() -= item.quantity;
-            }
-        }
-    }
-    let actual = inventory.stock(skus).await?;
-    let wrong: Vec<String> = expected
-        .iter()
-        .filter(|(sku, want)| actual.get(*sku) != Some(want))
-        .map(|(sku, want)| format!("{sku}: expected {want}, found {:?}", actual.get(sku)))
-        .collect();
-    if !wrong.is_empty() {
-        failures.push(format!(
-            "stock mismatch on {} SKUs: {}",
-            wrong.len(),
-            wrong.join(", ")
-        ));
+    if let Some(wrong) = stock_mismatch(inventory, created, &statuses, skus).await? {
+        failures.push(wrong);
     }
     let (releases, calls): (i64, Option<i64>) = sqlx::query_as(
         "SELECT count(*), sum(calls)::bigint FROM inventory.releases WHERE starts_with(order_id, $1)",
@@ -397,4 +461,36 @@ async fn check(
         lateness,
         failures,
     })
+}
+
+/// Stock after = stock before − stock of paid orders; what differs, if
+/// anything.
+async fn stock_mismatch(
+    inventory: &ShopInventory,
+    created: &[NewOrder],
+    statuses: &BTreeMap<String, String>,
+    skus: &[String],
+) -> anyhow::Result<Option<String>> {
+    let mut expected: BTreeMap<String, i64> =
+        skus.iter().map(|s| (s.clone(), STOCK_PER_SKU)).collect();
+    for order in created {
+        if statuses.get(&order.id).map(String::as_str) == Some("PAID") {
+            for item in &order.items {
+                *expected.entry(item.sku.clone()).or_default() -= item.quantity;
+            }
+        }
+    }
+    let actual = inventory.stock(skus).await?;
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter(|(sku, want)| actual.get(*sku) != Some(want))
+        .map(|(sku, want)| format!("{sku}: expected {want}, found {:?}", actual.get(sku)))
+        .collect();
+    Ok((!wrong.is_empty()).then(|| {
+        format!(
+            "stock mismatch on {} SKUs: {}",
+            wrong.len(),
+            wrong.join(", ")
+        )
+    }))
 }

@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
 
 /// Code generated from `proto/inventory.proto` (server and client).
-#[allow(missing_docs)]
+#[allow(missing_docs, clippy::too_many_lines)]
 pub mod pb {
     tonic::include_proto!("inventory.v1");
 }

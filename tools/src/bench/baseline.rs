@@ -89,6 +89,18 @@ async fn declare(channel: &Channel, name: &str, a: FieldTable) -> Result<(), Ben
     Ok(())
 }
 
+/// Declares a durable classic queue that dead-letters (through the default
+/// exchange) into the queue `dead_letter_to`, if given: the seed design's
+/// queues ([`super::seed`]).
+pub async fn declare_classic(
+    channel: &Channel,
+    name: &str,
+    dead_letter_to: Option<&str>,
+) -> Result<(), BenchError> {
+    let dlx = dead_letter_to.map(|q| ("", q));
+    declare(channel, name, args(QueueType::Classic, None, dlx)).await
+}
+
 /// Declares the single-queue baseline's delay queue (per-message TTL,
 /// dead-lettering into the service's entry point).
 pub async fn declare_single_queue(
@@ -130,48 +142,131 @@ pub async fn broker_ceiling(
         ),
     )
     .await?;
-
-    // Consumer: ack in blocks (multiple) so acking is not what is measured.
-    let sub = sub_conn.create_channel().await?;
-    sub.basic_qos(2000, BasicQosOptions::default()).await?;
-    let mut consumer = sub
-        .basic_consume(
-            CEILING_SINK_QUEUE.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
     // The total published, once publishing is over.
     let (total_tx, total_rx) = tokio::sync::watch::channel::<Option<u64>>(None);
-    let consumed_n = Arc::new(AtomicU64::new(0));
-    let consumed_c = consumed_n.clone();
-    let consumer_task = tokio::spawn(async move {
-        let mut lateness = Vec::new();
-        let mut arrivals = Vec::new();
-        let mut first: Option<std::time::Instant> = None;
-        let mut last = std::time::Instant::now();
+    let consumed = Arc::new(AtomicU64::new(0));
+    let consumer = CeilingConsumer::start(&sub_conn, total_rx, consumed.clone()).await?;
+    let started = std::time::Instant::now();
+    let total = publish_closed_loop(&pub_conn, duration, &consumed).await?;
+    let publish_end = std::time::Instant::now();
+    let _ = total_tx.send(Some(total));
+    let arrivals = consumer
+        .await
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    for q in [CEILING_DELAY_QUEUE, CEILING_SINK_QUEUE] {
+        let _ = setup
+            .queue_delete(q.into(), QueueDeleteOptions::default())
+            .await;
+    }
+    let _ = pub_conn.close(200, "done".into()).await;
+    let _ = sub_conn.close(200, "done".into()).await;
+    Ok(arrivals.report(queue_type, total, started, publish_end))
+}
+
+/// What the ceiling's consumer saw.
+struct Arrivals {
+    /// Lateness of each message (delivery − publish − TTL), ms.
+    lateness: Vec<f64>,
+    /// When each message arrived.
+    at: Vec<std::time::Instant>,
+    first: Option<std::time::Instant>,
+    last: std::time::Instant,
+}
+
+impl Arrivals {
+    /// The ceiling's figures, publishing having run from `started` to
+    /// `publish_end` and confirmed `total` messages.
+    fn report(
+        self,
+        queue_type: QueueType,
+        total: u64,
+        started: std::time::Instant,
+        publish_end: std::time::Instant,
+    ) -> CeilingReport {
+        let publish_secs = (publish_end - started).as_secs_f64();
+        let consumed = self.lateness.len() as u64;
+        // Deliveries while the publisher was still running: the rate the
+        // broker sustains while also taking publishes (the ceiling proper).
+        let sustained = self.first.and_then(|f| {
+            let from = f + Duration::from_secs(1);
+            let window = publish_end.checked_duration_since(from)?.as_secs_f64();
+            let n = self
+                .at
+                .iter()
+                .filter(|t| **t >= from && **t <= publish_end)
+                .count();
+            (window > 0.5).then(|| n as f64 / window)
+        });
+        let consume_secs = match self.first {
+            Some(f) => (self.last - f).as_secs_f64(),
+            None => 0.0,
+        };
+        CeilingReport {
+            queue_type: format!("{queue_type:?}").to_lowercase(),
+            ttl_ms: CEILING_TTL_MS,
+            published: total,
+            consumed,
+            publish_rate: total as f64 / publish_secs.max(1e-9),
+            consume_rate: if consume_secs > 0.0 {
+                consumed as f64 / consume_secs
+            } else {
+                0.0
+            },
+            sustained_rate: sustained,
+            lateness: LatenessStats::from_ms(&self.lateness),
+            ..Default::default()
+        }
+    }
+}
+
+/// The ceiling's consumer: acks in blocks (multiple) so acking is not
+/// what is measured; stops once it has seen the total published, or 5 s
+/// after publishing ended with nothing more arriving.
+struct CeilingConsumer;
+
+impl CeilingConsumer {
+    async fn start(
+        conn: &Connection,
+        total_rx: tokio::sync::watch::Receiver<Option<u64>>,
+        consumed: Arc<AtomicU64>,
+    ) -> Result<tokio::task::JoinHandle<Arrivals>, BenchError> {
+        let sub = conn.create_channel().await?;
+        sub.basic_qos(2000, BasicQosOptions::default()).await?;
+        let consumer = sub
+            .basic_consume(
+                CEILING_SINK_QUEUE.into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(tokio::spawn(Self::run(consumer, total_rx, consumed)))
+    }
+
+    async fn run(
+        mut consumer: lapin::Consumer,
+        total_rx: tokio::sync::watch::Receiver<Option<u64>>,
+        consumed: Arc<AtomicU64>,
+    ) -> Arrivals {
+        let mut a = Arrivals {
+            lateness: Vec::new(),
+            at: Vec::new(),
+            first: None,
+            last: std::time::Instant::now(),
+        };
         let mut unacked: Option<lapin::message::Delivery> = None;
         let mut unacked_n = 0u32;
         loop {
             let total = *total_rx.borrow();
             if let Some(t) = total
-                && lateness.len() as u64 >= t
+                && a.lateness.len() as u64 >= t
             {
                 break;
             }
             match tokio::time::timeout(Duration::from_millis(200), consumer.next()).await {
                 Ok(Some(Ok(d))) => {
-                    let now = std::time::Instant::now();
-                    first.get_or_insert(now);
-                    last = now;
-                    arrivals.push(now);
-                    consumed_c.fetch_add(1, Ordering::Relaxed);
-                    if let Ok(bytes) = <[u8; 8]>::try_from(&d.data[..8.min(d.data.len())]) {
-                        let sent_ms = i64::from_be_bytes(bytes);
-                        let now_ms = chrono::Utc::now().timestamp_millis();
-                        lateness.push((now_ms - sent_ms - CEILING_TTL_MS as i64) as f64);
-                    }
+                    a.record(&d);
+                    consumed.fetch_add(1, Ordering::Relaxed);
                     unacked_n += 1;
                     if unacked_n >= 200 {
                         let _ = d.ack(BasicAckOptions { multiple: true }).await;
@@ -184,7 +279,7 @@ pub async fn broker_ceiling(
                 Ok(_) => break,
                 Err(_) => {
                     // Idle; give up 5 s after publishing ended.
-                    if total.is_some() && last.elapsed() > Duration::from_secs(5) {
+                    if total.is_some() && a.last.elapsed() > Duration::from_secs(5) {
                         break;
                     }
                 }
@@ -193,21 +288,42 @@ pub async fn broker_ceiling(
         if let Some(d) = unacked {
             let _ = d.ack(BasicAckOptions { multiple: true }).await;
         }
-        (lateness, arrivals, first, last)
-    });
+        a
+    }
+}
 
-    // Publisher: as fast as confirms allow, a bounded window in flight.
-    let channels = confirm_channels(&pub_conn, 2).await?;
+impl Arrivals {
+    fn record(&mut self, d: &lapin::message::Delivery) {
+        let now = std::time::Instant::now();
+        self.first.get_or_insert(now);
+        self.last = now;
+        self.at.push(now);
+        if let Ok(bytes) = <[u8; 8]>::try_from(&d.data[..8.min(d.data.len())]) {
+            let sent_ms = i64::from_be_bytes(bytes);
+            let now_ms = chrono::Utc::now().timestamp_millis();
+            self.lateness
+                .push((now_ms - sent_ms - CEILING_TTL_MS as i64) as f64);
+        }
+    }
+}
+
+/// The ceiling's publisher: as fast as confirms allow, a bounded window in
+/// flight, and a closed loop: at most [`IN_FLIGHT`] published but not yet
+/// consumed, so the publisher cannot starve the dead-lettering of CPU; it
+/// runs at the speed of the whole hop. Returns how many were confirmed.
+async fn publish_closed_loop(
+    conn: &Connection,
+    duration: Duration,
+    consumed: &AtomicU64,
+) -> Result<u64, BenchError> {
+    let channels = confirm_channels(conn, 2).await?;
     let window = Arc::new(Semaphore::new(4000));
     let ok = Arc::new(AtomicU64::new(0));
     let started = std::time::Instant::now();
     let mut i = 0usize;
     let mut tasks = Vec::new();
     while started.elapsed() < duration {
-        // Closed loop: at most IN_FLIGHT published but not yet consumed, so
-        // the publisher cannot starve the dead-lettering of CPU; it runs at
-        // the speed of the whole hop.
-        while ok.load(Ordering::Relaxed) >= consumed_n.load(Ordering::Relaxed) + IN_FLIGHT {
+        while ok.load(Ordering::Relaxed) >= consumed.load(Ordering::Relaxed) + IN_FLIGHT {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let permits = window
@@ -217,23 +333,8 @@ pub async fn broker_ceiling(
             .map_err(|e| BenchError::Setup(e.to_string()))?;
         let ch = channels[i % channels.len()].clone();
         i += 1;
+        let confirms = publish_hundred(&ch).await;
         let ok = ok.clone();
-        let mut confirms = Vec::with_capacity(100);
-        for _ in 0..100 {
-            let body = chrono::Utc::now().timestamp_millis().to_be_bytes();
-            if let Ok(c) = ch
-                .basic_publish(
-                    "".into(),
-                    CEILING_DELAY_QUEUE.into(),
-                    BasicPublishOptions::default(),
-                    &body,
-                    BasicProperties::default().with_delivery_mode(2),
-                )
-                .await
-            {
-                confirms.push(c);
-            }
-        }
         tasks.push(tokio::spawn(async move {
             let _permits = permits;
             let n = join_all(confirms)
@@ -245,50 +346,27 @@ pub async fn broker_ceiling(
         }));
     }
     join_all(tasks).await;
-    let publish_end = std::time::Instant::now();
-    let publish_secs = (publish_end - started).as_secs_f64();
-    let total = ok.load(Ordering::Relaxed);
-    let _ = total_tx.send(Some(total));
-    let (lateness, arrivals, first, last) = consumer_task
-        .await
-        .map_err(|e| BenchError::Setup(e.to_string()))?;
-    let consumed = lateness.len() as u64;
-    // Deliveries while the publisher was still running: the rate the
-    // broker sustains while also taking publishes (the ceiling proper).
-    let sustained = first.and_then(|f| {
-        let from = f + Duration::from_secs(1);
-        let window = publish_end.checked_duration_since(from)?.as_secs_f64();
-        let n = arrivals
-            .iter()
-            .filter(|t| **t >= from && **t <= publish_end)
-            .count();
-        (window > 0.5).then(|| n as f64 / window)
-    });
-    let consume_secs = match first {
-        Some(f) => (last - f).as_secs_f64(),
-        None => 0.0,
-    };
-    let _ = setup
-        .queue_delete(CEILING_DELAY_QUEUE.into(), QueueDeleteOptions::default())
-        .await;
-    let _ = setup
-        .queue_delete(CEILING_SINK_QUEUE.into(), QueueDeleteOptions::default())
-        .await;
-    let _ = pub_conn.close(200, "done".into()).await;
-    let _ = sub_conn.close(200, "done".into()).await;
-    Ok(CeilingReport {
-        queue_type: format!("{queue_type:?}").to_lowercase(),
-        ttl_ms: CEILING_TTL_MS,
-        published: total,
-        consumed,
-        publish_rate: total as f64 / publish_secs.max(1e-9),
-        consume_rate: if consume_secs > 0.0 {
-            consumed as f64 / consume_secs
-        } else {
-            0.0
-        },
-        sustained_rate: sustained,
-        lateness: LatenessStats::from_ms(&lateness),
-        ..Default::default()
-    })
+    Ok(ok.load(Ordering::Relaxed))
+}
+
+/// Publishes 100 timestamped persistent messages into the ceiling's delay
+/// queue; returns their pending confirms.
+async fn publish_hundred(ch: &Channel) -> Vec<lapin::PublisherConfirm> {
+    let mut confirms = Vec::with_capacity(100);
+    for _ in 0..100 {
+        let body = chrono::Utc::now().timestamp_millis().to_be_bytes();
+        if let Ok(c) = ch
+            .basic_publish(
+                "".into(),
+                CEILING_DELAY_QUEUE.into(),
+                BasicPublishOptions::default(),
+                &body,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+        {
+            confirms.push(c);
+        }
+    }
+    confirms
 }

@@ -1,8 +1,9 @@
 //! The bench's isolated world: its own RabbitMQ vhost (created with
 //! `rabbitmqctl`, so the bench runs as root on the broker's machine), its
-//! own PostgreSQL database, and the inventory server and service instances
-//! as child processes of this binary (so their CPU and memory are measured
-//! apart from the load generator's). Removed at the end unless `--keep`.
+//! own PostgreSQL database, and the inventory server, the service instances
+//! and the seed consumer as child processes of this binary (so their CPU
+//! and memory are measured apart from the load generator's). Removed at the
+//! end unless `--keep`.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -80,6 +81,8 @@ pub struct BenchEnv {
     pub inventory: Option<ChildProc>,
     /// The service children.
     pub services: Vec<ChildProc>,
+    /// The seed consumer child (`--baseline seed`).
+    pub seed: Option<ChildProc>,
     /// Their `/metrics` ports.
     pub metrics_ports: Vec<u16>,
 }
@@ -159,6 +162,7 @@ impl BenchEnv {
             keep,
             inventory: None,
             services: Vec::new(),
+            seed: None,
             metrics_ports: Vec::new(),
         };
         // From here on, `cleanup` removes what exists.
@@ -166,45 +170,61 @@ impl BenchEnv {
             .await
             .map_err(|e| BenchError::Setup(format!("preparing the bench database: {e:#}")))?;
         if orders_in == OrdersDatabase::Mysql {
-            // The orders (and the service) on MySQL; the reference inventory
-            // keeps its stock in the PostgreSQL database above.
-            let url =
-                crate::shop::mysql_url(&name).map_err(|e| BenchError::Setup(format!("{e:#}")))?;
-            env.mysql_db = Some(url.clone());
-            env.db.orders = ShopDb::prepare(&url, db_connections).await.map_err(|e| {
-                BenchError::Setup(format!("preparing the MySQL bench database: {e:#}"))
-            })?;
-            env.settings.database_url = url;
+            env.orders_on_mysql(db_connections).await?;
         }
         if stock == StockPath::Also {
-            // The services give stock back in the cancel transaction: the
-            // mapping of the reference schema plus a stock table, no gRPC.
-            if env.config_file.is_some() {
-                return Err(BenchError::Setup(
-                    "--stock also writes the services' config file itself: drop --config".into(),
-                ));
-            }
-            let file = env.log_dir.join("also.toml");
-            std::fs::write(
-                &file,
-                "[orders]\n\
-                 also = [\"UPDATE shop_stock s JOIN order_items i ON i.sku = s.sku \
-                 SET s.available = s.available + i.quantity WHERE i.order_id = ?\"]\n\
-                 [inventory]\nrelease = \"none\"\n",
-            )
-            .map_err(|e| BenchError::Setup(format!("writing {}: {e}", file.display())))?;
-            env.config_file = Some(file);
-            env.db.also_stock = true;
+            env.stock_back_by_also()?;
         }
+        env.start_inventory()?;
+        Ok(env)
+    }
+
+    /// The orders (and the service) on MySQL; the reference inventory
+    /// keeps its stock in the PostgreSQL database.
+    async fn orders_on_mysql(&mut self, db_connections: u32) -> Result<(), BenchError> {
+        let url =
+            crate::shop::mysql_url(&self.name).map_err(|e| BenchError::Setup(format!("{e:#}")))?;
+        self.mysql_db = Some(url.clone());
+        self.db.orders = ShopDb::prepare(&url, db_connections)
+            .await
+            .map_err(|e| BenchError::Setup(format!("preparing the MySQL bench database: {e:#}")))?;
+        self.settings.database_url = url;
+        Ok(())
+    }
+
+    /// The services give stock back in the cancel transaction: the mapping
+    /// of the reference schema plus a stock table, no gRPC.
+    fn stock_back_by_also(&mut self) -> Result<(), BenchError> {
+        if self.config_file.is_some() {
+            return Err(BenchError::Setup(
+                "--stock also writes the services' config file itself: drop --config".into(),
+            ));
+        }
+        let file = self.log_dir.join("also.toml");
+        std::fs::write(
+            &file,
+            "[orders]\n\
+             also = [\"UPDATE shop_stock s JOIN order_items i ON i.sku = s.sku \
+             SET s.available = s.available + i.quantity WHERE i.order_id = ?\"]\n\
+             [inventory]\nrelease = \"none\"\n",
+        )
+        .map_err(|e| BenchError::Setup(format!("writing {}: {e}", file.display())))?;
+        self.config_file = Some(file);
+        self.db.also_stock = true;
+        Ok(())
+    }
+
+    /// The reference inventory server, on a free port.
+    fn start_inventory(&mut self) -> Result<(), BenchError> {
         let port = free_port()?;
-        env.settings.inventory_url = SecretUrl::new(format!("http://127.0.0.1:{port}"));
-        env.inventory = Some(env.spawn(
+        self.settings.inventory_url = SecretUrl::new(format!("http://127.0.0.1:{port}"));
+        self.inventory = Some(self.spawn(
             "inventory",
             &tools_binary()?,
             &["inventory-server"],
             &[("INVENTORY_ADDR", format!("127.0.0.1:{port}"))],
         )?);
-        Ok(env)
+        Ok(())
     }
 
     fn spawn(
@@ -265,12 +285,32 @@ impl BenchEnv {
             self.services.push(child);
             self.metrics_ports.push(port);
         }
-        self.wait_consumers(n, tokio::time::Instant::now() + Duration::from_secs(60))
-            .await
+        self.wait_consumers(
+            DUE_QUEUE,
+            n,
+            tokio::time::Instant::now() + Duration::from_secs(60),
+        )
+        .await
+    }
+
+    /// Declares the seed design's queues and starts its consumer
+    /// (`seed-consumer`), waiting until it consumes.
+    pub async fn start_seed(&mut self) -> Result<(), BenchError> {
+        let conn = connect_amqp(&self.settings.amqp_url, "order-timeout-bench-seed-setup").await?;
+        super::seed::declare(&conn).await?;
+        let _ = conn.close(200, "ok".into()).await;
+        self.seed = Some(self.spawn("seed", &tools_binary()?, &["seed-consumer"], &[])?);
+        self.wait_consumers(
+            super::seed::SEED_CANCEL_QUEUE,
+            1,
+            tokio::time::Instant::now() + Duration::from_secs(60),
+        )
+        .await
     }
 
     async fn wait_consumers(
         &self,
+        queue: &str,
         n: usize,
         deadline: tokio::time::Instant,
     ) -> Result<(), BenchError> {
@@ -279,7 +319,7 @@ impl BenchEnv {
             let channel = conn.create_channel().await?;
             let q = channel
                 .queue_declare(
-                    DUE_QUEUE.into(),
+                    queue.into(),
                     QueueDeclareOptions {
                         passive: true,
                         ..Default::default()
@@ -293,7 +333,7 @@ impl BenchEnv {
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(BenchError::Setup(format!(
-                    "the service did not start consuming within 60 s; see {}",
+                    "nothing started consuming from {queue} within 60 s; see {}",
                     self.log_dir.display()
                 )));
             }
@@ -319,6 +359,7 @@ impl BenchEnv {
                 let keep = line.starts_with("order_timeout_stage_duration_seconds_sum")
                     || line.starts_with("order_timeout_stage_duration_seconds_count")
                     || line.starts_with("order_timeout_messages_total")
+                    || line.starts_with("order_timeout_sweeper_orders")
                     || line.starts_with("order_timeout_cancel_lateness_seconds_sum")
                     || line.starts_with("order_timeout_cancel_lateness_seconds_count");
                 if !keep {
@@ -344,12 +385,16 @@ impl BenchEnv {
         for s in self.services.drain(..) {
             s.stop(Duration::from_secs(30)).await;
         }
+        self.metrics_ports.clear();
     }
 
     /// Stops every child, and removes the vhost and the database unless
     /// `--keep`.
     pub async fn cleanup(mut self) {
         self.stop_services().await;
+        if let Some(seed) = self.seed.take() {
+            seed.stop(Duration::from_secs(5)).await;
+        }
         if let Some(inv) = self.inventory.take() {
             inv.stop(Duration::from_secs(5)).await;
         }

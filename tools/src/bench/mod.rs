@@ -9,38 +9,49 @@
 //!
 //! 1. with `--baseline broker-ceiling`: the one-hop broker ceiling
 //!    ([`baseline::broker_ceiling`]);
-//! 2. the product: `--rate` orders/s for `--duration`, timeouts drawn from
-//!    `--timeouts`, `--paid-ratio` of them paid before their deadline; wait
-//!    for every order to settle; measure;
+//! 2. the product: `--rate` orders/s for `--duration`, the `--workload`'s
+//!    timeouts (`shop`: every order the same `--timeout`, default 31 s;
+//!    `mix`: 0.5/1/5/10 s), `--paid-ratio` of them paid before their
+//!    deadline; wait for every order to settle; measure;
 //! 3. with `--baseline single-queue`: the same workload through one delay
-//!    queue with per-message `expiration` ([`baseline`]);
+//!    queue with per-message `expiration` into the service ([`baseline`]);
+//! 4. with `--baseline seed`: the same workload through the seed design
+//!    ([`seed`]), the services stopped meanwhile;
+//! 5. `--repeat N`: steps 2–4 N times in a row, one line per run and a
+//!    verdict (every run's p99 within `--p99-target`?);
 //!
 //! or, with `--pending N`, only fills N orders with long timeouts and
 //! measures broker memory and disk and the service's memory.
-//! Results: a summary on stdout, JSON (`--out`), a PNG (`--plot`).
+//! Each phase reports CPU time per order for every process its design runs
+//! on (broker, PostgreSQL, MariaDB, the service or the seed consumer, the
+//! reference inventory, the bench itself), their total, and the design's
+//! own process apart. Results: a summary on stdout, JSON (`--out`), a PNG
+//! (`--plot`).
 
 pub mod baseline;
 pub mod env;
 pub mod load;
+mod pending;
 pub mod plot;
 pub mod report;
+pub mod seed;
+mod summary;
 pub mod sys;
 pub mod workload;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
+use lapin::Channel;
 
 use self::env::BenchEnv;
 use self::load::{Route, Workload};
-use self::report::{BenchReport, PendingReport, PhaseReport};
-use self::sys::{Group, Sampler, Who};
-use self::workload::TimeoutDist;
+use self::report::{BenchReport, CeilingReport, PhaseReport, RunReport};
+use self::sys::{Group, Sampling, Who};
+use self::workload::{Chosen, Named, TimeoutDist};
 use crate::shop::{OrdersDatabase, ShopDb};
 use order_timeout::settings::Settings;
 
@@ -90,6 +101,11 @@ pub enum Baseline {
     /// Publish → fixed-TTL queue → dead-letter → consume, no database,
     /// saturated: what one hop can carry on this machine (measured first).
     BrokerCeiling,
+    /// The seed design: one classic queue with per-message `expiration`
+    /// into a plain consumer doing one conditional UPDATE per order (no
+    /// stock release, no event): the same workload, after the product's,
+    /// with the services stopped.
+    Seed,
 }
 
 /// Arguments of `bench`.
@@ -111,25 +127,35 @@ pub struct BenchArgs {
     /// How long to create orders.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
-    /// Payment windows: fixed (`5s`), uniform range (`1s..10s`), or a
-    /// weighted list (`500ms:1,1s:1,5s:1,10s:1`).
-    #[arg(long, default_value = "500ms:1,1s:1,5s:1,10s:1", value_parser = workload::parse_timeouts)]
-    pub timeouts: TimeoutDist,
+    /// The workload: `shop` (every order the same payment window,
+    /// `--timeout`: what real shops have) or `mix` (timeouts 0.5, 1, 5 and
+    /// 10 s in equal shares).
+    #[arg(long, value_enum, default_value_t = Named::Shop)]
+    pub workload: Named,
+    /// The shared payment window of `--workload shop` [default: 31s, as many
+    /// cascade hops as 30 min; 8s is one hop on one level].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Instead of a named workload, any payment windows: fixed (`3h`),
+    /// uniform range (`1s..10s`), or a weighted list
+    /// (`500ms:1,1s:1,5s:1,10s:1`).
+    #[arg(long, value_parser = workload::parse_timeouts, conflicts_with_all = ["workload", "timeout"])]
+    pub timeouts: Option<TimeoutDist>,
     /// Share of orders paid before their deadline (they must stay untouched).
     #[arg(long, default_value_t = 0.3)]
     pub paid_ratio: f64,
     /// Service instances (processes) competing on the due queue.
     #[arg(long, default_value_t = 1)]
     pub consumers: usize,
-    /// Comparisons to run in the same run: `single-queue`, `broker-ceiling`
-    /// (repeat the flag or separate with commas).
+    /// Comparisons to run in the same run: `single-queue`, `seed`,
+    /// `broker-ceiling` (repeat the flag or separate with commas).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub baseline: Vec<Baseline>,
     /// How long the broker ceiling publishes.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub ceiling_duration: Duration,
-    /// Instead of the rate run: create this many orders (with long
-    /// `--timeouts`, e.g. 3h) as fast as possible and measure broker memory
+    /// Instead of the rate run: create this many orders (with a long
+    /// `--timeout`, e.g. 3h) as fast as possible and measure broker memory
     /// and disk and the service's memory while they are pending.
     #[arg(long)]
     pub pending: Option<u64>,
@@ -148,13 +174,32 @@ pub struct BenchArgs {
     /// Draw lateness over time and its distribution into this PNG.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Run the workload this many times in a row (the same vhost, database
+    /// and services; the broker ceiling once, first), one line per run and
+    /// a verdict at the end: were all runs within `--p99-target`?
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    /// The verdict's lateness target: p99 at most this.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub p99_target: Duration,
     /// Keep the bench's vhost and database (and child logs) afterwards.
     #[arg(long)]
     pub keep: bool,
+    /// The workload the arguments name (set by `prepare`).
+    #[arg(skip)]
+    chosen: Chosen,
 }
 
 impl BenchArgs {
-    fn check(&self) -> Result<(), BenchError> {
+    /// Checks the arguments and settles the workload.
+    fn prepare(&mut self) -> Result<(), BenchError> {
+        self.chosen = workload::choose(self.workload, self.timeout, self.timeouts.as_ref())
+            .map_err(|e| BenchError::Args(e.to_string()))?;
+        self.check_values()?;
+        self.check_combinations()
+    }
+
+    fn check_values(&self) -> Result<(), BenchError> {
         let bad = |m: &str| Err(BenchError::Args(m.into()));
         if !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= 1_000_000.0) {
             return bad("--rate must be in (0, 1000000]");
@@ -182,14 +227,31 @@ impl BenchArgs {
         if self.pending == Some(0) {
             return bad("--pending must be positive");
         }
-        if self.pending.is_some() && self.baseline.contains(&Baseline::SingleQueue) {
-            return bad("--pending measures the product only; drop --baseline single-queue");
+        if !(1..=20).contains(&self.repeat) {
+            return bad("--repeat must be 1..=20");
         }
-        if self.stock == StockPath::Also
-            && (self.database != OrdersDatabase::Mysql
-                || self.baseline.contains(&Baseline::SingleQueue))
-        {
-            return bad("--stock also needs --database mysql and no --baseline single-queue");
+        if self.p99_target.is_zero() {
+            return bad("--p99-target must be positive");
+        }
+        Ok(())
+    }
+
+    fn check_combinations(&self) -> Result<(), BenchError> {
+        let bad = |m: &str| Err(BenchError::Args(m.into()));
+        let phases = self.baseline.contains(&Baseline::SingleQueue)
+            || self.baseline.contains(&Baseline::Seed)
+            || self.repeat > 1;
+        if self.pending.is_some() && phases {
+            return bad(
+                "--pending measures the product once; drop --baseline single-queue/seed and --repeat",
+            );
+        }
+        // The `also` check counts the stock given back in the whole
+        // database against one phase's cancellations.
+        if self.stock == StockPath::Also && (self.database != OrdersDatabase::Mysql || phases) {
+            return bad(
+                "--stock also needs --database mysql, no --baseline single-queue/seed and no --repeat",
+            );
         }
         Ok(())
     }
@@ -226,35 +288,26 @@ fn machine_info() -> BTreeMap<String, String> {
     {
         m.insert("memory".into(), l["MemTotal:".len()..].trim().to_owned());
     }
+    if let Ok(cpuinfo) = std::fs::read_to_string("/proc/cpuinfo")
+        && let Some(l) = cpuinfo.lines().find(|l| l.starts_with("model name"))
+        && let Some((_, model)) = l.split_once(':')
+    {
+        m.insert("cpu".into(), model.trim().to_owned());
+    }
+    m.insert("loadavg_at_start".into(), loadavg());
     if let Some(v) = env::rabbitmqctl_opt(&["version"]) {
         m.insert("rabbitmq".into(), v.trim().to_owned());
     }
     m
 }
 
-/// The broker's data directory (`rabbitmqctl status`), if it says.
-fn broker_status() -> (Option<f64>, Option<String>) {
-    let Some(text) = env::rabbitmqctl_opt(&["status", "--formatter", "json"]) else {
-        return (None, None);
-    };
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-        return (None, None);
-    };
-    let mem = v["memory"]["total"]["rss"]
-        .as_f64()
-        .or_else(|| v["memory"]["total"]["erlang"].as_f64())
-        .map(|b| b / 1048576.0);
-    let dir = v["data_directory"].as_str().map(str::to_owned);
-    (mem, dir)
-}
-
 /// Runs `bench`; the exit code says whether every check passed.
 pub async fn run(
     settings: Settings,
     config_file: Option<PathBuf>,
-    args: BenchArgs,
+    mut args: BenchArgs,
 ) -> anyhow::Result<ExitCode> {
-    args.check()?;
+    args.prepare()?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut report = BenchReport {
         command,
@@ -287,7 +340,7 @@ pub async fn run(
         })?;
         eprintln!("== results written to {}", path.display());
     }
-    print_summary(&report);
+    summary::print_summary(&report);
     Ok(if ok {
         println!("bench: all checks passed");
         ExitCode::SUCCESS
@@ -316,7 +369,8 @@ fn settings_info(s: &Settings, args: &BenchArgs) -> BTreeMap<String, String> {
         s.inventory_concurrency.to_string(),
     );
     m.insert("consumers".into(), args.consumers.to_string());
-    m.insert("timeouts".into(), args.timeouts.to_string());
+    m.insert("workload".into(), args.chosen.to_string());
+    m.insert("timeouts".into(), args.chosen.timeouts.to_string());
     m.insert("paid_ratio".into(), args.paid_ratio.to_string());
     m
 }
@@ -327,6 +381,26 @@ async fn run_in(
     report: &mut BenchReport,
 ) -> Result<bool, BenchError> {
     report.settings = settings_info(&env.settings, args);
+    let declare_seconds = start_world(env, args).await?;
+    let sampling = Sampling::start(process_groups(env, args));
+    let mut ok = true;
+    if args.baseline.contains(&Baseline::BrokerCeiling) {
+        report.broker_ceiling = Some(measure_ceiling(env, args, &sampling).await?);
+    }
+    if let Some(n) = args.pending {
+        let p = pending::measure(env, args, n, declare_seconds, &sampling).await?;
+        ok &= p.failures.is_empty();
+        report.pending = Some(p);
+    } else {
+        ok &= run_workload(env, args, &sampling, report).await?;
+    }
+    sampling.stop().await;
+    Ok(ok)
+}
+
+/// Declares the topology and starts the service instances; returns how
+/// long declaring took.
+async fn start_world(env: &mut BenchEnv, args: &BenchArgs) -> Result<f64, BenchError> {
     let declare_started = std::time::Instant::now();
     order_timeout::broker::declare_topology(&env.settings)
         .await
@@ -338,452 +412,293 @@ async fn run_in(
         env.log_dir.display()
     );
     env.start_services(args.consumers).await?;
+    if args.baseline.contains(&Baseline::Seed) {
+        eprintln!("== starting the seed consumer");
+        env.start_seed().await?;
+    }
+    Ok(declare_seconds)
+}
+
+/// The AMQP port of the broker (of its first node), for telling the
+/// broker's process from private test nodes beside it.
+fn amqp_port(url: &order_timeout::settings::SecretUrl) -> u16 {
+    let first = url.expose().split(',').next().unwrap_or_default();
+    let default = if first.starts_with("amqps:") {
+        5671
+    } else {
+        5672
+    };
+    url::Url::parse(first)
+        .ok()
+        .and_then(|u| u.port())
+        .unwrap_or(default)
+}
+
+/// The processes whose CPU and memory a run reports.
+fn process_groups(env: &BenchEnv, args: &BenchArgs) -> Vec<Group> {
+    let group = |name: &str, who| Group {
+        name: name.into(),
+        who,
+    };
+    let broker = match sys::pid_listening_on(amqp_port(&env.settings.amqp_url), "beam.smp") {
+        Some(pid) => Who::Pids(vec![pid]),
+        None => Who::Comm("beam.smp"),
+    };
     let mut groups = vec![
-        Group {
-            name: "bench".into(),
-            who: Who::Pids(vec![std::process::id()]),
-        },
-        Group {
-            name: "service".into(),
-            who: Who::Pids(env.service_pids()),
-        },
-        Group {
-            name: "broker".into(),
-            who: Who::Comm("beam.smp"),
-        },
-        Group {
-            name: "postgres".into(),
-            who: Who::Comm("postgres"),
-        },
+        group("bench", Who::Pids(vec![std::process::id()])),
+        group("service", Who::Pids(env.service_pids())),
+        group("broker", broker),
+        group("postgres", Who::Postgres(vec![env.name.clone()])),
     ];
     if args.database == OrdersDatabase::Mysql {
-        groups.push(Group {
-            name: "mariadb".into(),
-            who: Who::Comm("mariadbd"),
-        });
+        groups.push(group("mariadb", Who::Comm("mariadbd")));
     }
     if let Some(pid) = env.inventory.as_ref().and_then(|c| c.pid()) {
-        groups.push(Group {
-            name: "inventory".into(),
-            who: Who::Pids(vec![pid]),
-        });
+        groups.push(group("inventory", Who::Pids(vec![pid])));
     }
-    let sampler = Arc::new(Mutex::new(Sampler::new(groups)));
-    let stop_sampling = order_timeout::shutdown::Shutdown::new();
-    let sampling = tokio::spawn({
-        let (sampler, stop) = (sampler.clone(), stop_sampling.clone());
-        async move {
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = stop.wait() => return,
-                }
-                if let Ok(mut s) = sampler.lock() {
-                    s.sample();
-                }
+    if let Some(pid) = env.seed.as_ref().and_then(|c| c.pid()) {
+        groups.push(group("seed", Who::Pids(vec![pid])));
+    }
+    groups
+}
+
+/// `--baseline broker-ceiling`: the one-hop ceiling, measured first.
+async fn measure_ceiling(
+    env: &BenchEnv,
+    args: &BenchArgs,
+    sampling: &Sampling,
+) -> Result<CeilingReport, BenchError> {
+    eprintln!(
+        "== broker ceiling: publish → {} ms TTL queue → dead-letter → consume, {:?} saturated",
+        baseline::CEILING_TTL_MS,
+        args.ceiling_duration
+    );
+    sampling.reset();
+    let la0 = loadavg();
+    let mut c = baseline::broker_ceiling(
+        &env.settings.amqp_url,
+        env.settings.queue_type,
+        args.ceiling_duration,
+    )
+    .await?;
+    c.resources = sampling.usage();
+    c.loadavg = (la0, loadavg());
+    eprintln!(
+        "   published {} ({:.0}/s), consumed {} at {:.0}/s ({:.0}/s while publishing)",
+        c.published,
+        c.publish_rate,
+        c.consumed,
+        c.consume_rate,
+        c.sustained_rate.unwrap_or(0.0)
+    );
+    Ok(c)
+}
+
+/// Stocks `--skus` SKUs (in the reference inventory, or in the orders'
+/// `shop_stock` with `--stock also`) and returns their names.
+async fn stock_skus(env: &BenchEnv, args: &BenchArgs) -> Result<Vec<String>, BenchError> {
+    let skus: Vec<String> = (0..args.skus)
+        .map(|i| format!("bench-sku-{i:05}"))
+        .collect();
+    let stock: Vec<(String, i64)> = skus.iter().map(|s| (s.clone(), INITIAL_STOCK)).collect();
+    match &env.db.orders {
+        ShopDb::MySql(pool) if args.stock == StockPath::Also => {
+            for (sku, n) in &stock {
+                sqlx::query("INSERT INTO shop_stock (sku, available) VALUES (?, ?)")
+                    .bind(sku)
+                    .bind(n)
+                    .execute(pool)
+                    .await?;
             }
         }
-    });
-    let reset = |s: &Arc<Mutex<Sampler>>| {
-        if let Ok(mut s) = s.lock() {
-            s.reset();
-        }
-    };
-    let usage = |s: &Arc<Mutex<Sampler>>| {
-        s.lock()
-            .map(|mut s| {
-                s.sample();
-                s.usage()
-            })
-            .unwrap_or_default()
-    };
+        _ => crate::shop::set_stock(&env.db.inventory, &stock).await?,
+    }
+    Ok(skus)
+}
 
+/// The rate run: `--repeat` runs of the product's phase and then the
+/// baselines' phases, each printed as it ends; the verdicts; the plot (of
+/// the last run). Returns whether every check passed.
+async fn run_workload(
+    env: &mut BenchEnv,
+    args: &BenchArgs,
+    sampling: &Sampling,
+    report: &mut BenchReport,
+) -> Result<bool, BenchError> {
+    let w = Workload {
+        rate: args.rate,
+        duration: args.duration,
+        timeouts: args.chosen.timeouts.clone(),
+        paid_ratio: args.paid_ratio,
+        skus: stock_skus(env, args).await?,
+        publish_channels: args.publish_channels,
+        settle_timeout: args.settle_timeout,
+    };
+    let conn =
+        order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-shop")
+            .await?;
+    let channels = load::confirm_channels(&conn, w.publish_channels).await?;
+    let mut routes = vec![Route::Cascade];
+    if args.baseline.contains(&Baseline::SingleQueue) {
+        baseline::declare_single_queue(&conn, env.settings.queue_type).await?;
+        routes.push(Route::SingleQueue);
+    }
+    if args.baseline.contains(&Baseline::Seed) {
+        routes.push(Route::Seed);
+    }
     let mut ok = true;
-    if args.baseline.contains(&Baseline::BrokerCeiling) {
-        eprintln!(
-            "== broker ceiling: publish → {} ms TTL queue → dead-letter → consume, {:?} saturated",
-            baseline::CEILING_TTL_MS,
-            args.ceiling_duration
-        );
-        reset(&sampler);
-        let la0 = loadavg();
-        let mut c = baseline::broker_ceiling(
-            &env.settings.amqp_url,
-            env.settings.queue_type,
-            args.ceiling_duration,
-        )
-        .await?;
-        c.resources = usage(&sampler);
-        c.loadavg = (la0, loadavg());
-        eprintln!(
-            "   published {} ({:.0}/s), consumed {} at {:.0}/s ({:.0}/s while publishing)",
-            c.published,
-            c.publish_rate,
-            c.consumed,
-            c.consume_rate,
-            c.sustained_rate.unwrap_or(0.0)
-        );
-        report.broker_ceiling = Some(c);
+    let mut plots = Vec::new();
+    for run in 1..=args.repeat {
+        let (r, points) = run_once(env, args, &channels, &routes, &w, sampling, run).await?;
+        ok &= r.phases.iter().all(|p| p.failures.is_empty());
+        if args.repeat > 1 {
+            summary::print_run(&r);
+        }
+        report.runs.push(r);
+        plots = points;
     }
-
-    if let Some(n) = args.pending {
-        reset(&sampler);
-        let mut p = pending(env, args, n).await?;
-        p.declare_seconds = declare_seconds;
-        if let Ok(mut s) = sampler.lock() {
-            s.sample();
-            p.resources = s.usage();
-            p.service_memory = s.series("service");
-            p.broker_memory = s.series("broker");
-        }
-        ok &= p.failures.is_empty();
-        report.pending = Some(p);
-    } else {
-        let skus: Vec<String> = (0..args.skus)
-            .map(|i| format!("bench-sku-{i:05}"))
-            .collect();
-        let stock: Vec<(String, i64)> = skus.iter().map(|s| (s.clone(), INITIAL_STOCK)).collect();
-        match &env.db.orders {
-            ShopDb::MySql(pool) if args.stock == StockPath::Also => {
-                for (sku, n) in &stock {
-                    sqlx::query("INSERT INTO shop_stock (sku, available) VALUES (?, ?)")
-                        .bind(sku)
-                        .bind(n)
-                        .execute(pool)
-                        .await?;
-                }
-            }
-            _ => crate::shop::set_stock(&env.db.inventory, &stock).await?,
-        }
-        let w = Workload {
-            rate: args.rate,
-            duration: args.duration,
-            timeouts: args.timeouts.clone(),
-            paid_ratio: args.paid_ratio,
-            skus,
-            publish_channels: args.publish_channels,
-            settle_timeout: args.settle_timeout,
-        };
-        let conn =
-            order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-shop")
-                .await?;
-        let channels = load::confirm_channels(&conn, w.publish_channels).await?;
-        let mut plots: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-        let mut routes = vec![Route::Cascade];
-        if args.baseline.contains(&Baseline::SingleQueue) {
-            baseline::declare_single_queue(&conn, env.settings.queue_type).await?;
-            routes.push(Route::SingleQueue);
-        }
-        for route in routes {
-            eprintln!(
-                "== {}: {} orders/s for {:?}, timeouts {}, {:.0}% paid",
-                route.design(),
-                w.rate,
-                w.duration,
-                w.timeouts,
-                w.paid_ratio * 100.0
-            );
-            reset(&sampler);
-            let la0 = loadavg();
-            let m0 = env.scrape().await;
-            let prefix = format!("{}-", route.design());
-            let g = load::generate(&env.db, &channels, route, &w, &prefix).await?;
-            let s = load::settle(&env.db, g, &w).await?;
-            let resources = usage(&sampler);
-            let (mut phase, points) = load::measure(&env.db, &s, route, &w).await?;
-            phase.resources = resources;
-            phase.loadavg = (la0, loadavg());
-            phase.service_metrics = env
-                .scrape()
-                .await
-                .into_iter()
-                .map(|(k, v)| {
-                    let d = v - m0.get(&k).copied().unwrap_or(0.0);
-                    (k, d)
-                })
-                .filter(|(_, d)| *d != 0.0)
-                .collect();
-            ok &= phase.failures.is_empty();
-            print_phase(&phase);
-            plots.push((route.design().to_owned(), points));
-            match route {
-                Route::Cascade => report.cascade = Some(phase),
-                Route::SingleQueue => report.single_queue = Some(phase),
-            }
-        }
-        let _ = conn.close(200, "done".into()).await;
-        if let Some(path) = &args.plot {
-            let series: Vec<plot::Series<'_>> = plots
-                .iter()
-                .map(|(name, points)| plot::Series { name, points })
-                .collect();
-            let title = format!(
-                "order-timeout-tools bench: {} orders/s for {:?}, timeouts {}, {} x{} ({} consumer(s))",
-                args.rate,
-                args.duration,
-                args.timeouts,
-                report.settings["queue_type"],
-                report.settings["cascade_shards"],
-                args.consumers
-            );
-            plot::draw(path, &title, &series)?;
-            eprintln!("== plot written to {}", path.display());
-        }
+    report.verdicts = report::verdicts(&report.runs, args.p99_target.as_secs_f64() * 1000.0);
+    let _ = conn.close(200, "done".into()).await;
+    if let Some(path) = &args.plot {
+        draw_plot(path, args, report, &plots)?;
     }
-    stop_sampling.trigger();
-    let _ = sampling.await;
     Ok(ok)
 }
 
-/// `--pending N`: fill and measure.
-async fn pending(
+/// Each design's phase, in turn: one run. Also returns each design's
+/// points for the plot.
+async fn run_once(
     env: &mut BenchEnv,
     args: &BenchArgs,
-    n: u64,
-) -> Result<PendingReport, BenchError> {
-    let mut p = PendingReport {
-        orders: n,
-        timeouts: args.timeouts.to_string(),
-        loadavg: (loadavg(), String::new()),
-        ..Default::default()
+    channels: &[Channel],
+    routes: &[Route],
+    w: &Workload,
+    sampling: &Sampling,
+    run: usize,
+) -> Result<(RunReport, Vec<(String, Vec<(f64, f64)>)>), BenchError> {
+    if args.repeat > 1 {
+        eprintln!("== run {run} of {}", args.repeat);
+    }
+    let mut r = RunReport {
+        run,
+        started_at: order_timeout::message::format_instant(chrono::Utc::now()),
+        phases: Vec::new(),
     };
-    let (mem0, data_dir) = broker_status();
-    let disk0 = data_dir.as_deref().and_then(sys::disk_usage);
-    let db = env.db.clone();
-    let conn =
-        order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-fill")
-            .await?;
-    let channels = load::confirm_channels(&conn, args.publish_channels).await?;
-    eprintln!("== filling {n} orders, timeouts {}", args.timeouts);
-    let bar = ProgressBar::new(n).with_style(
-        ProgressStyle::with_template(
-            "{spinner} filling [{elapsed_precise}] {bar:30} {pos}/{len} published ({per_sec}) {msg}",
-        )
-        .map_err(|e| BenchError::Setup(e.to_string()))?,
-    );
-    let started = std::time::Instant::now();
-    let errors = load::fill(&db, &channels, &args.timeouts, n, &bar).await?;
-    p.publish_seconds = started.elapsed().as_secs_f64();
-    bar.finish();
-    if errors > 0 {
-        p.failures
-            .push(format!("{errors} orders failed to be created/published"));
+    let mut plots = Vec::new();
+    for &route in routes {
+        services_for(env, args, route, sampling).await?;
+        let prefix = match args.repeat {
+            1 => format!("{}-", route.design()),
+            _ => format!("{}-r{run}-", route.design()),
+        };
+        let (phase, points) =
+            run_phase(env, channels, route, w, sampling, &prefix, &args.chosen).await?;
+        summary::print_phase(&phase);
+        plots.push((route.design().to_owned(), points));
+        r.phases.push(phase);
     }
-    // Wait until the service has moved every message into the cascade.
-    let vhost = env.name.clone();
-    let wait_bar = ProgressBar::new(n).with_style(
-        ProgressStyle::with_template(
-            "{spinner} into the cascade [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
-        )
-        .map_err(|e| BenchError::Setup(e.to_string()))?,
-    );
-    let give_up = std::time::Instant::now() + Duration::from_secs(600.max(n / 300));
-    let depth_channel = conn.create_channel().await?;
-    let layout = order_timeout::broker::topology::Layout::of(&env.settings);
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let q = queue_counts(&depth_channel, &layout).await?;
-        let due = q
-            .get(order_timeout::broker::topology::DUE_QUEUE)
-            .copied()
-            .unwrap_or(0);
-        let in_cascade: u64 = q
-            .iter()
-            .filter(|(k, _)| k.starts_with("order-timeout.delay."))
-            .map(|(_, v)| v)
-            .sum();
-        wait_bar.set_position(in_cascade);
-        wait_bar.set_message(format!("due queue {due}"));
-        if due == 0 && in_cascade >= n - errors {
-            break;
+    Ok((r, plots))
+}
+
+/// The seed's phase runs with the services stopped (their sweeper would
+/// otherwise cancel the seed's late orders, and their idle CPU is not the
+/// seed's); the others with them running, restarted if a seed phase
+/// stopped them.
+async fn services_for(
+    env: &mut BenchEnv,
+    args: &BenchArgs,
+    route: Route,
+    sampling: &Sampling,
+) -> Result<(), BenchError> {
+    match route {
+        Route::Seed if !env.services.is_empty() => {
+            eprintln!("== stopping the service for the seed's phase");
+            env.stop_services().await;
         }
-        if std::time::Instant::now() > give_up {
-            p.failures.push(format!(
-                "gave up waiting: {in_cascade} of {n} in the cascade, {due} in the due queue"
-            ));
-            break;
+        Route::Cascade | Route::SingleQueue if env.services.is_empty() => {
+            eprintln!("== restarting {} service instance(s)", args.consumers);
+            env.start_services(args.consumers).await?;
+            let pids = env.service_pids();
+            sampling.with(|s| s.set_who("service", Who::Pids(pids)));
         }
+        _ => {}
     }
-    p.fill_seconds = started.elapsed().as_secs_f64();
-    wait_bar.finish();
+    Ok(())
+}
+
+/// One design's phase: generate, settle, measure, with the CPU, load and
+/// service counters over it.
+async fn run_phase(
+    env: &BenchEnv,
+    channels: &[Channel],
+    route: Route,
+    w: &Workload,
+    sampling: &Sampling,
+    prefix: &str,
+    chosen: &Chosen,
+) -> Result<(PhaseReport, Vec<(f64, f64)>), BenchError> {
     eprintln!(
-        "== filled in {:.1} s; watching memory for 15 s",
-        p.fill_seconds
+        "== {}: {} orders/s for {:?}, {chosen}, {:.0}% paid",
+        route.design(),
+        w.rate,
+        w.duration,
+        w.paid_ratio * 100.0
     );
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    p.queue_messages = queue_counts(&depth_channel, &layout)
-        .await?
+    sampling.reset();
+    let la0 = loadavg();
+    let m0 = env.scrape().await;
+    let g = load::generate(&env.db, channels, route, w, prefix).await?;
+    let s = load::settle(&env.db, g, w).await?;
+    let resources = sampling.usage();
+    let (mut phase, points) = load::measure(&env.db, &s, route, w).await?;
+    phase.workload = chosen.to_string();
+    let (per, total) = report::cpu_per_order(&resources, phase.orders, route.processes());
+    phase.cpu_ms_per_order = per;
+    phase.cpu_ms_per_order_total = total;
+    phase.own_process = route.own_process().into();
+    phase.resources = resources;
+    phase.loadavg = (la0, loadavg());
+    phase.service_metrics = env
+        .scrape()
+        .await
         .into_iter()
-        .filter(|(_, v)| *v > 0)
-        .collect();
-    p.queue_memory_mib = list_queues(&vhost).map(|(_, mem)| mem);
-    let (mem1, _) = broker_status();
-    p.broker_memory_mib = (mem0, mem1);
-    let disk1 = data_dir.as_deref().and_then(sys::disk_usage);
-    p.broker_disk_mib = (
-        disk0.map(|b| b as f64 / 1048576.0),
-        disk1.map(|b| b as f64 / 1048576.0),
-    );
-    p.loadavg.1 = loadavg();
-    let _ = conn.close(200, "done".into()).await;
-    Ok(p)
-}
-
-/// Ready messages in the service's queues (passive declares: cheap,
-/// unlike a `rabbitmqctl` call, which costs the broker's host a second of
-/// CPU).
-async fn queue_counts(
-    channel: &lapin::Channel,
-    layout: &order_timeout::broker::topology::Layout,
-) -> Result<BTreeMap<String, u64>, BenchError> {
-    let mut out = BTreeMap::new();
-    for spec in order_timeout::broker::topology::queue_specs(layout) {
-        let q = channel
-            .queue_declare(
-                spec.name.as_str().into(),
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                lapin::types::FieldTable::default(),
-            )
-            .await?;
-        out.insert(spec.name, u64::from(q.message_count()));
-    }
-    Ok(out)
-}
-
-/// Messages per queue and the queues' total memory (MiB) in `vhost`.
-fn list_queues(vhost: &str) -> Option<(BTreeMap<String, u64>, f64)> {
-    let text = env::rabbitmqctl_opt(&[
-        "list_queues",
-        "-p",
-        vhost,
-        "name",
-        "messages",
-        "memory",
-        "--formatter",
-        "json",
-    ])?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let mut out = BTreeMap::new();
-    let mut mem = 0.0;
-    for q in v.as_array()? {
-        let name = q["name"].as_str()?.to_owned();
-        out.insert(name, q["messages"].as_u64().unwrap_or(0));
-        mem += q["memory"].as_f64().unwrap_or(0.0);
-    }
-    Some((out, mem / 1048576.0))
-}
-
-fn fmt_usage(u: &BTreeMap<String, sys::Usage>) -> String {
-    u.iter()
-        .map(|(k, v)| match (v.cpu_cores, v.mem_peak_mib) {
-            (Some(c), Some(m)) => format!("{k} {:.0}% CPU {m:.0} MiB", c * 100.0),
-            (None, Some(m)) => format!("{k} ? CPU {m:.0} MiB"),
-            _ => format!("{k} unreadable"),
+        .map(|(k, v)| {
+            let d = v - m0.get(&k).copied().unwrap_or(0.0);
+            (k, d)
         })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn print_phase(p: &PhaseReport) {
-    let l = &p.lateness;
-    println!(
-        "{}: {} orders at {:.0}/s (target {}), {} cancelled, {} paid; lateness p50 {:.1} / p90 {:.1} / p99 {:.1} / p99.9 {:.1} / max {:.1} ms; {} early, {} not cancelled; peak {} cancellations/s",
-        p.design,
-        p.orders,
-        p.achieved_rate,
-        p.target_rate,
-        p.cancelled,
-        p.paid,
-        l.p50_ms,
-        l.p90_ms,
-        l.p99_ms,
-        l.p999_ms,
-        l.max_ms,
-        l.early,
-        p.not_cancelled,
-        p.peak_cancel_rate
-    );
-    if p.late_payments > 0 {
-        println!(
-            "   {} payments came after the deadline (the generator fell behind) and were refused; those orders were cancelled",
-            p.late_payments
-        );
-    }
-    println!("   resources: {}", fmt_usage(&p.resources));
-    let stages: Vec<String> = p
+        .filter(|(_, d)| *d != 0.0)
+        .collect();
+    phase.swept = phase
         .service_metrics
-        .iter()
-        .filter_map(|(k, sum)| {
-            let stage = k
-                .strip_prefix("order_timeout_stage_duration_seconds_sum{stage=\"")?
-                .strip_suffix("\"}")?;
-            let count = p.service_metrics.get(&k.replace("_sum{", "_count{"))?;
-            Some(format!(
-                "{stage} {count:.0} calls, mean {:.1} ms",
-                sum / count.max(1.0) * 1000.0
-            ))
-        })
-        .collect();
-    if !stages.is_empty() {
-        println!("   service stages: {}", stages.join("; "));
-    }
-    println!("   loadavg: {} -> {}", p.loadavg.0, p.loadavg.1);
-    for f in &p.failures {
-        println!("   FAIL: {f}");
-    }
+        .get("order_timeout_sweeper_orders_total")
+        .map_or(0, |n| n.round() as u64);
+    Ok((phase, points))
 }
 
-fn print_summary(r: &BenchReport) {
-    println!("== summary");
-    if let Some(c) = &r.broker_ceiling {
-        println!(
-            "broker ceiling ({}, one hop, {} ms TTL): {:.0} msg/s sustained while publishing, {:.0} msg/s first to last delivery ({:.0}/s published); resources: {}",
-            c.queue_type,
-            c.ttl_ms,
-            c.sustained_rate.unwrap_or(0.0),
-            c.consume_rate,
-            c.publish_rate,
-            fmt_usage(&c.resources)
-        );
-    }
-    for p in [&r.cascade, &r.single_queue].into_iter().flatten() {
-        print_phase(p);
-        if let Some(ceiling) = r.broker_ceiling.as_ref().and_then(|c| c.sustained_rate)
-            && ceiling > 0.0
-        {
-            println!(
-                "   = {:.0}% of the one-hop broker ceiling",
-                p.achieved_rate / ceiling * 100.0
-            );
-        }
-    }
-    if let Some(p) = &r.pending {
-        println!(
-            "pending: {} orders ({}); declare {:.2} s, publish {:.1} s, all in the cascade after {:.1} s",
-            p.orders, p.timeouts, p.declare_seconds, p.publish_seconds, p.fill_seconds
-        );
-        println!(
-            "   broker: queue memory {:?} MiB, broker memory {:?} -> {:?} MiB, data dir {:?} -> {:?} MiB",
-            p.queue_memory_mib.map(|m| m.round()),
-            p.broker_memory_mib.0.map(|m| m.round()),
-            p.broker_memory_mib.1.map(|m| m.round()),
-            p.broker_disk_mib.0.map(|m| m.round()),
-            p.broker_disk_mib.1.map(|m| m.round())
-        );
-        let svc: Vec<String> = p
-            .service_memory
-            .iter()
-            .step_by((p.service_memory.len() / 10).max(1))
-            .map(|s| format!("{:.0}s:{:.0}", s.t_s, s.mib))
-            .collect();
-        println!("   service memory over time (s:MiB): {}", svc.join(" "));
-        println!("   resources: {}", fmt_usage(&p.resources));
-        println!("   queues: {:?}", p.queue_messages);
-        for f in &p.failures {
-            println!("   FAIL: {f}");
-        }
-    }
+fn draw_plot(
+    path: &Path,
+    args: &BenchArgs,
+    report: &BenchReport,
+    plots: &[(String, Vec<(f64, f64)>)],
+) -> Result<(), BenchError> {
+    let series: Vec<plot::Series<'_>> = plots
+        .iter()
+        .map(|(name, points)| plot::Series { name, points })
+        .collect();
+    let run = match args.repeat {
+        1 => String::new(),
+        n => format!(", run {n} of {n}"),
+    };
+    let title = format!(
+        "order-timeout-tools bench: {} orders/s for {:?}, {}, {} x{} ({} consumer(s){run})",
+        args.rate,
+        args.duration,
+        args.chosen,
+        report.settings["queue_type"],
+        report.settings["cascade_shards"],
+        args.consumers
+    );
+    plot::draw(path, &title, &series)?;
+    eprintln!("== plot written to {}", path.display());
+    Ok(())
 }

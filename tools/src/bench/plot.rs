@@ -1,6 +1,6 @@
 //! The PNG: lateness over time (each cancelled order by its deadline, plus
 //! the per-second p99) and the lateness distribution (CDF), for the product
-//! and, when measured, the single-queue baseline. Pure Rust: a bitmap
+//! and, when measured, the single-queue and seed baselines. Pure Rust: a bitmap
 //! backend and an embedded font (DejaVu Sans Mono), no system libraries.
 
 use std::path::Path;
@@ -29,21 +29,41 @@ fn err(e: impl std::fmt::Display) -> BenchError {
 /// Lateness floor on the log axis (0.1 ms).
 const FLOOR_MS: f64 = 0.1;
 
+/// The designs' colours, product first.
+const COLORS: [RGBColor; 3] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+];
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
 /// Draws the PNG.
 pub fn draw(path: &Path, title: &str, series: &[Series<'_>]) -> Result<(), BenchError> {
     // Registering twice is harmless; the font is static.
     let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
-    let colors = [RGBColor(31, 119, 180), RGBColor(214, 39, 40)];
     let root = BitMapBackend::new(path, (1400, 1000)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let root = root.titled(title, ("sans-serif", 22)).map_err(err)?;
     let (top, bottom) = root.split_vertically(520);
-
     let all = series.iter().flat_map(|s| s.points.iter());
     let t_max = all.clone().map(|p| p.0).fold(1.0_f64, f64::max) * 1.02;
     let y_max = all.map(|p| p.1).fold(10.0_f64, f64::max) * 1.5;
+    draw_over_time(&top, series, t_max, y_max)?;
+    draw_distribution(&bottom, series, y_max)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
 
-    let mut chart = ChartBuilder::on(&top)
+/// Top: each cancelled order's lateness by its deadline, and the p99 of
+/// each second.
+fn draw_over_time(
+    area: &Area<'_>,
+    series: &[Series<'_>],
+    t_max: f64,
+    y_max: f64,
+) -> Result<(), BenchError> {
+    let mut chart = ChartBuilder::on(area)
         .caption(
             "lateness of each cancelled order, by its deadline (dots), per-second p99 (line)",
             ("sans-serif", 16),
@@ -59,7 +79,7 @@ pub fn draw(path: &Path, title: &str, series: &[Series<'_>]) -> Result<(), Bench
         .y_desc("lateness, ms (log)")
         .draw()
         .map_err(err)?;
-    for (s, color) in series.iter().zip(colors) {
+    for (s, color) in series.iter().zip(COLORS) {
         // Thin out huge runs: at most ~60k dots per design.
         let step = (s.points.len() / 60_000).max(1);
         chart
@@ -88,10 +108,12 @@ pub fn draw(path: &Path, title: &str, series: &[Series<'_>]) -> Result<(), Bench
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
         .draw()
-        .map_err(err)?;
+        .map_err(err)
+}
 
-    // The distribution: share of orders with lateness <= x.
-    let mut cdf = ChartBuilder::on(&bottom)
+/// Bottom: the distribution, the share of orders with lateness <= x.
+fn draw_distribution(area: &Area<'_>, series: &[Series<'_>], y_max: f64) -> Result<(), BenchError> {
+    let mut cdf = ChartBuilder::on(area)
         .caption(
             "distribution: share of cancelled orders at most this late",
             ("sans-serif", 16),
@@ -106,21 +128,8 @@ pub fn draw(path: &Path, title: &str, series: &[Series<'_>]) -> Result<(), Bench
         .y_desc("share of orders")
         .draw()
         .map_err(err)?;
-    for (s, color) in series.iter().zip(colors) {
-        let mut v: Vec<f64> = s.points.iter().map(|p| p.1.max(FLOOR_MS)).collect();
-        v.sort_by(f64::total_cmp);
-        let n = v.len().max(1) as f64;
-        let step = (v.len() / 2000).max(1);
-        let mut line: Vec<(f64, f64)> = v
-            .iter()
-            .enumerate()
-            .step_by(step)
-            .map(|(i, &x)| (x, (i + 1) as f64 / n))
-            .collect();
-        if let Some(&x) = v.last() {
-            line.push((x, 1.0));
-        }
-        cdf.draw_series(LineSeries::new(line, color.stroke_width(2)))
+    for (s, color) in series.iter().zip(COLORS) {
+        cdf.draw_series(LineSeries::new(cdf_line(s.points), color.stroke_width(2)))
             .map_err(err)?
             .label(s.name.to_string())
             .legend(move |(x, y)| {
@@ -133,7 +142,23 @@ pub fn draw(path: &Path, title: &str, series: &[Series<'_>]) -> Result<(), Bench
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
         .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+        .map_err(err)
+}
+
+/// The distribution's line: at most ~2,000 points, ending at 1.0.
+fn cdf_line(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut v: Vec<f64> = points.iter().map(|p| p.1.max(FLOOR_MS)).collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len().max(1) as f64;
+    let step = (v.len() / 2000).max(1);
+    let mut line: Vec<(f64, f64)> = v
+        .iter()
+        .enumerate()
+        .step_by(step)
+        .map(|(i, &x)| (x, (i + 1) as f64 / n))
+        .collect();
+    if let Some(&x) = v.last() {
+        line.push((x, 1.0));
+    }
+    line
 }

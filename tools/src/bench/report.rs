@@ -108,8 +108,10 @@ pub fn per_second(points: &[(f64, f64)]) -> Vec<SecondStats> {
 /// The outcome of one workload phase (the product, or a baseline).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PhaseReport {
-    /// `cascade` (the product) or `single-queue` (the baseline).
+    /// `cascade` (the product), `single-queue` or `seed` (the baselines).
     pub design: String,
+    /// The workload (`shop (every order 31s)`, `mix (…)`, `custom (…)`).
+    pub workload: String,
     /// Orders per second asked for.
     pub target_rate: f64,
     /// Orders created.
@@ -152,6 +154,20 @@ pub struct PhaseReport {
     pub per_second: Vec<SecondStats>,
     /// CPU and memory per process group while the phase ran.
     pub resources: BTreeMap<String, Usage>,
+    /// CPU time per order created, ms, per process the design runs on
+    /// (the phase's CPU seconds from its first order to the last settled,
+    /// divided by its orders).
+    pub cpu_ms_per_order: BTreeMap<String, f64>,
+    /// Their sum, if every one of them was readable.
+    pub cpu_ms_per_order_total: Option<f64>,
+    /// The design's own process among them (`service`, or `seed` for the
+    /// seed consumer).
+    pub own_process: String,
+    /// Orders the service's sweeper settled during the phase (no timeout
+    /// message did; from `/metrics`). After each start of the service it
+    /// sweeps every second for 5 minutes, so this caps lateness near 1–2 s
+    /// then.
+    pub swept: u64,
     /// `/proc/loadavg` at the start and the end of the phase.
     pub loadavg: (String, String),
     /// The services' own counters over the phase (`/metrics` deltas):
@@ -159,6 +175,89 @@ pub struct PhaseReport {
     pub service_metrics: BTreeMap<String, f64>,
     /// Problems found (an empty list means every check passed).
     pub failures: Vec<String>,
+}
+
+/// CPU time per order, ms, of the `groups` found in `resources` (in that
+/// order), and their total if every one of them was readable.
+pub fn cpu_per_order(
+    resources: &BTreeMap<String, Usage>,
+    orders: u64,
+    groups: &[&str],
+) -> (BTreeMap<String, f64>, Option<f64>) {
+    let mut per = BTreeMap::new();
+    let mut total = Some(0.0);
+    for g in groups {
+        let Some(u) = resources.get(*g) else {
+            continue;
+        };
+        match (u.cpu_seconds, orders) {
+            (Some(s), n) if n > 0 => {
+                let ms = s * 1000.0 / n as f64;
+                per.insert((*g).to_owned(), ms);
+                total = total.map(|t| t + ms);
+            }
+            _ => total = None,
+        }
+    }
+    (per, total)
+}
+
+/// One run of the workload (`--repeat` makes several, back to back): each
+/// design's phase, in the order they ran.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunReport {
+    /// 1, 2, … in the order the runs were made.
+    pub run: usize,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// One per design: the product's first, then the baselines'.
+    pub phases: Vec<PhaseReport>,
+}
+
+/// Whether a design stayed within the lateness target in every run.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Verdict {
+    /// The design.
+    pub design: String,
+    /// Runs made.
+    pub runs: usize,
+    /// The target: lateness p99 at most this, ms.
+    pub p99_target_ms: f64,
+    /// Each run's p99, ms.
+    pub p99_ms: Vec<f64>,
+    /// Runs with p99 within the target and every check passed (0 early,
+    /// 0 not cancelled, paid orders untouched…).
+    pub within_target: usize,
+    /// Every run within the target: stable, not lucky.
+    pub stable: bool,
+}
+
+/// One [`Verdict`] per design, over `runs`.
+pub fn verdicts(runs: &[RunReport], p99_target_ms: f64) -> Vec<Verdict> {
+    let mut out: Vec<Verdict> = Vec::new();
+    for phase in runs.iter().flat_map(|r| &r.phases) {
+        let i = match out.iter().position(|v| v.design == phase.design) {
+            Some(i) => i,
+            None => {
+                out.push(Verdict {
+                    design: phase.design.clone(),
+                    p99_target_ms,
+                    ..Default::default()
+                });
+                out.len() - 1
+            }
+        };
+        let v = &mut out[i];
+        v.runs += 1;
+        v.p99_ms.push(phase.lateness.p99_ms);
+        if phase.lateness.p99_ms <= p99_target_ms && phase.failures.is_empty() {
+            v.within_target += 1;
+        }
+    }
+    for v in &mut out {
+        v.stable = v.runs > 0 && v.within_target == v.runs;
+    }
+    out
 }
 
 /// The one-hop broker ceiling: publish (confirms) → fixed-TTL queue →
@@ -241,10 +340,10 @@ pub struct BenchReport {
     pub settings: BTreeMap<String, String>,
     /// The one-hop broker ceiling, if measured.
     pub broker_ceiling: Option<CeilingReport>,
-    /// The product's run.
-    pub cascade: Option<PhaseReport>,
-    /// The single-queue baseline's run, if asked for.
-    pub single_queue: Option<PhaseReport>,
+    /// The workload's runs (one unless `--repeat`).
+    pub runs: Vec<RunReport>,
+    /// Per design: were all runs within the lateness target?
+    pub verdicts: Vec<Verdict>,
     /// The pending-orders measurement, if asked for.
     pub pending: Option<PendingReport>,
 }
@@ -265,6 +364,62 @@ mod tests {
         let s = LatenessStats::from_ms(&[-2.0, 1.0, 3.0]);
         assert_eq!((s.early, s.earliest_ms), (1, Some(-2.0)));
         assert_eq!(LatenessStats::from_ms(&[]), LatenessStats::default());
+    }
+
+    #[test]
+    fn cpu_per_order_of_the_designs_processes() {
+        let u = |s: Option<f64>| Usage {
+            cpu_seconds: s,
+            ..Default::default()
+        };
+        let r: BTreeMap<String, Usage> = [
+            ("broker".to_owned(), u(Some(30.0))),
+            ("service".to_owned(), u(Some(10.0))),
+            ("seed".to_owned(), u(Some(99.0))),
+        ]
+        .into();
+        let (per, total) = cpu_per_order(&r, 20_000, &["broker", "service", "mariadb"]);
+        assert_eq!(per.len(), 2);
+        assert!((per["broker"] - 1.5).abs() < 1e-9);
+        assert!((total.unwrap() - 2.0).abs() < 1e-9);
+        let r: BTreeMap<String, Usage> = [("broker".to_owned(), u(None))].into();
+        assert_eq!(cpu_per_order(&r, 10, &["broker"]).1, None);
+    }
+
+    #[test]
+    fn a_design_is_stable_when_every_run_is_within_target() {
+        let phase = |design: &str, p99: f64, failed: bool| PhaseReport {
+            design: design.into(),
+            lateness: LatenessStats {
+                p99_ms: p99,
+                ..Default::default()
+            },
+            failures: if failed { vec!["x".into()] } else { vec![] },
+            ..Default::default()
+        };
+        let runs: Vec<RunReport> = [(20.0, 30.0), (19.0, 704.0), (21.0, 40.0)]
+            .iter()
+            .enumerate()
+            .map(|(i, (seed, cascade))| RunReport {
+                run: i + 1,
+                phases: vec![
+                    phase("cascade", *cascade, false),
+                    phase("seed", *seed, i == 2),
+                ],
+                ..Default::default()
+            })
+            .collect();
+        let v = verdicts(&runs, 50.0);
+        assert_eq!(v.len(), 2);
+        assert_eq!(
+            (v[0].design.as_str(), v[0].runs, v[0].within_target),
+            ("cascade", 3, 2)
+        );
+        assert!(!v[0].stable);
+        assert_eq!(v[0].p99_ms, vec![30.0, 704.0, 40.0]);
+        // Within the p99 target, but a check failed in run 3.
+        assert_eq!((v[1].within_target, v[1].stable), (2, false));
+        assert!(verdicts(&runs[..1], 50.0).iter().all(|v| v.stable));
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! CPU and memory of the processes taking part, read from `/proc`: the
-//! load generator (this process), the service and inventory children, the
-//! broker (`beam.smp`) and PostgreSQL (every `postgres` process). What
+//! load generator (this process), the service, inventory and seed-consumer
+//! children, the broker (the `beam.smp` listening on the AMQP port, so a
+//! private test node beside it is not counted), PostgreSQL (the server's
+//! own processes and the backends of the bench's database, not those of
+//! other databases on a shared server) and MariaDB (`mariadbd`). What
 //! cannot be read (no `/proc`, another user's process) is reported as
 //! missing, never guessed.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -14,9 +18,13 @@ use serde::Serialize;
 pub enum Who {
     /// These process ids.
     Pids(Vec<u32>),
-    /// Every process whose `comm` is this name (looked up at each sample,
-    /// so PostgreSQL backends that come and go are counted).
+    /// Every process whose `comm` is this name (looked up at each sample).
     Comm(&'static str),
+    /// PostgreSQL's processes that work for these databases, looked up at
+    /// each sample (backends come and go): the server's own (postmaster,
+    /// checkpointer, WAL writer…) and the client backends connected to one
+    /// of them. Backends of other databases are left out.
+    Postgres(Vec<String>),
 }
 
 /// A named set of processes to watch.
@@ -45,6 +53,8 @@ struct Reading {
 pub struct Usage {
     /// Average CPU over the phase, in cores (1.0 = one core busy).
     pub cpu_cores: Option<f64>,
+    /// CPU time over the phase, seconds (user + system).
+    pub cpu_seconds: Option<f64>,
     /// Peak memory seen (PSS, or RSS where PSS is unreadable), MiB.
     pub mem_peak_mib: Option<f64>,
     /// Memory at the last sample, MiB.
@@ -116,10 +126,91 @@ fn read_mem(pid: u32) -> Option<u64> {
     Some(kib_field(&status, "VmRSS:")? * 1024)
 }
 
+/// The database of a PostgreSQL client backend, from its process title
+/// (`postgres: 15/main: user db 127.0.0.1(5432) idle`, the cluster name
+/// optional); `None` for the server's own processes (`postgres: 15/main:
+/// checkpointer`, the postmaster).
+fn pg_backend_database(title: &str) -> Option<&str> {
+    let rest = title.trim().strip_prefix("postgres: ")?;
+    let mut words: Vec<&str> = rest.split_whitespace().collect();
+    if words.first().is_some_and(|w| w.ends_with(':')) {
+        words.remove(0);
+    }
+    let host = words.get(2)?;
+    let is_client = (host.contains('(') && host.ends_with(')')) || *host == "[local]";
+    is_client.then(|| words[1])
+}
+
+/// Whether the PostgreSQL process `pid` works for one of `databases`.
+fn pg_serves(pid: u32, databases: &[String]) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let title = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    match pg_backend_database(&title) {
+        Some(db) => databases.iter().any(|d| d == db),
+        None => true,
+    }
+}
+
+/// Socket inodes listening on TCP `port` (IPv4 or IPv6).
+fn listening_inodes(port: u16) -> Vec<u64> {
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
+                continue;
+            };
+            let p = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if p == Some(port)
+                && *state == "0A"
+                && let Ok(inode) = inode.parse()
+            {
+                out.push(inode);
+            }
+        }
+    }
+    out
+}
+
+/// The process named `name` that listens on TCP `port`, if readable.
+pub fn pid_listening_on(port: u16, name: &str) -> Option<u32> {
+    let inodes = listening_inodes(port);
+    if inodes.is_empty() {
+        return None;
+    }
+    let holds = |pid: &u32| {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            return false;
+        };
+        fds.filter_map(|e| e.ok()).any(|e| {
+            std::fs::read_link(e.path())
+                .ok()
+                .and_then(|l| {
+                    let l = l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+                    l.parse::<u64>().ok()
+                })
+                .is_some_and(|i| inodes.contains(&i))
+        })
+    };
+    pids_named(name).into_iter().find(holds)
+}
+
 fn read(who: &Who) -> Reading {
     let pids = match who {
         Who::Pids(p) => p.clone(),
         Who::Comm(name) => pids_named(name),
+        Who::Postgres(databases) => pids_named("postgres")
+            .into_iter()
+            .filter(|pid| pg_serves(*pid, databases))
+            .collect(),
     };
     let mut r = Reading::default();
     for pid in pids {
@@ -219,8 +310,10 @@ impl Sampler {
                         .filter_map(|pid| self.seen[i].get(pid))
                         .map(|(a, b)| b.saturating_sub(*a))
                         .sum();
+                    let cpu_seconds = ticks as f64 / self.tck as f64;
                     Usage {
-                        cpu_cores: (dt > 0.5).then(|| ticks as f64 / self.tck as f64 / dt),
+                        cpu_cores: (dt > 0.5).then(|| cpu_seconds / dt),
+                        cpu_seconds: (dt > 0.5).then_some(cpu_seconds),
                         mem_peak_mib: Some(self.peak[i] as f64 / 1048576.0),
                         mem_last_mib: Some(r1.mem_bytes as f64 / 1048576.0),
                         processes: r1.procs,
@@ -233,6 +326,14 @@ impl Sampler {
         out
     }
 
+    /// Points the group called `name` at other processes (a service
+    /// instance restarted), from the next reading on.
+    pub fn set_who(&mut self, name: &str, who: Who) {
+        if let Some(g) = self.groups.iter_mut().find(|g| g.name == name) {
+            g.who = who;
+        }
+    }
+
     /// Memory over time of the group called `name`.
     pub fn series(&self, name: &str) -> Vec<MemSample> {
         self.groups
@@ -240,6 +341,64 @@ impl Sampler {
             .position(|g| g.name == name)
             .map(|i| self.series[i].clone())
             .unwrap_or_default()
+    }
+}
+
+/// A [`Sampler`] read once a second in the background while the bench
+/// runs its phases; [`Sampling::reset`] starts a phase, [`Sampling::usage`]
+/// ends one.
+pub struct Sampling {
+    sampler: Arc<Mutex<Sampler>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sampling {
+    /// Starts sampling `groups` every second.
+    pub fn start(groups: Vec<Group>) -> Self {
+        let sampler = Arc::new(Mutex::new(Sampler::new(groups)));
+        let task = tokio::spawn({
+            let sampler = sampler.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    if let Ok(mut s) = sampler.lock() {
+                        s.sample();
+                    }
+                }
+            }
+        });
+        Self { sampler, task }
+    }
+
+    /// Runs `f` on the sampler (nothing if a panic poisoned it).
+    pub fn with<T>(&self, f: impl FnOnce(&mut Sampler) -> T) -> Option<T> {
+        self.sampler.lock().ok().map(|mut s| f(&mut s))
+    }
+
+    /// Starts a new phase ([`Sampler::reset`]).
+    pub fn reset(&self) {
+        self.with(Sampler::reset);
+    }
+
+    /// A last reading, then the usage since the last reset.
+    pub fn usage(&self) -> BTreeMap<String, Usage> {
+        self.with(|s| {
+            s.sample();
+            s.usage()
+        })
+        .unwrap_or_default()
+    }
+
+    /// Stops the background readings.
+    pub async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Sampling {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -284,5 +443,31 @@ mod tests {
         assert!(u["me"].mem_peak_mib.unwrap() > 0.0);
         assert_eq!(u["nobody"].processes, 0);
         assert!(u["nobody"].mem_peak_mib.is_none());
+    }
+
+    #[test]
+    fn tells_postgres_backends_by_database() {
+        let t = "postgres: 15/main: postgres ot_bench_1 127.0.0.1(45878) idle";
+        assert_eq!(pg_backend_database(t), Some("ot_bench_1"));
+        let t = "postgres: app shop [local] UPDATE waiting";
+        assert_eq!(pg_backend_database(t), Some("shop"));
+        for own in [
+            "postgres: 15/main: checkpointer ",
+            "postgres: 15/main: logical replication launcher",
+            "postgres: 15/main: autovacuum worker ot_bench_1",
+            "/usr/lib/postgresql/15/bin/postgres -D /var/lib/postgresql/15/main",
+        ] {
+            assert_eq!(pg_backend_database(own), None, "{own}");
+        }
+    }
+
+    #[test]
+    fn finds_who_listens_on_a_port() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let me = std::fs::read_to_string("/proc/self/comm").unwrap();
+        assert_eq!(pid_listening_on(port, me.trim()), Some(std::process::id()));
+        drop(l);
+        assert_eq!(pid_listening_on(port, me.trim()), None);
     }
 }

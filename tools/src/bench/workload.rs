@@ -1,7 +1,8 @@
-//! Timeout distributions for the load generator: a fixed timeout
-//! (`5s`), a uniform range (`1s..10s`), or a weighted list
-//! (`500ms:1,1s:1,5s:1,10s:1`, weights are relative; a weight may be left
-//! out and counts as 1).
+//! What the load generator's orders look like: the named workloads
+//! (`--workload shop`, `--workload mix`) and the timeout distributions
+//! behind them: a fixed timeout (`5s`), a uniform range (`1s..10s`), or a
+//! weighted list (`500ms:1,1s:1,5s:1,10s:1`, weights are relative; a weight
+//! may be left out and counts as 1).
 
 use std::fmt;
 use std::str::FromStr;
@@ -27,6 +28,95 @@ pub enum WorkloadError {
     /// A timeout below the smallest the bench accepts.
     #[error("timeout {0:?} is below 1ms")]
     TooShort(String),
+    /// `--timeout` given for a workload other than `shop`.
+    #[error(
+        "--timeout sets the shared payment window of --workload shop; --workload mix has its own timeouts"
+    )]
+    TimeoutWithMix,
+}
+
+/// The named workloads of `bench --workload`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Named {
+    /// What real shops have: every order the same payment window
+    /// (`--timeout`, default [`SHOP_TIMEOUT`]; mall 60 and 120 min,
+    /// litemall 30 min, Magento 8 h).
+    Shop,
+    /// Mixed timeouts, [`MIX`]: 0.5, 1, 5 and 10 s in equal shares (half of
+    /// them short enough to be held in-process, the rest one hop).
+    Mix,
+}
+
+/// The shop workload's default timeout: 31 s takes as many cascade hops as
+/// a 30-minute payment window (4); `--timeout 8s` is the one-hop,
+/// one-level case.
+pub const SHOP_TIMEOUT: Duration = Duration::from_secs(31);
+
+/// The mix workload's timeouts.
+pub const MIX: &str = "500ms:1,1s:1,5s:1,10s:1";
+
+/// The workload a run generates: what to call it and the timeouts it draws.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chosen {
+    /// `shop`, `mix` or `custom` (`--timeouts`).
+    pub name: &'static str,
+    /// The payment windows.
+    pub timeouts: TimeoutDist,
+}
+
+impl Default for Chosen {
+    /// The default workload: `shop` with [`SHOP_TIMEOUT`].
+    fn default() -> Self {
+        Self {
+            name: "shop",
+            timeouts: TimeoutDist::Fixed(SHOP_TIMEOUT),
+        }
+    }
+}
+
+impl fmt::Display for Chosen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.name, &self.timeouts) {
+            ("shop", TimeoutDist::Fixed(d)) => {
+                write!(f, "shop (every order {})", humantime::format_duration(*d))
+            }
+            (name, t) => write!(f, "{name} ({t})"),
+        }
+    }
+}
+
+/// The workload of `--workload named [--timeout T]`, or of an explicit
+/// `--timeouts` distribution (`custom`), which takes precedence.
+pub fn choose(
+    named: Named,
+    timeout: Option<Duration>,
+    timeouts: Option<&TimeoutDist>,
+) -> Result<Chosen, WorkloadError> {
+    if let Some(t) = timeouts {
+        return Ok(Chosen {
+            name: "custom",
+            timeouts: t.clone(),
+        });
+    }
+    match named {
+        Named::Shop => {
+            let d = timeout.unwrap_or(SHOP_TIMEOUT);
+            if d < Duration::from_millis(1) {
+                return Err(WorkloadError::TooShort(
+                    humantime::format_duration(d).to_string(),
+                ));
+            }
+            Ok(Chosen {
+                name: "shop",
+                timeouts: TimeoutDist::Fixed(d),
+            })
+        }
+        Named::Mix if timeout.is_some() => Err(WorkloadError::TimeoutWithMix),
+        Named::Mix => Ok(Chosen {
+            name: "mix",
+            timeouts: MIX.parse()?,
+        }),
+    }
 }
 
 /// How the payment window (the timeout) of each order is drawn.
@@ -222,6 +312,27 @@ mod tests {
             .count();
         assert!((7000..8000).contains(&ones), "{ones}");
         assert_eq!((w.min(), w.max()), (ms(1000), ms(2000)));
+    }
+
+    #[test]
+    fn names_the_workloads() {
+        let shop = choose(Named::Shop, None, None).unwrap();
+        assert_eq!(shop, Chosen::default());
+        assert_eq!(shop.timeouts, TimeoutDist::Fixed(ms(31_000)));
+        assert_eq!(shop.to_string(), "shop (every order 31s)");
+        let eight = choose(Named::Shop, Some(ms(8000)), None).unwrap();
+        assert_eq!(eight.timeouts, TimeoutDist::Fixed(ms(8000)));
+        let mix = choose(Named::Mix, None, None).unwrap();
+        assert_eq!(mix.timeouts.to_string(), "500ms:1,1s:1,5s:1,10s:1");
+        assert_eq!(mix.to_string(), "mix (500ms:1,1s:1,5s:1,10s:1)");
+        assert_eq!(
+            choose(Named::Mix, Some(ms(8000)), None),
+            Err(WorkloadError::TimeoutWithMix)
+        );
+        assert!(choose(Named::Shop, Some(Duration::ZERO), None).is_err());
+        let custom: TimeoutDist = "3h".parse().unwrap();
+        let c = choose(Named::Shop, None, Some(&custom)).unwrap();
+        assert_eq!((c.name, c.timeouts), ("custom", custom));
     }
 
     #[test]

@@ -1,0 +1,245 @@
+//! Wiring: bind the operations endpoint, create the clients, then run one
+//! broker session after another (`session.rs`), reconnecting with backoff
+//! when the broker connection is lost. Used by `serve`, the demo and the
+//! integration tests, so all three run the same code.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::BackoffBuilder;
+use tokio::task::JoinHandle;
+
+use crate::inventory::InventoryClient;
+use crate::observe::http::{self, Health};
+use crate::observe::metrics::Metrics;
+use crate::observe::recent::Recent;
+use crate::ops::console::{self, Console};
+use crate::ops::pending::PendingBoard;
+use crate::settings::Release;
+use crate::settings::Settings;
+use crate::shutdown::Shutdown;
+use crate::store::{self, ShopSchema, Store};
+
+mod session;
+
+/// A service instance, built (endpoint bound, clients created) but not yet
+/// running.
+pub struct Service {
+    settings: Settings,
+    store: Store,
+    inventory: InventoryClient,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    board: Arc<PendingBoard>,
+    listener: tokio::net::TcpListener,
+}
+
+impl Service {
+    /// Refuses settings that contradict themselves, binds `HTTP_ADDR` and
+    /// creates the (lazy) database and inventory clients. Fails only on bad
+    /// settings, a bad address or URL, never because a dependency is down:
+    /// those are waited for.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        settings.validate()?;
+        store::check_batch_sizes(&settings)?;
+        crate::broker::tls::check(settings.amqp_url.expose())?;
+        let store = store::connect_lazy_with(
+            &settings.database_url,
+            store::PoolSettings::of(&settings),
+            &ShopSchema::of(&settings),
+        )?;
+        let inventory =
+            InventoryClient::connect_lazy(&settings.inventory_url, settings.inventory_timeout)?;
+        let listener = tokio::net::TcpListener::bind(settings.http_addr)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!("cannot listen on HTTP_ADDR {}: {e}", settings.http_addr)
+            })?;
+        let metrics = Arc::new(Metrics::new());
+        // With `release = "none"` nothing calls the inventory, so readiness
+        // does not ask for it either.
+        let inventory_url =
+            (settings.inventory.release == Release::Grpc).then_some(&settings.inventory_url);
+        let health = Arc::new(Health::new(store.clone(), inventory_url, metrics.clone()));
+        Ok(Self {
+            settings,
+            store,
+            inventory,
+            metrics,
+            health,
+            board: Arc::default(),
+            listener,
+        })
+    }
+
+    /// Where `/metrics`, `/healthz`, `/readyz` and the console are served.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or(self.settings.http_addr)
+    }
+
+    /// This instance's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Runs until `shutdown` fires: the endpoints, and one broker session
+    /// after another with exponential backoff between failed ones.
+    pub async fn run(self, shutdown: Shutdown) -> anyhow::Result<()> {
+        let Self {
+            settings,
+            store,
+            inventory,
+            metrics,
+            health,
+            board,
+            listener,
+        } = self;
+        tracing::info!(
+            amqp = %settings.amqp_url,
+            database = %settings.database_url,
+            inventory = %settings.inventory_url,
+            http = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            queue_type = ?settings.queue_type,
+            cascade_shards = settings.cascade_shards.get(),
+            "starting order-timeout"
+        );
+        let recent = Arc::new(Recent::default());
+        tokio::spawn(recent.clone().record(metrics.clone(), shutdown.clone()));
+        let console = console::router(Console::new(
+            &settings,
+            health.clone(),
+            metrics.clone(),
+            recent,
+            board.clone(),
+        ));
+        let http_task = tokio::spawn(http::serve(
+            listener,
+            health.clone(),
+            console,
+            shutdown.clone(),
+        ));
+        tokio::spawn(http::refresh_readiness(health.clone(), shutdown.clone()));
+        if !prepare_store(&store, &shutdown).await? {
+            return Ok(());
+        }
+
+        let mut backoff = reconnect_backoff();
+        loop {
+            let started = std::time::Instant::now();
+            let result = session::run(
+                &settings, &store, &inventory, &shutdown, &metrics, &health, &board,
+            )
+            .await;
+            health.set_broker(false);
+            if shutdown.is_triggered() {
+                if let Err(e) = result {
+                    tracing::warn!(error = %format!("{e:#}"), "session ended with an error during shutdown");
+                }
+                let _ = http_task.await;
+                tracing::info!("stopped");
+                return Ok(());
+            }
+            let error = match result {
+                Ok(()) => anyhow::anyhow!("session ended unexpectedly"),
+                Err(e) => e,
+            };
+            if started.elapsed() > Duration::from_secs(30) {
+                backoff = reconnect_backoff();
+            }
+            let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+            metrics.reconnect();
+            tracing::warn!(error = %format!("{error:#}"), retry_in = ?delay, "broker session failed; reconnecting");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.wait() => return Ok(()),
+            }
+        }
+    }
+}
+
+/// Checks the shop's schema against the mapping before anything is
+/// consumed: a configuration error stops the service (naming the config
+/// key); a database that does not answer yet is waited for. `false` when
+/// `shutdown` fired meanwhile.
+async fn prepare_store(store: &Store, shutdown: &Shutdown) -> anyhow::Result<bool> {
+    loop {
+        match store.prepare().await {
+            Ok(report) => {
+                tracing::info!(
+                    table = %report.table,
+                    id = ?report.id_kind,
+                    deadline = %report.deadline,
+                    unpaid = report.unpaid.0,
+                    overdue = report.unpaid.1,
+                    release = ?report.release,
+                    "shop schema checked"
+                );
+                return Ok(true);
+            }
+            Err(e) if e.is_config() => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the shop's schema yet; retrying in 2 s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                    _ = shutdown.wait() => return Ok(false),
+                }
+            }
+        }
+    }
+}
+
+/// Builds and runs a service (what `serve` does).
+pub async fn run(settings: Settings, shutdown: Shutdown) -> anyhow::Result<()> {
+    Service::build(settings).await?.run(shutdown).await
+}
+
+/// Between broker sessions: 200 ms, growing to at most 500 ms (plus as much
+/// jitter), so that a broker that is back is consumed from within about a
+/// second. Each attempt is one TCP connect per configured node; the old
+/// 30 s ceiling left a restarted broker unused for up to 15 s (issue 12's
+/// crash run).
+fn reconnect_backoff() -> backon::ExponentialBackoff {
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_millis(500))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// A service instance running in the background of this process (demo,
+/// tests).
+pub struct RunningService {
+    shutdown: Shutdown,
+    handle: JoinHandle<anyhow::Result<()>>,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+    /// Where its `/metrics`, `/healthz`, `/readyz` are served.
+    pub http_addr: SocketAddr,
+}
+
+impl RunningService {
+    /// Builds the service with `settings` and runs it on the current runtime.
+    pub async fn start(settings: Settings) -> anyhow::Result<Self> {
+        let service = Service::build(settings).await?;
+        let shutdown = Shutdown::new();
+        let metrics = service.metrics();
+        let http_addr = service.http_addr();
+        let handle = tokio::spawn(service.run(shutdown.clone()));
+        Ok(Self {
+            shutdown,
+            handle,
+            metrics,
+            http_addr,
+        })
+    }
+
+    /// Graceful stop: finishes in-flight work, then returns.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.trigger();
+        self.handle.await?
+    }
+}

@@ -1,0 +1,210 @@
+//! The broker side: connecting, the objects the service declares
+//! ([`topology`]) and **the delay cascade** they form ([`cascade`]), the
+//! `x-*` headers ([`headers`]), confirmed publishing ([`publisher`]), the
+//! parked-message format ([`parked`]), and `amqps://` ([`tls`]).
+
+use std::time::Duration;
+
+use lapin::{Connection, ConnectionProperties};
+
+use crate::settings::{SecretUrl, Settings};
+
+pub mod cascade;
+pub mod headers;
+pub mod parked;
+pub mod publisher;
+pub mod tls;
+pub mod topology;
+
+/// How long opening a broker connection (TCP, AMQP handshake, vhost) may
+/// take. A broker that accepts TCP but never answers the handshake would
+/// otherwise hold a (re)connect forever; with this it is an error, which the
+/// reconnect loop retries with backoff (and readiness stays red).
+pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connects to RabbitMQ with this service's connection name, each attempt
+/// within [`AMQP_CONNECT_TIMEOUT`]. `url` may list several broker nodes
+/// separated by commas (`amqp://u:p@n1/shop,amqp://u:p@n2/shop`): they are
+/// tried in turn, and the first that accepts is used; the error is the last
+/// node's.
+///
+/// `amqps://` nodes connect over TLS with the CA file and client
+/// certificate their query parameters name ([`tls`]); a node whose TLS
+/// files cannot be used fails like a refusing one, with the parameter's name
+/// in the error.
+#[tracing::instrument(skip_all, fields(url = %url))]
+pub async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
+    let nodes = broker_nodes(url.expose());
+    let mut last = None;
+    for node in &nodes {
+        match connect_amqp_within(node, name, AMQP_CONNECT_TIMEOUT).await {
+            Ok(connection) => return Ok(connection),
+            Err(e) => {
+                if nodes.len() > 1 {
+                    tracing::warn!(node = %crate::settings::redact_url(node), error = %e, "broker node refused; trying the next");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "AMQP_URL names no broker").into()
+    }))
+}
+
+/// The broker nodes of an `AMQP_URL`: its comma-separated URLs.
+fn broker_nodes(urls: &str) -> Vec<&str> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+/// Parses one node URL for lapin, with an error that never repeats the URL
+/// (the AMQP URI parser's own message quotes the whole text, password
+/// included, for some malformed URLs).
+fn parse_node(url: &str) -> Result<lapin::uri::AMQPUri, lapin::Error> {
+    url.parse::<lapin::uri::AMQPUri>().map_err(|reason| {
+        let reason = if reason.starts_with("Invalid URL:") {
+            "it has no host part (expected amqp://user:password@host:port/vhost)".to_owned()
+        } else {
+            reason
+        };
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "AMQP_URL node {} is not a valid AMQP URI: {reason}",
+                crate::settings::redact_url(url)
+            ),
+        )
+        .into()
+    })
+}
+
+async fn connect_amqp_within(
+    url: &str,
+    name: &str,
+    limit: Duration,
+) -> Result<Connection, lapin::Error> {
+    let tls = tls::node_config(url)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let uri = parse_node(url)?;
+    let connect = lapin::Connect::connect_with_config(
+        uri,
+        ConnectionProperties::default().with_connection_name(name.into()),
+        tls,
+        lapin::runtime::default_runtime()?,
+    );
+    match tokio::time::timeout(limit, connect).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the broker did not complete the connection within {limit:?}"),
+        )
+        .into()),
+    }
+}
+
+/// How long [`close_quietly`] waits for the broker to confirm a close.
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Closes a connection the caller is done with, waiting at most
+/// [`CLOSE_TIMEOUT`] for the broker's confirmation: the work is finished
+/// (and confirmed) by then, and a close that is never confirmed must not
+/// hold a command or a console page forever.
+pub async fn close_quietly(connection: &Connection) {
+    let close = connection.close(200, "done".into());
+    if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
+        tracing::debug!("the broker did not confirm closing the connection in time");
+    }
+}
+
+/// [`close_quietly`] for a channel.
+pub async fn close_channel_quietly(channel: &lapin::Channel) {
+    let close = channel.close(200, "done".into());
+    if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
+        tracing::debug!("the broker did not confirm closing the channel in time");
+    }
+}
+
+/// Declares the topology on a fresh connection (for the demo and tests;
+/// `serve` declares on every (re)connect).
+pub async fn declare_topology(settings: &Settings) -> Result<(), topology::TopologyError> {
+    let conn = connect_amqp(&settings.amqp_url, "order-timeout-setup")
+        .await
+        .map_err(topology::TopologyError::Connect)?;
+    topology::declare(&conn, &topology::Layout::of(settings)).await?;
+    let _ = conn.close(200, "setup done".into()).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn amqp_url_may_list_several_nodes() {
+        assert_eq!(
+            broker_nodes("amqp://a/%2f, amqp://b/%2f,,"),
+            ["amqp://a/%2f", "amqp://b/%2f"]
+        );
+        assert_eq!(broker_nodes("amqp://a/%2f"), ["amqp://a/%2f"]);
+    }
+
+    #[test]
+    fn a_malformed_node_url_is_an_error_that_does_not_repeat_it() {
+        for url in [
+            "amqp:guest:S3cretPw@localhost",
+            "amqp://guest:S3cretPw@localhost:notaport/%2f",
+            "http://guest:S3cretPw@localhost/%2f",
+            "amqp://guest:S3cretPw@localhost/%2f?heartbeat=ten",
+        ] {
+            let err = parse_node(url).unwrap_err().to_string();
+            assert!(!err.contains("S3cretPw"), "{url}: {err}");
+            assert!(err.contains("not a valid AMQP URI"), "{url}: {err}");
+        }
+        assert!(parse_node("amqp://guest:guest@localhost:5672/%2f").is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_refusing_node_is_skipped_for_the_next() {
+        // Nothing listens on the first port; the second is a listener that
+        // never answers the handshake: both fail, the error is the last one.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let url = SecretUrl::new(format!(
+            "amqp://guest:guest@127.0.0.1:{closed_port}/%2f,amqp://guest:guest@127.0.0.1:1/%2f"
+        ));
+        let started = std::time::Instant::now();
+        let err = connect_amqp(&url, "test").await.unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no wait on a refused node"
+        );
+        assert!(!err.to_string().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_broker_that_never_answers_the_handshake_is_an_error_not_a_hang() {
+        // Accepts TCP, then says nothing: what a wedged broker looks like.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(socket);
+        });
+        let started = std::time::Instant::now();
+        let err = connect_amqp_within(
+            &format!("amqp://guest:guest@{addr}/%2f"),
+            "test",
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("did not complete"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        silent.abort();
+    }
+}

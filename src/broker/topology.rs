@@ -1,0 +1,609 @@
+//! The broker objects the service owns: the entry exchange, the due and
+//! parked queues, the events exchange, and the queues and bindings of **the
+//! delay cascade** (whose routing arithmetic is [`super::cascade`]):
+//!
+//! ```text
+//! order-timeout (direct) --"schedule"--> order-timeout.due  <-- order-timeout.ready (fanout)
+//!                                              |  consumer                ^
+//!                                              v  (delay = d s)           |
+//! order-timeout.delay.K (topic) ... bit K of d set -> queue .delay.K (TTL 2^K s) --DLX--+
+//!         | bit K clear                                 dead-letters into exchange K-1 |
+//!         v                                                                              |
+//! order-timeout.delay.K-1 ... -> order-timeout.delay.0 -- bit 0 clear ------------------+
+//! ```
+//!
+//! The declarations are data ([`queue_specs`], [`exchange_specs`],
+//! [`binding_specs`]): [`declare`] creates them, `topology check` compares
+//! the broker's objects against them, and the tests below walk a message
+//! through them as the broker would.
+
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, Connection, ErrorKind, ExchangeKind};
+
+use super::cascade::{LEVELS, bit_pattern, shard_level_name};
+use crate::settings::{CascadeShards, QueueType, Settings};
+
+/// Entry exchange the order service publishes timeouts to (direct, durable).
+pub const ENTRY_EXCHANGE: &str = "order-timeout";
+/// Routing key of a timeout message on [`ENTRY_EXCHANGE`].
+pub const SCHEDULE_ROUTING_KEY: &str = "schedule";
+/// The consumer's queue: fresh timeouts and messages leaving the cascade.
+pub const DUE_QUEUE: &str = "order-timeout.due";
+/// Exit of the cascade (fanout into [`DUE_QUEUE`]).
+pub const READY_EXCHANGE: &str = "order-timeout.ready";
+/// Failure queue: messages that cannot be processed, with their reason.
+pub const PARKED_QUEUE: &str = "order-timeout.parked";
+/// Topic exchange for `order.cancelled` events.
+pub const EVENTS_EXCHANGE: &str = "order-timeout.events";
+/// Routing key of the cancellation event.
+pub const CANCELLED_ROUTING_KEY: &str = "order.cancelled";
+
+/// What to declare: the queue type and the number of cascade shards, as the
+/// settings ask ([`Layout::of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Queue type of every queue.
+    pub queue_type: QueueType,
+    /// Copies of the cascade.
+    pub shards: CascadeShards,
+}
+
+impl Layout {
+    /// The broker objects `settings` ask for.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            queue_type: settings.queue_type,
+            shards: settings.cascade_shards,
+        }
+    }
+
+    fn shard_range(&self) -> std::ops::Range<u32> {
+        0..self.shards.get()
+    }
+}
+
+/// Errors declaring the topology.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// The broker could not be reached.
+    #[error("connecting to the broker: {0}")]
+    Connect(lapin::Error),
+    /// The broker refused a declaration, usually because an object of that
+    /// name exists with other arguments (e.g. classic vs quorum).
+    #[error(
+        "declaring {what}: {error} (does an object of that name exist with other arguments, e.g. classic vs quorum?)"
+    )]
+    Declare {
+        /// The object, e.g. `queue order-timeout.due`.
+        what: String,
+        /// The broker's answer.
+        error: lapin::Error,
+    },
+}
+
+/// The delivery limit of the queues the service consumes or browses (due,
+/// parked) when they are quorum queues: in effect none.
+///
+/// A quorum queue counts how often each message was returned (nack with
+/// requeue, a consumer's channel closing with it unacked, every `parked
+/// list` pass) and, past its delivery limit, dead-letters or **drops** it.
+/// RabbitMQ 3.x has no limit unless one is set; 4.x applies a default of
+/// 20, so a service restarting in a loop, or 20 looks at the parked queue,
+/// would silently lose orders. `-1` (4.x's "unlimited") means *0* on 3.x,
+/// so the service sets a large explicit limit, which means the same on
+/// both and which `topology check` verifies like any other argument.
+pub const DELIVERY_LIMIT: i64 = 1_000_000;
+
+/// Whether a queue is read by consumers (due, parked) or only holds
+/// messages for their TTL (the cascade levels).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    /// Consumed or browsed: gets [`DELIVERY_LIMIT`] as a quorum queue.
+    Consumed,
+    /// Never delivered to a consumer: messages leave by dead-lettering.
+    DeadLetterOnly,
+}
+
+fn queue_args(
+    queue_type: QueueType,
+    reads: Reads,
+    ttl_ms: Option<u64>,
+    dlx: Option<&str>,
+) -> FieldTable {
+    let mut args = FieldTable::default();
+    let mut put = |k: &str, v: AMQPValue| {
+        args.insert(ShortString::from(k), v);
+    };
+    let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+    match queue_type {
+        QueueType::Quorum => {
+            put("x-queue-type", text("quorum"));
+            if dlx.is_some() {
+                // Dead-letter at least once: the message leaves this level only
+                // after the next level has confirmed it. Requires reject-publish.
+                put("x-dead-letter-strategy", text("at-least-once"));
+                put("x-overflow", text("reject-publish"));
+            }
+            if reads == Reads::Consumed {
+                put("x-delivery-limit", AMQPValue::LongLongInt(DELIVERY_LIMIT));
+            }
+        }
+        QueueType::Classic => {
+            put("x-queue-type", text("classic"));
+        }
+    }
+    if let Some(ttl) = ttl_ms {
+        put("x-message-ttl", AMQPValue::LongLongInt(ttl as i64));
+    }
+    if let Some(dlx) = dlx {
+        put("x-dead-letter-exchange", text(dlx));
+    }
+    args
+}
+
+/// One queue as the service expects it; also used by `topology` checks.
+#[derive(Clone, Debug)]
+pub struct QueueSpec {
+    /// Queue name.
+    pub name: String,
+    /// Declaration arguments.
+    pub args: FieldTable,
+}
+
+/// Every queue the service declares, with its arguments.
+pub fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
+    let queue_type = layout.queue_type;
+    let mut specs = vec![
+        QueueSpec {
+            name: DUE_QUEUE.into(),
+            args: queue_args(queue_type, Reads::Consumed, None, None),
+        },
+        QueueSpec {
+            name: PARKED_QUEUE.into(),
+            args: queue_args(queue_type, Reads::Consumed, None, None),
+        },
+    ];
+    for shard in layout.shard_range() {
+        for k in 0..LEVELS {
+            specs.push(QueueSpec {
+                name: shard_level_name(shard, k),
+                args: queue_args(
+                    queue_type,
+                    Reads::DeadLetterOnly,
+                    Some(1000u64 << k),
+                    Some(&exchange_below(shard, k)),
+                ),
+            });
+        }
+    }
+    specs
+}
+
+/// Where level `k` of `shard` hands its messages on: the level below in
+/// the same shard, or the cascade's exit after level 0.
+fn exchange_below(shard: u32, k: u32) -> String {
+    if k == 0 {
+        READY_EXCHANGE.to_string()
+    } else {
+        shard_level_name(shard, k - 1)
+    }
+}
+
+/// One exchange as the service expects it; [`declare`] creates these and
+/// `topology check` compares the broker's against them.
+#[derive(Clone, Debug)]
+pub struct ExchangeSpec {
+    /// Exchange name.
+    pub name: String,
+    /// Exchange type (all are durable, not auto-delete, not internal).
+    pub kind: ExchangeKind,
+}
+
+/// Every exchange the service declares.
+pub fn exchange_specs(layout: &Layout) -> Vec<ExchangeSpec> {
+    let spec = |name: &str, kind| ExchangeSpec {
+        name: name.into(),
+        kind,
+    };
+    let mut specs = vec![
+        spec(ENTRY_EXCHANGE, ExchangeKind::Direct),
+        spec(READY_EXCHANGE, ExchangeKind::Fanout),
+        spec(EVENTS_EXCHANGE, ExchangeKind::Topic),
+    ];
+    for shard in layout.shard_range() {
+        specs.extend((0..LEVELS).map(|k| spec(&shard_level_name(shard, k), ExchangeKind::Topic)));
+    }
+    specs
+}
+
+/// Where a binding delivers: a queue, or another exchange (the cascade's
+/// fall-through from one level to the next).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BindingDestination {
+    /// A queue binding.
+    Queue(String),
+    /// An exchange-to-exchange binding.
+    Exchange(String),
+}
+
+/// One binding as the service expects it; [`declare`] creates these and
+/// `topology check` makes sure both ends exist.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindingSpec {
+    /// Exchange the binding routes from.
+    pub source: String,
+    /// Queue or exchange it routes to.
+    pub destination: BindingDestination,
+    /// Binding key (a topic pattern on the cascade levels).
+    pub routing_key: String,
+}
+
+/// Every binding the service declares.
+pub fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
+    let queue = |source: &str, queue: &str, key: String| BindingSpec {
+        source: source.into(),
+        destination: BindingDestination::Queue(queue.into()),
+        routing_key: key,
+    };
+    let mut specs = vec![
+        queue(ENTRY_EXCHANGE, DUE_QUEUE, SCHEDULE_ROUTING_KEY.into()),
+        queue(READY_EXCHANGE, DUE_QUEUE, String::new()),
+    ];
+    for shard in layout.shard_range() {
+        for k in 0..LEVELS {
+            let level = shard_level_name(shard, k);
+            specs.push(queue(&level, &level, bit_pattern(k, '1')));
+            specs.push(BindingSpec {
+                source: level,
+                destination: BindingDestination::Exchange(exchange_below(shard, k)),
+                routing_key: bit_pattern(k, '0'),
+            });
+        }
+    }
+    specs
+}
+
+/// Options every exchange of the service is declared with.
+pub fn exchange_options() -> ExchangeDeclareOptions {
+    ExchangeDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+/// Options every queue of the service is declared with.
+pub fn queue_options() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    }
+}
+
+/// Declares every exchange, queue and binding, on a channel of its own
+/// (a refused declaration closes the channel it was made on). Idempotent:
+/// safe to run on every start and from several replicas at once.
+///
+/// A due or parked queue declared by an older version, without
+/// [`DELIVERY_LIMIT`], is used as it is, with a warning naming the fix
+/// (RabbitMQ cannot change a queue's arguments; a policy can set the limit):
+/// refusing to start would stop cancellations over a setting that matters
+/// only on RabbitMQ 4.x.
+#[tracing::instrument(skip(connection))]
+pub async fn declare(connection: &Connection, layout: &Layout) -> Result<(), TopologyError> {
+    let mut channel = open_channel(connection).await?;
+    declare_exchanges(&channel, layout).await?;
+    for spec in queue_specs(layout) {
+        declare_queue(connection, &mut channel, &spec).await?;
+    }
+    declare_bindings(&channel, layout).await?;
+    let _ = channel.close(200, "declared".into()).await;
+    Ok(())
+}
+
+async fn open_channel(connection: &Connection) -> Result<Channel, TopologyError> {
+    connection
+        .create_channel()
+        .await
+        .map_err(TopologyError::Connect)
+}
+
+/// Declares every exchange of [`exchange_specs`].
+async fn declare_exchanges(channel: &Channel, layout: &Layout) -> Result<(), TopologyError> {
+    for spec in exchange_specs(layout) {
+        channel
+            .exchange_declare(
+                spec.name.as_str().into(),
+                spec.kind,
+                exchange_options(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|error| TopologyError::Declare {
+                what: format!("exchange {}", spec.name),
+                error,
+            })?;
+    }
+    Ok(())
+}
+
+/// Declares one queue. A due or parked queue that predates
+/// [`DELIVERY_LIMIT`] is declared again without it, on a new channel
+/// (the refusal closed `channel`, which is replaced), with a warning.
+async fn declare_queue(
+    connection: &Connection,
+    channel: &mut Channel,
+    spec: &QueueSpec,
+) -> Result<(), TopologyError> {
+    let declared = channel
+        .queue_declare(
+            spec.name.as_str().into(),
+            queue_options(),
+            spec.args.clone(),
+        )
+        .await;
+    let refused = match declared {
+        Ok(_) => return Ok(()),
+        Err(error) if predates_delivery_limit(&error) => {
+            tracing::warn!(
+                queue = %spec.name,
+                "the queue was declared without a delivery limit; {DELIVERY_LIMIT_FIX}"
+            );
+            *channel = open_channel(connection).await?;
+            let mut args = FieldTable::default();
+            for (key, value) in spec.args.inner() {
+                if key.as_str() != "x-delivery-limit" {
+                    args.insert(key.clone(), value.clone());
+                }
+            }
+            match channel
+                .queue_declare(spec.name.as_str().into(), queue_options(), args)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(error) => error,
+            }
+        }
+        Err(error) => error,
+    };
+    Err(TopologyError::Declare {
+        what: format!("queue {}", spec.name),
+        error: refused,
+    })
+}
+
+/// Declares every binding of [`binding_specs`]: queue bindings and the
+/// cascade's exchange-to-exchange fall-throughs.
+async fn declare_bindings(channel: &Channel, layout: &Layout) -> Result<(), TopologyError> {
+    for spec in binding_specs(layout) {
+        let source = spec.source.as_str().into();
+        let key = spec.routing_key.as_str().into();
+        let (result, destination) = match &spec.destination {
+            BindingDestination::Queue(queue) => (
+                channel
+                    .queue_bind(
+                        queue.as_str().into(),
+                        source,
+                        key,
+                        QueueBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await,
+                queue,
+            ),
+            BindingDestination::Exchange(exchange) => (
+                channel
+                    .exchange_bind(
+                        exchange.as_str().into(),
+                        source,
+                        key,
+                        ExchangeBindOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await,
+                exchange,
+            ),
+        };
+        result.map_err(|error| TopologyError::Declare {
+            what: format!(
+                "binding {} -> {destination} ({})",
+                spec.source, spec.routing_key
+            ),
+            error,
+        })?;
+    }
+    Ok(())
+}
+
+/// What to do about a due or parked queue without [`DELIVERY_LIMIT`]
+/// (declared by a version before it); `topology check` prints it too.
+pub const DELIVERY_LIMIT_FIX: &str = "RabbitMQ 4.x gives such a quorum queue a delivery limit of 20 and \
+drops messages returned more often (a restart loop of the service, 20 `parked list` passes). \
+Set the limit with a policy (applies at once, no restart): rabbitmqctl set_policy -p VHOST \
+--apply-to quorum_queues --priority 10 order-timeout-delivery-limit '^order-timeout\\.(due|parked)$' \
+'{\"delivery-limit\": 1000000}' -- or delete the queue while it is empty and restart the service";
+
+/// A broker's soft (channel-level) error: its kind and its text.
+pub fn soft_error(error: &lapin::Error) -> Option<(AMQPSoftError, String)> {
+    match error.kind() {
+        ErrorKind::ProtocolError(e) => match e.kind() {
+            AMQPErrorKind::Soft(kind) => Some((kind.clone(), e.get_message().to_string())),
+            AMQPErrorKind::Hard(_) => None,
+        },
+        _ => None,
+    }
+}
+
+/// True when the broker refused a declaration because the existing queue
+/// has no `x-delivery-limit` (it predates [`DELIVERY_LIMIT`]). RabbitMQ
+/// says: "inequivalent arg 'x-delivery-limit' for queue '…': received the
+/// value '1000000' of type 'signedint' but current is none".
+pub fn predates_delivery_limit(error: &lapin::Error) -> bool {
+    soft_error(error).is_some_and(|(kind, text)| {
+        kind == AMQPSoftError::PRECONDITIONFAILED
+            && text.contains("'x-delivery-limit'")
+            && text.ends_with("current is none")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::cascade::tests::topic_matches;
+    use crate::broker::cascade::{CascadeRoute, cascade_route, level_name};
+
+    fn layout(shards: u32) -> Layout {
+        Layout {
+            queue_type: QueueType::Quorum,
+            shards: CascadeShards::try_from(shards).unwrap(),
+        }
+    }
+
+    /// Follows a message through the declared bindings and dead-letter
+    /// exchanges, as the broker would, and returns the queues it waits in.
+    fn walk(layout: &Layout, route: &CascadeRoute) -> Vec<String> {
+        let bindings = binding_specs(layout);
+        let queues = queue_specs(layout);
+        let key: Vec<&str> = route.routing_key.split('.').collect();
+        let mut visited = Vec::new();
+        let mut exchange = route.exchange.clone();
+        while exchange != READY_EXCHANGE {
+            let matched: Vec<&BindingSpec> = bindings
+                .iter()
+                .filter(|b| b.source == exchange)
+                .filter(|b| {
+                    let p: Vec<&str> = b.routing_key.split('.').collect();
+                    topic_matches(&p, &key)
+                })
+                .collect();
+            assert_eq!(matched.len(), 1, "exactly one way on from {exchange}");
+            exchange = match &matched[0].destination {
+                BindingDestination::Exchange(e) => e.clone(),
+                BindingDestination::Queue(q) => {
+                    visited.push(q.clone());
+                    let spec = queues.iter().find(|s| &s.name == q).unwrap();
+                    match spec.args.inner().get("x-dead-letter-exchange") {
+                        Some(AMQPValue::LongString(dlx)) => dlx.to_string(),
+                        other => panic!("{q} has no dead-letter exchange: {other:?}"),
+                    }
+                }
+            };
+            assert!(visited.len() <= LEVELS as usize, "a routing loop");
+        }
+        visited
+    }
+
+    fn ttl_ms(layout: &Layout, queue: &str) -> u64 {
+        let spec = queue_specs(layout)
+            .into_iter()
+            .find(|s| s.name == queue)
+            .unwrap();
+        match spec.args.inner().get("x-message-ttl") {
+            Some(AMQPValue::LongLongInt(ms)) => *ms as u64,
+            other => panic!("{queue} has no TTL: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_shard_delays_exactly_the_asked_seconds_and_stays_in_its_shard() {
+        for shards in [1, 4] {
+            let layout = layout(shards);
+            for shard in 0..shards {
+                for d in [1u64, 2, 5, 9, 10, 1800, 86_399] {
+                    let route = cascade_route(d, shard);
+                    let visited = walk(&layout, &route);
+                    assert_eq!(visited.len() as u32, route.hops, "d={d} shard={shard}");
+                    let total: u64 = visited.iter().map(|q| ttl_ms(&layout, q)).sum();
+                    assert_eq!(total, d * 1000, "d={d} shard={shard}: {visited:?}");
+                    let names: Vec<String> =
+                        (0..LEVELS).map(|k| shard_level_name(shard, k)).collect();
+                    assert!(
+                        visited.iter().all(|q| names.contains(q)),
+                        "shard {shard} left its cascade: {visited:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_level_has_a_fixed_ttl_and_dead_letters_one_level_down() {
+        let layout = layout(2);
+        let specs = queue_specs(&layout);
+        let level3 = specs.iter().find(|s| s.name == level_name(3)).unwrap();
+        let args = level3.args.inner();
+        assert_eq!(
+            args.get("x-message-ttl"),
+            Some(&AMQPValue::LongLongInt(8000))
+        );
+        assert_eq!(
+            args.get("x-dead-letter-exchange"),
+            Some(&AMQPValue::LongString(level_name(2).as_str().into()))
+        );
+        assert_eq!(
+            args.get("x-dead-letter-strategy"),
+            Some(&AMQPValue::LongString("at-least-once".into()))
+        );
+        let level0 = specs.iter().find(|s| s.name == level_name(0)).unwrap();
+        assert_eq!(
+            level0.args.inner().get("x-dead-letter-exchange"),
+            Some(&AMQPValue::LongString(READY_EXCHANGE.into()))
+        );
+        let shard1 = specs
+            .iter()
+            .find(|s| s.name == "order-timeout.delay.03.s1")
+            .unwrap();
+        assert_eq!(
+            shard1.args.inner().get("x-dead-letter-exchange"),
+            Some(&AMQPValue::LongString("order-timeout.delay.02.s1".into()))
+        );
+    }
+
+    #[test]
+    fn only_consumed_quorum_queues_get_the_delivery_limit() {
+        let limited = |layout: &Layout| -> Vec<String> {
+            queue_specs(layout)
+                .into_iter()
+                .filter(|q| q.args.contains_key("x-delivery-limit"))
+                .map(|q| q.name)
+                .collect()
+        };
+        assert_eq!(limited(&layout(2)), [DUE_QUEUE, PARKED_QUEUE]);
+        let due = &queue_specs(&layout(1))[0];
+        assert_eq!(
+            due.args.inner().get("x-delivery-limit"),
+            Some(&AMQPValue::LongLongInt(DELIVERY_LIMIT))
+        );
+        let classic = Layout {
+            queue_type: QueueType::Classic,
+            ..layout(1)
+        };
+        assert!(limited(&classic).is_empty(), "classic queues refuse it");
+    }
+
+    #[test]
+    fn every_binding_connects_declared_objects() {
+        for shards in [1u32, 4] {
+            let layout = layout(shards);
+            let exchanges: Vec<String> = exchange_specs(&layout)
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
+            let queues: Vec<String> = queue_specs(&layout).into_iter().map(|q| q.name).collect();
+            let bindings = binding_specs(&layout);
+            assert_eq!(bindings.len(), 2 + 2 * (LEVELS * shards) as usize);
+            for b in &bindings {
+                assert!(exchanges.contains(&b.source), "{b:?}");
+                match &b.destination {
+                    BindingDestination::Queue(q) => assert!(queues.contains(q), "{b:?}"),
+                    BindingDestination::Exchange(e) => assert!(exchanges.contains(e), "{b:?}"),
+                }
+            }
+            assert_eq!(exchanges.len(), 3 + (LEVELS * shards) as usize);
+            assert_eq!(queues.len(), 2 + (LEVELS * shards) as usize);
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! The command line of the production binary: one file per command behind
+//! the [`Command`] enum.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use lapin::Connection;
+
+use crate::broker::connect_amqp;
+use crate::settings::Settings;
+
+mod backfill;
+mod migrate;
+mod parked;
+mod pending;
+mod schedule;
+mod schema;
+mod serve;
+mod topology;
+
+pub use backfill::BackfillArgs;
+pub use parked::ParkedCommand;
+pub use pending::PendingArgs;
+pub use schedule::ScheduleArgs;
+pub use schema::SchemaCommand;
+pub use topology::TopologyCommand;
+
+/// Cancels unpaid orders when their payment window runs out.
+#[derive(Debug, Parser)]
+#[command(name = "order-timeout", version, about, long_about = None)]
+pub struct Cli {
+    /// Optional TOML config file for tuning knobs (see README).
+    #[arg(long, global = true, env = "ORDER_TIMEOUT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database if missing and apply the service's own migrations
+    /// (its `order_timeout_*` tables; the shop's tables are never touched).
+    Migrate,
+    /// Declare the broker topology, then consume and cancel until SIGTERM/SIGINT.
+    Serve,
+    /// Publish one timeout (with publisher confirms), as the order service would.
+    Schedule(ScheduleArgs),
+    /// Inspect, replay and purge parked (failed) messages.
+    #[command(subcommand)]
+    Parked(ParkedCommand),
+    /// Show the timeouts waiting in the delay cascade by due window, the due
+    /// queue and the parked messages by reason (queue depths only; exit 1
+    /// when a queue is missing).
+    Pending(PendingArgs),
+    /// Check the broker's queues and exchanges against what the service expects.
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+    /// Check the `[orders]` mapping against the shop's database.
+    #[command(subcommand)]
+    Schema(SchemaCommand),
+    /// Schedule a timeout for every unpaid order already in the shop's table
+    /// (adoption day); safe to run twice.
+    Backfill(BackfillArgs),
+}
+
+impl Command {
+    /// The log filter when `RUST_LOG` is unset: operator commands print
+    /// their results, so they log warnings only; the expected channel
+    /// errors of `topology check` (404/406) are results, not log noise.
+    pub fn default_log_filter(&self) -> &'static str {
+        match self {
+            Command::Parked(_) | Command::Pending(_) => "warn",
+            Command::Topology(_) => "warn,lapin=off",
+            Command::Schema(_) | Command::Backfill(_) => "warn",
+            _ => "info",
+        }
+    }
+}
+
+/// The production binary's `main`: installs the TLS crypto provider, starts
+/// the logs at the command's default level, runs the command and turns its
+/// result into the process's exit code.
+pub async fn main(cli: Cli) -> ExitCode {
+    crate::tls::install_crypto_provider();
+    crate::observe::telemetry::init(cli.command.default_log_filter());
+    exit_code(run(cli).await)
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let settings = Settings::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Migrate => migrate::run(settings).await,
+        Command::Serve => serve::run(settings).await,
+        Command::Schedule(args) => schedule::run(settings, args).await,
+        Command::Parked(command) => parked::run(settings, command).await,
+        Command::Pending(args) => pending::run(settings, args).await,
+        Command::Topology(command) => topology::run(settings, command).await,
+        Command::Schema(command) => schema::run(settings, command).await,
+        Command::Backfill(args) => backfill::run(settings, args).await,
+    }
+}
+
+/// The process exit code for a command's result: its own code, or, for an
+/// error, the error (with its causes) logged and printed, and failure.
+pub fn exit_code(result: anyhow::Result<ExitCode>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "fatal");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A broker connection for a command, with the (redacted) URL in the error.
+async fn connect(settings: &Settings, name: &str) -> anyhow::Result<Connection> {
+    connect_amqp(&settings.amqp_url, name)
+        .await
+        .with_context(|| format!("connecting to {}", settings.amqp_url))
+}

@@ -1,0 +1,264 @@
+//! `order-timeout parked list|replay|purge`: argument parsing and printing
+//! around [`crate::ops::parked`].
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use lapin::Connection;
+
+use super::connect;
+use crate::ops::parked::{self, ParkedMessage, PurgePlan, Selection};
+use crate::settings::Settings;
+
+/// `order-timeout parked …`.
+#[derive(Debug, Subcommand)]
+pub enum ParkedCommand {
+    /// Show parked messages with their reason; removes and reorders nothing.
+    ///
+    /// Reads the whole queue once (holding each message unacknowledged),
+    /// then returns every message in its original order. Each listing adds
+    /// one to every message's x-delivery-count.
+    List(ListArgs),
+    /// Republish parked messages to the entry exchange with a fresh
+    /// attempt budget (publisher confirms; removed from the parked queue
+    /// only once confirmed).
+    Replay(ReplayArgs),
+    /// Delete parked messages (all, or those parked longer ago than
+    /// --older-than), after a confirmation prompt.
+    Purge(PurgeArgs),
+}
+
+/// Arguments of `parked list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Show at most N messages (oldest first); the total is always counted.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: usize,
+    /// Print one JSON object per line (with the body) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `parked replay`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["all", "order_id"])))]
+pub struct ReplayArgs {
+    /// Replay every message that is parked when the command starts.
+    #[arg(long)]
+    pub all: bool,
+    /// Replay only the messages of this order (x-order-id, or the body's order_id).
+    #[arg(long, value_name = "ID")]
+    pub order_id: Option<String>,
+}
+
+/// Arguments of `parked purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// Delete only messages parked longer ago than this (x-parked-at), e.g. 7d, 12h, 30m.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub older_than: Option<Duration>,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+/// Runs `parked …`.
+pub(super) async fn run(settings: Settings, command: ParkedCommand) -> anyhow::Result<ExitCode> {
+    let conn = connect(&settings, "order-timeout-parked-cli").await?;
+    let result = match command {
+        ParkedCommand::List(args) => list(&conn, args).await,
+        ParkedCommand::Replay(args) => replay(&conn, args).await,
+        ParkedCommand::Purge(args) => purge(&conn, args).await,
+    };
+    crate::broker::close_quietly(&conn).await;
+    result
+}
+
+async fn list(conn: &Connection, args: ListArgs) -> anyhow::Result<ExitCode> {
+    let listing = parked::list(conn, Some(args.limit)).await?;
+    let now = Utc::now();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for msg in &listing.messages {
+            serde_json::to_writer(&mut out, &msg.to_json(now))?;
+            writeln!(out)?;
+        }
+    } else {
+        write_table(&mut out, &listing.messages, now)?;
+        let shown = listing.messages.len();
+        if shown < listing.total {
+            writeln!(
+                out,
+                "{shown} of {} parked messages shown (--limit)",
+                listing.total
+            )?;
+        } else {
+            writeln!(out, "{} parked messages", listing.total)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// At most `max` characters, with `…` when cut; one line.
+fn clip(s: &str, max: usize) -> String {
+    let one_line: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if one_line.chars().count() <= max {
+        one_line
+    } else {
+        let mut cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+fn write_table(
+    out: &mut impl Write,
+    messages: &[ParkedMessage],
+    now: DateTime<Utc>,
+) -> std::io::Result<()> {
+    let time = |t: Option<chrono::DateTime<Utc>>| {
+        t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+            .unwrap_or_else(|| "-".into())
+    };
+    let rows: Vec<[String; 6]> = messages
+        .iter()
+        .map(|m| {
+            [
+                clip(m.order_id.as_deref().unwrap_or("-"), 32),
+                m.attempts.map_or("-".into(), |a| a.to_string()),
+                time(m.first_failure),
+                time(m.last_failure),
+                m.age(now).map_or("-".into(), |d| {
+                    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+                }),
+                clip(&m.reason(), 100),
+            ]
+        })
+        .collect();
+    let header = [
+        "ORDER ID",
+        "ATTEMPTS",
+        "FIRST FAILURE (UTC)",
+        "LAST FAILURE (UTC)",
+        "AGE",
+        "REASON",
+    ];
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |out: &mut dyn Write, cells: [&str; 6]| -> std::io::Result<()> {
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                writeln!(out, "{cell}")?;
+            } else {
+                write!(out, "{cell:<w$}  ", w = widths[i])?;
+            }
+        }
+        Ok(())
+    };
+    line(out, header)?;
+    for row in &rows {
+        line(out, row.each_ref().map(String::as_str))?;
+    }
+    Ok(())
+}
+
+async fn replay(conn: &Connection, args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let selection = match args.order_id {
+        Some(id) => Selection::OrderId(id),
+        None => Selection::All,
+    };
+    let report = parked::replay(conn, &selection).await?;
+    println!(
+        "replayed {} parked message{} to {}/{} ({} left parked)",
+        report.replayed,
+        if report.replayed == 1 { "" } else { "s" },
+        crate::broker::topology::ENTRY_EXCHANGE,
+        crate::broker::topology::SCHEDULE_ROUTING_KEY,
+        report.kept
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The cut-off of `--older-than`: `now - older_than`, or the earliest
+/// time there is for an age longer than the calendar (never a panic).
+fn parked_before(now: DateTime<Utc>, older_than: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(older_than)
+        .ok()
+        .and_then(|d| now.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+async fn purge(conn: &Connection, args: PurgeArgs) -> anyhow::Result<ExitCode> {
+    let selection = match args.older_than {
+        Some(d) => Selection::ParkedBefore(parked_before(Utc::now(), d)),
+        None => Selection::All,
+    };
+    let plan = PurgePlan::prepare(conn, &selection).await?;
+    let n = plan.selected();
+    if n == 0 {
+        let report = plan.abort().await?;
+        println!("deleted 0 parked messages ({} kept)", report.kept);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !args.yes {
+        let question = format!(
+            "Delete {n} parked message{}? [y/N] ",
+            if n == 1 { "" } else { "s" }
+        );
+        let yes = tokio::task::spawn_blocking(move || ask(&question)).await??;
+        if !yes {
+            let report = plan.abort().await?;
+            println!("deleted 0 parked messages ({} kept)", report.kept);
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    let report = plan.commit().await?;
+    println!(
+        "deleted {} parked message{} ({} kept)",
+        report.deleted,
+        if report.deleted == 1 { "" } else { "s" },
+        report.kept
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Asks on stderr, reads one line from stdin; only `y`/`yes` is a yes
+/// (end of input is a no).
+fn ask(question: &str) -> std::io::Result<bool> {
+    let mut err = std::io::stderr().lock();
+    write!(err, "{question}")?;
+    err.flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_age_beyond_the_calendar_selects_everything_instead_of_panicking() {
+        let now = Utc::now();
+        let week = Duration::from_secs(7 * 86_400);
+        assert_eq!(parked_before(now, week), now - chrono::Duration::days(7));
+        for huge in [
+            humantime::parse_duration("1000000years").unwrap(),
+            Duration::MAX,
+        ] {
+            assert_eq!(parked_before(now, huge), DateTime::<Utc>::MIN_UTC);
+        }
+    }
+}

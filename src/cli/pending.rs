@@ -1,0 +1,197 @@
+//! `order-timeout pending [--json]`: argument parsing and printing around
+//! [`crate::ops::pending`].
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use super::connect;
+use crate::broker::topology::{DUE_QUEUE, Layout, PARKED_QUEUE};
+use crate::ops::parked;
+use crate::ops::pending::{self, PARKED_SCAN_LIMIT, PendingReport};
+use crate::settings::Settings;
+
+/// Arguments of `pending`.
+#[derive(Debug, Args)]
+pub struct PendingArgs {
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Count parked messages by reason (one listing pass) only when at most
+    /// this many are parked; 0 never reads the parked queue.
+    #[arg(long, value_name = "N", default_value_t = PARKED_SCAN_LIMIT)]
+    pub parked_scan_limit: u32,
+}
+
+/// Runs `pending`.
+pub(super) async fn run(settings: Settings, args: PendingArgs) -> anyhow::Result<ExitCode> {
+    let conn = connect(&settings, "order-timeout-pending").await?;
+    let result = measure(&conn, &settings, &args).await;
+    crate::broker::close_quietly(&conn).await;
+    let (report, reasons) = result?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer(&mut out, &report.to_json(reasons.as_ref()))?;
+        writeln!(out)?;
+    } else {
+        write_text(&mut out, &report, reasons.as_ref(), args.parked_scan_limit)?;
+    }
+    Ok(if report.missing_queues().is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The report, and the parked messages by reason when they were counted.
+async fn measure(
+    conn: &lapin::Connection,
+    settings: &Settings,
+    args: &PendingArgs,
+) -> anyhow::Result<(PendingReport, Option<BTreeMap<String, usize>>)> {
+    let report = pending::measure(conn, &Layout::of(settings)).await?;
+    let reasons = match report.parked {
+        Some(parked) if parked.messages > 0 && parked.messages <= args.parked_scan_limit => {
+            Some(parked::list(conn, Some(0)).await?.by_reason)
+        }
+        Some(parked) if parked.messages == 0 => Some(BTreeMap::new()),
+        _ => None,
+    };
+    Ok((report, reasons))
+}
+
+fn write_text(
+    out: &mut impl Write,
+    report: &PendingReport,
+    reasons: Option<&BTreeMap<String, usize>>,
+    scan_limit: u32,
+) -> std::io::Result<()> {
+    let due = |s: Option<u64>| s.map_or("-".to_owned(), human);
+    writeln!(
+        out,
+        "{} timeouts wait in the delay cascade ({} shard{}); all due within {}",
+        report.waiting(None),
+        report.shards,
+        if report.shards == 1 { "" } else { "s" },
+        due(report.latest_due_secs(None)),
+    )?;
+    let mut rows = vec![
+        std::iter::once("DUE WITHIN".to_owned())
+            .chain(std::iter::once("LEVEL".to_owned()))
+            .chain((0..report.shards).map(|s| format!("SHARD {s}")))
+            .chain(std::iter::once("TOTAL".to_owned()))
+            .collect::<Vec<_>>(),
+    ];
+    for w in report.windows().iter().filter(|w| w.messages > 0) {
+        rows.push(
+            [human(w.due_within_secs), w.level.to_string()]
+                .into_iter()
+                .chain(w.by_shard.iter().map(u64::to_string))
+                .chain(std::iter::once(w.messages.to_string()))
+                .collect(),
+        );
+    }
+    let shards = || (0..report.shards).map(Some);
+    rows.push(
+        ["TOTAL".to_owned(), String::new()]
+            .into_iter()
+            .chain(shards().map(|s| report.waiting(s).to_string()))
+            .chain(std::iter::once(report.waiting(None).to_string()))
+            .collect(),
+    );
+    rows.push(
+        ["ALL DUE WITHIN".to_owned(), String::new()]
+            .into_iter()
+            .chain(
+                shards()
+                    .chain([None])
+                    .map(|s| due(report.latest_due_secs(s))),
+            )
+            .collect(),
+    );
+    write_table(out, &rows)?;
+    write_queues(out, report, reasons, scan_limit)
+}
+
+fn write_queues(
+    out: &mut impl Write,
+    report: &PendingReport,
+    reasons: Option<&BTreeMap<String, usize>>,
+    scan_limit: u32,
+) -> std::io::Result<()> {
+    match report.due {
+        Some(d) => writeln!(
+            out,
+            "{DUE_QUEUE}: {} ready, {} consumer{}",
+            d.messages,
+            d.consumers,
+            if d.consumers == 1 { "" } else { "s" }
+        )?,
+        None => writeln!(out, "{DUE_QUEUE}: MISSING")?,
+    }
+    match (report.parked, reasons) {
+        (None, _) => writeln!(out, "{PARKED_QUEUE}: MISSING")?,
+        (Some(p), Some(reasons)) => {
+            let by: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            let by = if by.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", by.join(", "))
+            };
+            writeln!(
+                out,
+                "{PARKED_QUEUE}: {} message{}{by}",
+                p.messages,
+                if p.messages == 1 { "" } else { "s" }
+            )?
+        }
+        (Some(p), None) => writeln!(
+            out,
+            "{PARKED_QUEUE}: {} messages (by reason: not counted, more than --parked-scan-limit {scan_limit}; see `order-timeout parked list --json`)",
+            p.messages
+        )?,
+    }
+    for queue in report.missing_queues() {
+        writeln!(
+            out,
+            "MISSING  queue {queue} (run `order-timeout topology check`)"
+        )?;
+    }
+    Ok(())
+}
+
+/// Whole seconds as `1h 8m 16s`.
+fn human(secs: u64) -> String {
+    humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
+}
+
+/// Left-aligned first column, right-aligned numbers.
+fn write_table(out: &mut impl Write, rows: &[Vec<String>]) -> std::io::Result<()> {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| {
+                if c == 0 {
+                    format!("{cell:<w$}", w = widths[c])
+                } else {
+                    format!("{cell:>w$}", w = widths[c])
+                }
+            })
+            .collect();
+        writeln!(out, "{}", cells.join("  ").trim_end())?;
+    }
+    Ok(())
+}

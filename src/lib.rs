@@ -1,0 +1,97 @@
+//! order-timeout: cancels unpaid orders when their payment window runs out,
+//! on RabbitMQ fixed-TTL delay queues.
+//!
+//! # Layout
+//!
+//! Dependencies point one way, top to bottom:
+//!
+//! ```text
+//! cli, ops, app        the commands, operator tooling, wiring and reconnects
+//!    │
+//! pipeline             consumer → batcher → cancel → finish; schedule, retry,
+//!                      park; sweeper
+//!    │
+//! store, broker,       the SQL dialects; topology, cascade, headers, publisher;
+//! inventory, message,  the gRPC client; the accepted message forms;
+//! observe              metrics, /metrics /healthz /readyz, logs
+//!    │
+//! settings, shutdown,  configuration and credentials; the shutdown signal;
+//! tls                  the crypto provider and the PEM file checks
+//! ```
+//!
+//! Where to look:
+//! - **the entry point**: `src/main.rs` calls [`cli::main`]; `serve` builds
+//!   a [`Service`] (`app/mod.rs`: build/run and the reconnect loop;
+//!   `app/session.rs`: one broker session);
+//! - **the delay cascade**: `broker/cascade.rs` (the arithmetic) and
+//!   `broker/topology.rs` (the queues and bindings it addresses);
+//! - **the cancel transaction**, per dialect: `store/postgres.rs` (one CTE)
+//!   and `store/mysql.rs` (`SELECT … FOR UPDATE`, conditional `UPDATE`),
+//!   behind `store/mod.rs`'s `OrderStore`; what a row means in either:
+//!   `store/state.rs`; the steps around it: `pipeline/cancel.rs` and
+//!   `pipeline/finish.rs` (outbox: release stock, publish, mark, ack);
+//! - **the retry policy**: `pipeline/retry.rs`, beside where it is applied
+//!   (`Job::fail`, `Worker::retry_later`); what a failure is and whether
+//!   waiting can fix it: `pipeline/failure.rs`; the sweeper (safety net):
+//!   `pipeline/sweeper.rs`;
+//! - **the parked format** (headers written, read back, replayed):
+//!   `broker/parked.rs`; every `x-*` header: `broker/headers.rs`;
+//! - what happens to each message: `pipeline/consumer.rs`; the ways a job
+//!   ends: `pipeline/job.rs` (ack, requeue), `pipeline/schedule.rs` (hold,
+//!   back through the delay store), `pipeline/park.rs`; what the steps
+//!   share: `pipeline/context.rs`;
+//! - [`message`]: the accepted message formats and the park reasons;
+//! - `observe/`: metrics (and the pending gauges), `/metrics` `/healthz`
+//!   `/readyz`, logs;
+//! - [`ops`]: `parked list|replay|purge`, `pending`, `topology check` as a
+//!   library, and the web console (`ops/console/`); [`cli`]: one file per
+//!   command;
+//! - [`shutdown`]: graceful shutdown as a small explicit type.
+//!
+//! # Public API
+//!
+//! What a deployment or an embedding program uses: [`settings`] (and
+//! [`Settings`]), [`message`] (the contract), [`cli`], [`ops`],
+//! [`shutdown`], and [`Service`] / [`RunningService`] / [`run`]. The
+//! plumbing (`app`, `broker`, `store`, `observe`, `inventory`, `tls`) is
+//! private; the `testing` feature makes it public for the tools crate and
+//! the integration tests, with no promise of stability. The pipeline is
+//! private always.
+//!
+//! The demo, the bench, the reference inventory server and shop schema live
+//! in the `order-timeout-tools` crate (`tools/`), which depends on this one;
+//! this crate never links it.
+
+#![warn(missing_docs, unreachable_pub)]
+// Long functions become named steps (threshold in clippy.toml).
+#![warn(clippy::too_many_lines)]
+// Without the `testing` feature the plumbing modules are private, and what
+// only the tools crate and the integration tests use of them is unused here.
+#![cfg_attr(not(feature = "testing"), allow(dead_code, unreachable_pub))]
+
+// The public API: what a deployment configures, the message contract, the
+// command line, the operator tooling, and the service itself.
+pub mod cli;
+pub mod message;
+pub mod ops;
+pub mod settings;
+pub mod shutdown;
+
+pub use app::{RunningService, Service, run};
+pub use settings::Settings;
+
+/// Declares the plumbing modules: private to the crate, or public with the
+/// `testing` feature, which the tools crate (demo, bench, reference
+/// inventory) and the integration tests enable. Not a stable API.
+macro_rules! plumbing {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "testing")]
+        pub mod $name;
+        #[cfg(not(feature = "testing"))]
+        mod $name;
+    )*};
+}
+
+plumbing!(app, broker, inventory, observe, store, tls);
+
+mod pipeline;

@@ -1,0 +1,190 @@
+//! The operations endpoints on `HTTP_ADDR`: `/metrics` (Prometheus text
+//! format), `/healthz` (the process is alive) and `/readyz` (broker,
+//! database and inventory are reachable; 503 otherwise, with which one is
+//! not), beside whatever other routes the caller merges in (the console,
+//! `ops::console`, which `app` wires up).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use serde::Serialize;
+
+use super::metrics::Metrics;
+use crate::settings::SecretUrl;
+use crate::shutdown::Shutdown;
+use crate::store::Store;
+
+/// How long one readiness probe may take per dependency.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What `/readyz` checks, shared with the broker session (which says
+/// whether it is consuming).
+#[derive(Debug)]
+pub struct Health {
+    broker: AtomicBool,
+    store: Store,
+    inventory: InventoryProbe,
+    metrics: Arc<Metrics>,
+}
+
+/// How readiness checks the inventory.
+#[derive(Debug)]
+enum InventoryProbe {
+    /// `release = "none"`: nothing calls it, nothing checks it.
+    NotUsed,
+    /// `INVENTORY_URL` has no host or port: never ready.
+    Unparseable,
+    /// A TCP connect to this host and port.
+    At(String, u16),
+}
+
+/// One readiness evaluation.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+pub struct Readiness {
+    /// All of the below.
+    pub ready: bool,
+    /// A broker session is consuming.
+    pub broker: bool,
+    /// `SELECT 1` answers.
+    pub database: bool,
+    /// The inventory endpoint accepts TCP connections.
+    pub inventory: bool,
+}
+
+impl Health {
+    /// Readiness for a service using `store` and the inventory at
+    /// `inventory_url` (`None`: the service calls no inventory).
+    pub fn new(store: Store, inventory_url: Option<&SecretUrl>, metrics: Arc<Metrics>) -> Self {
+        let inventory = match inventory_url {
+            None => InventoryProbe::NotUsed,
+            Some(url) => url::Url::parse(url.expose())
+                .ok()
+                .and_then(|u| {
+                    let host = u.host_str()?.trim_matches(['[', ']']).to_owned();
+                    Some(InventoryProbe::At(host, u.port_or_known_default()?))
+                })
+                .unwrap_or(InventoryProbe::Unparseable),
+        };
+        Self {
+            broker: AtomicBool::new(false),
+            store,
+            inventory,
+            metrics,
+        }
+    }
+
+    /// Records whether a broker session is consuming.
+    pub fn set_broker(&self, up: bool) {
+        self.broker.store(up, Ordering::Relaxed);
+    }
+
+    /// Probes the dependencies now and updates the `ready` gauge.
+    pub async fn check(&self) -> Readiness {
+        let database = async {
+            matches!(
+                tokio::time::timeout(PROBE_TIMEOUT, self.store.ping()).await,
+                Ok(Ok(()))
+            )
+        };
+        let inventory = async {
+            let (host, port) = match &self.inventory {
+                InventoryProbe::NotUsed => return true,
+                InventoryProbe::Unparseable => return false,
+                InventoryProbe::At(host, port) => (host, port),
+            };
+            matches!(
+                tokio::time::timeout(
+                    PROBE_TIMEOUT,
+                    tokio::net::TcpStream::connect((host.as_str(), *port))
+                )
+                .await,
+                Ok(Ok(_))
+            )
+        };
+        let (database, inventory) = tokio::join!(database, inventory);
+        let broker = self.broker.load(Ordering::Relaxed);
+        let ready = broker && database && inventory;
+        self.metrics.set_ready(ready);
+        Readiness {
+            ready,
+            broker,
+            database,
+            inventory,
+        }
+    }
+}
+
+async fn metrics(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        health.metrics.render(),
+    )
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    let r = health.check().await;
+    let status = if r.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(r))
+}
+
+/// Serves the endpoints, and the routes of `more`, on `listener` until
+/// `shutdown` fires.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    health: Arc<Health>,
+    more: Router,
+    shutdown: Shutdown,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(health)
+        .merge(more);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.wait().await })
+        .await
+}
+
+/// Re-evaluates readiness every few seconds so the `ready` gauge (and the
+/// not-ready alert) stays true even when nobody polls `/readyz`.
+///
+/// A lost readiness is logged at once; at start-up, only if it lasts past
+/// the first check (the broker session is normally up within a second, and
+/// a warning on every healthy start would teach operators to ignore it).
+pub async fn refresh_readiness(health: Arc<Health>, shutdown: Shutdown) {
+    let mut starting = true;
+    loop {
+        let r = health.check().await;
+        let first_check = std::mem::replace(&mut starting, false);
+        if !r.ready {
+            let (broker, database, inventory) = (r.broker, r.database, r.inventory);
+            if first_check {
+                tracing::debug!(broker, database, inventory, "not ready yet (starting)");
+            } else {
+                tracing::warn!(broker, database, inventory, "not ready");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+            _ = shutdown.wait() => return,
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! Prometheus metrics of one service instance, served on `/metrics`.
+//!
+//! Each instance owns its registry (no global recorder), so several
+//! instances in one process (tests, the demo) count separately. Names follow
+//! Prometheus conventions: `order_timeout_` prefix, base units (seconds),
+//! `_total` on counters.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Metric, Registry, Unit};
+
+use crate::message::ParkReason;
+
+/// The end of one message's visit to the consumer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// This delivery cancelled the order (and released stock).
+    Cancelled,
+    /// The order was paid: left alone.
+    AlreadyPaid,
+    /// The order was already cancelled (a duplicate or a redelivery);
+    /// pending release work, if any, was finished.
+    AlreadyCancelled,
+    /// Sent (back) through the delay store toward its deadline.
+    Rescheduled,
+    /// A transient failure: re-scheduled with backoff.
+    Retried,
+    /// Moved to the parked queue.
+    Parked,
+    /// Unknown order dropped by configuration.
+    Dropped,
+    /// Neither unpaid nor paid, failing the guard (soft-deleted), or
+    /// without a deadline: left alone.
+    LeftAlone,
+    /// Another delivery of the same order, in the same batch, is being
+    /// retried, parked or re-scheduled: one message is enough, this one is
+    /// acked.
+    Duplicate,
+    /// Another transaction (the shop's) held the order's row, so the cancel
+    /// transaction skipped it: sent back through the delay store to be
+    /// asked about again in a few seconds, without spending an attempt.
+    Locked,
+}
+
+impl Outcome {
+    /// Every outcome, in a fixed order.
+    pub const ALL: [Outcome; 10] = [
+        Outcome::Cancelled,
+        Outcome::AlreadyPaid,
+        Outcome::AlreadyCancelled,
+        Outcome::Rescheduled,
+        Outcome::Retried,
+        Outcome::Parked,
+        Outcome::Dropped,
+        Outcome::LeftAlone,
+        Outcome::Duplicate,
+        Outcome::Locked,
+    ];
+
+    /// The `result` label value, e.g. `already_paid`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Cancelled => "cancelled",
+            Outcome::AlreadyPaid => "already_paid",
+            Outcome::AlreadyCancelled => "already_cancelled",
+            Outcome::Rescheduled => "rescheduled",
+            Outcome::Retried => "retried",
+            Outcome::Parked => "parked",
+            Outcome::Dropped => "dropped",
+            Outcome::LeftAlone => "left_alone",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Locked => "locked",
+        }
+    }
+}
+
+/// A timed step of the work, for `order_timeout_stage_duration_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The cancel statement for a batch.
+    Db,
+    /// One `ReleaseStock` call.
+    Inventory,
+    /// One confirmed publish (re-schedule, event, parking).
+    Publish,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Db => "db",
+            Stage::Inventory => "inventory",
+            Stage::Publish => "publish",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabel {
+    target: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: &'static str,
+}
+
+#[derive(Clone)]
+struct StageBuckets;
+
+impl MetricConstructor<Histogram> for StageBuckets {
+    fn new_metric(&self) -> Histogram {
+        // 0.5 ms … ~16 s
+        Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+            0.0005, 2.0, 16,
+        ))
+    }
+}
+
+/// The instance's metrics.
+pub struct Metrics {
+    registry: Registry,
+    messages: Family<ResultLabel, Counter>,
+    parked: Family<ReasonLabel, Counter>,
+    lateness: Histogram,
+    in_flight: Gauge,
+    held: Gauge,
+    stage: Family<StageLabel, Histogram, StageBuckets>,
+    reconnects: Family<TargetLabel, Counter>,
+    release_failures: Counter,
+    publish_failures: Counter,
+    requeued: Counter,
+    swept: Counter,
+    outbox_given_up: Counter,
+    outbox_deleted: Counter,
+    ready: Gauge,
+    queue_messages: Family<QueueLabel, Gauge>,
+    /// What waits in the delay cascade (`observe/pending.rs`).
+    pending: super::pending::PendingGauges,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Registers `metric` under `name` and returns it (metrics are cheap
+/// handles on shared state: the registry keeps one, the caller the other).
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// [`register`] with the unit seconds (`_seconds` suffix).
+fn register_seconds<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register_with_unit(name, help, Unit::Seconds, metric.clone());
+    metric
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered, every known series
+    /// at 0.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "one registration per metric: a flat list, not steps"
+    )]
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("order_timeout");
+        let metrics = Self {
+            messages: register(
+                &mut r,
+                "messages",
+                "Timeout messages processed, by result",
+                Family::default(),
+            ),
+            parked: register(
+                &mut r,
+                "parked",
+                "Messages moved to the parked queue, by reason",
+                Family::default(),
+            ),
+            // 1 ms … ~65 s: ms-level lateness is the product, minutes are an incident.
+            lateness: register_seconds(
+                &mut r,
+                "cancel_lateness",
+                "Actual cancel time minus the order's deadline",
+                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                    0.001, 2.0, 17,
+                )),
+            ),
+            in_flight: register(
+                &mut r,
+                "in_flight_messages",
+                "Deliveries received and not yet acked",
+                Gauge::default(),
+            ),
+            held: register(
+                &mut r,
+                "held_messages",
+                "Deliveries held in-process for their sub-second remainder",
+                Gauge::default(),
+            ),
+            stage: register_seconds(
+                &mut r,
+                "stage_duration",
+                "Duration of one step: db (cancel statement), inventory (ReleaseStock), publish",
+                Family::new_with_constructor(StageBuckets),
+            ),
+            reconnects: register(
+                &mut r,
+                "reconnects",
+                "Broker sessions re-established after a failure",
+                Family::default(),
+            ),
+            release_failures: register(
+                &mut r,
+                "inventory_release_failures",
+                "ReleaseStock calls that failed after in-process retries",
+                Counter::default(),
+            ),
+            publish_failures: register(
+                &mut r,
+                "publish_failures",
+                "Confirmed publishes (re-schedule, park) the broker refused or that failed; each is tried again with backoff",
+                Counter::default(),
+            ),
+            requeued: register(
+                &mut r,
+                "requeued",
+                "Deliveries returned to the queue unfinished (a publish kept failing, or the session ended)",
+                Counter::default(),
+            ),
+            swept: register(
+                &mut r,
+                "sweeper_orders",
+                "Orders the sweeper cancelled or finished (no timeout message did)",
+                Counter::default(),
+            ),
+            outbox_given_up: register(
+                &mut r,
+                "outbox_given_up",
+                "Outbox rows whose stock release can never succeed (a permanent inventory error, or the attempts ran out): set aside and parked as release_failed",
+                Counter::default(),
+            ),
+            outbox_deleted: register(
+                &mut r,
+                "outbox_deleted",
+                "Finished outbox rows deleted after [sweeper] outbox_retention",
+                Counter::default(),
+            ),
+            ready: register(
+                &mut r,
+                "ready",
+                "1 when broker, database and inventory are reachable, else 0",
+                Gauge::default(),
+            ),
+            queue_messages: register(
+                &mut r,
+                "queue_messages",
+                "Messages ready in the service's queues (due, parked)",
+                Family::default(),
+            ),
+            pending: super::pending::PendingGauges::register(&mut r),
+            registry: r,
+        };
+        metrics.create_known_series();
+        metrics
+    }
+
+    /// Every known series starts at 0, so rate() and alerts see the first
+    /// increment instead of a series appearing out of nowhere.
+    fn create_known_series(&self) {
+        for outcome in Outcome::ALL {
+            let _ = self.messages.get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            });
+        }
+        for s in [Stage::Db, Stage::Inventory, Stage::Publish] {
+            let _ = self.stage.get_or_create(&StageLabel { stage: s.as_str() });
+        }
+        let _ = self
+            .reconnects
+            .get_or_create(&TargetLabel { target: "amqp" });
+        for reason in ParkReason::ALL {
+            let _ = self.parked.get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            });
+        }
+    }
+
+    /// Counts one message ending with `outcome`.
+    pub fn record(&self, outcome: Outcome) {
+        self.messages
+            .get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// How many messages ended with `outcome`.
+    pub fn count(&self, outcome: Outcome) -> u64 {
+        self.messages
+            .get_or_create(&ResultLabel {
+                result: outcome.as_str(),
+            })
+            .get()
+    }
+
+    /// Messages processed to any outcome.
+    pub fn total(&self) -> u64 {
+        Outcome::ALL.iter().map(|o| self.count(*o)).sum()
+    }
+
+    /// Counts a parked message by its reason (`x-error-kind`).
+    pub fn parked(&self, reason: ParkReason) {
+        self.parked
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    /// Records a cancellation's lateness (negative values, impossible by
+    /// construction, would land in the first bucket).
+    pub fn lateness(&self, lateness: chrono::Duration) {
+        self.lateness
+            .observe(lateness.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6);
+    }
+
+    /// Times one step.
+    pub fn stage(&self, stage: Stage, took: Duration) {
+        self.stage
+            .get_or_create(&StageLabel {
+                stage: stage.as_str(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts a broker reconnect.
+    pub fn reconnect(&self) {
+        self.reconnects
+            .get_or_create(&TargetLabel { target: "amqp" })
+            .inc();
+    }
+
+    /// Broker reconnects so far.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects
+            .get_or_create(&TargetLabel { target: "amqp" })
+            .get()
+    }
+
+    /// Orders the sweeper settled so far.
+    pub fn swept_total(&self) -> u64 {
+        self.swept.get()
+    }
+
+    /// Counts a failed stock release.
+    pub fn release_failed(&self) {
+        self.release_failures.inc();
+    }
+
+    /// Stock releases that failed so far.
+    pub fn release_failures(&self) -> u64 {
+        self.release_failures.get()
+    }
+
+    /// Counts an outbox row given up.
+    pub fn outbox_given_up(&self) {
+        self.outbox_given_up.inc();
+    }
+
+    /// Outbox rows given up so far.
+    pub fn outbox_given_up_total(&self) -> u64 {
+        self.outbox_given_up.get()
+    }
+
+    /// Counts finished outbox rows deleted by retention.
+    pub fn outbox_deleted(&self, n: u64) {
+        self.outbox_deleted.inc_by(n);
+    }
+
+    /// Finished outbox rows deleted so far.
+    pub fn outbox_deleted_total(&self) -> u64 {
+        self.outbox_deleted.get()
+    }
+
+    /// Counts a failed confirmed publish (re-schedule, park).
+    pub fn publish_failed(&self) {
+        self.publish_failures.inc();
+    }
+
+    /// Confirmed publishes that failed so far.
+    pub fn publish_failures(&self) -> u64 {
+        self.publish_failures.get()
+    }
+
+    /// Counts a delivery returned to the queue unfinished.
+    pub fn requeued(&self) {
+        self.requeued.inc();
+    }
+
+    /// Deliveries returned to the queue unfinished so far.
+    pub fn requeued_total(&self) -> u64 {
+        self.requeued.get()
+    }
+
+    /// Counts orders the sweeper settled.
+    pub fn swept(&self, n: u64) {
+        self.swept.inc_by(n);
+    }
+
+    /// Sets the readiness gauge.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
+    }
+
+    /// Sets a queue depth gauge.
+    pub fn set_queue_depth(&self, queue: &'static str, messages: u32) {
+        self.queue_messages
+            .get_or_create(&QueueLabel { queue })
+            .set(i64::from(messages));
+    }
+
+    /// The pending-timeout gauges (`observe/pending.rs`).
+    pub fn pending(&self) -> &super::pending::PendingGauges {
+        &self.pending
+    }
+
+    /// A guard counting one in-flight delivery until dropped.
+    pub fn in_flight(self: &Arc<Self>) -> GaugeGuard {
+        GaugeGuard::new(self.in_flight.clone())
+    }
+
+    /// A guard counting one held delivery until dropped.
+    pub fn held(self: &Arc<Self>) -> GaugeGuard {
+        GaugeGuard::new(self.held.clone())
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// Increments a gauge on creation and decrements it on drop, so every
+/// path out of a piece of work (ack, requeue, panic) is counted.
+#[derive(Debug)]
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_uses_prometheus_names() {
+        let m = Arc::new(Metrics::new());
+        m.record(Outcome::Cancelled);
+        m.record(Outcome::AlreadyPaid);
+        m.parked(ParkReason::NotJson);
+        m.lateness(chrono::Duration::milliseconds(12));
+        m.stage(Stage::Db, Duration::from_millis(3));
+        let guard = m.in_flight();
+        let text = m.render();
+        for needle in [
+            r#"order_timeout_messages_total{result="cancelled"} 1"#,
+            r#"order_timeout_messages_total{result="already_paid"} 1"#,
+            r#"order_timeout_parked_total{reason="not_json"} 1"#,
+            "order_timeout_cancel_lateness_seconds_count 1",
+            r#"order_timeout_stage_duration_seconds_count{stage="db"} 1"#,
+            "order_timeout_in_flight_messages 1",
+            r#"order_timeout_messages_total{result="duplicate"} 0"#,
+            r#"order_timeout_parked_total{reason="permanent_failure"} 0"#,
+            r#"order_timeout_parked_total{reason="delivery_limit"} 0"#,
+            r#"order_timeout_parked_total{reason="release_failed"} 0"#,
+            "order_timeout_outbox_given_up_total 0",
+            "order_timeout_outbox_deleted_total 0",
+            "order_timeout_publish_failures_total 0",
+            "order_timeout_requeued_total 0",
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+        drop(guard);
+        assert!(m.render().contains("order_timeout_in_flight_messages 0"));
+        assert_eq!(m.count(Outcome::Cancelled), 1);
+        assert_eq!(m.total(), 2);
+    }
+
+    #[test]
+    fn every_metric_the_alert_rules_use_is_served() {
+        let m = Metrics::new();
+        m.set_queue_depth(crate::broker::topology::PARKED_QUEUE, 0);
+        let text = m.render();
+        let rules = include_str!("../../deploy/prometheus-alerts.yml");
+        let mut names: Vec<&str> = rules
+            .match_indices("order_timeout_")
+            .map(|(at, _)| {
+                let rest = &rules[at..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        assert!(names.len() >= 6, "{names:?}");
+        for name in names {
+            assert!(
+                text.lines().any(|l| l.starts_with(name) && {
+                    let rest = &l[name.len()..];
+                    let rest = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|suffix| rest.strip_prefix(suffix))
+                        .unwrap_or(rest);
+                    rest.starts_with([' ', '{'])
+                }),
+                "deploy/prometheus-alerts.yml uses {name}, which /metrics does not serve:\n{text}"
+            );
+        }
+        assert!(text.contains(r#"order_timeout_queue_messages{queue="order-timeout.parked"} 0"#));
+    }
+}

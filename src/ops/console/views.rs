@@ -1,0 +1,251 @@
+//! The pages of figures: the overview (rates, lateness, readiness, what
+//! waits) and pending by due window. Both reload every 10 s and read only
+//! what the service already holds: no broker round trip per view.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+
+use super::Console;
+use super::html::{Page, esc, millis, rate, secs, time, up};
+use crate::broker::topology::{DUE_QUEUE, PARKED_QUEUE};
+use crate::observe::recent::{Change, Series};
+use crate::ops::pending::PendingReport;
+
+const MESSAGES: &str = "order_timeout_messages_total";
+const PARKED: &str = "order_timeout_parked_total";
+const LATENESS: &str = "order_timeout_cancel_lateness_seconds";
+
+fn result_is(names: &'static [&'static str]) -> impl Fn(&Series) -> bool {
+    move |s| s.label("result").is_some_and(|r| names.contains(&r))
+}
+
+/// `GET /console`.
+pub(super) async fn overview(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    let access = console.access(&headers);
+    let readiness = console.health.check().await;
+    let minute = console
+        .recent
+        .change(&console.metrics, Duration::from_secs(60));
+    let five = console
+        .recent
+        .change(&console.metrics, Duration::from_secs(300));
+    let mut body = String::new();
+    let per_minute = |keep: &dyn Fn(&Series) -> bool, name| rate(minute.per_minute(name, keep));
+    let _ = write!(
+        body,
+        "<h2>Last minute</h2><table><tr><th>scheduled /min</th><th>cancelled /min</th>\
+         <th>left alone /min</th><th>parked /min</th></tr><tr><td class=\"num\">{}</td>\
+         <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr></table>\
+         <p class=\"muted\">scheduled: sent into the delay cascade; left alone: paid, or no longer \
+         unpaid, or failing the guard. This instance only, over the last {:.0} s.</p>",
+        per_minute(&result_is(&["rescheduled"]), MESSAGES),
+        per_minute(&result_is(&["cancelled"]), MESSAGES),
+        per_minute(&result_is(&["already_paid", "left_alone"]), MESSAGES),
+        per_minute(&|_| true, PARKED),
+        minute.seconds,
+    );
+    lateness_table(&mut body, &five);
+    let _ = write!(
+        body,
+        "<h2>Readiness</h2><table><tr><th>broker</th><th>database</th><th>inventory</th></tr>\
+         <tr>{}{}{}</tr></table>",
+        up(readiness.broker),
+        up(readiness.database),
+        up(readiness.inventory)
+    );
+    waiting_summary(&mut body, console.board.latest().as_ref());
+    outcomes_table(&mut body, &minute);
+    Page {
+        title: "Overview",
+        access: &access,
+        refresh: true,
+        body,
+    }
+    .ok()
+}
+
+fn lateness_table(body: &mut String, five: &Change) {
+    let since_start = Change {
+        seconds: 0.0,
+        then: Vec::new(),
+        now: five.now.clone(),
+    };
+    let _ = write!(
+        body,
+        "<h2>Lateness</h2><table><tr><th></th><th>p50</th><th>p99</th><th>cancellations</th></tr>\
+         <tr><th>last {:.0} s</th><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>\
+         <tr><th>since start</th><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr></table>\
+         <p class=\"muted\">Cancel time minus the order's deadline, from the histogram's buckets \
+         (as histogram_quantile() computes it).</p>",
+        five.seconds,
+        millis(five.quantile(LATENESS, 0.5)),
+        millis(five.quantile(LATENESS, 0.99)),
+        five.increase(&format!("{LATENESS}_count"), &|_| true),
+        millis(since_start.quantile(LATENESS, 0.5)),
+        millis(since_start.quantile(LATENESS, 0.99)),
+        since_start.increase(&format!("{LATENESS}_count"), &|_| true),
+    );
+}
+
+fn waiting_summary(body: &mut String, report: Option<&PendingReport>) {
+    let Some(r) = report else {
+        body.push_str(
+            "<h2>Waiting</h2><p class=\"muted\">Not measured yet (no broker session).</p>",
+        );
+        return;
+    };
+    let depth = |d: Option<crate::ops::pending::QueueDepth>| {
+        d.map_or("missing".into(), |d| d.messages.to_string())
+    };
+    let _ = write!(
+        body,
+        "<h2>Waiting</h2><table><tr><th>in the delay cascade</th><th>all due within</th>\
+         <th>{DUE_QUEUE}</th><th>consumers</th><th>{PARKED_QUEUE}</th></tr>\
+         <tr><td class=\"num\"><a href=\"/console/pending\">{}</a></td><td>{}</td>\
+         <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\"><a href=\"/console/parked\">{}</a></td></tr></table>\
+         <p class=\"muted\">As of {}.</p>",
+        r.waiting(None),
+        r.latest_due_secs(None).map_or("–".into(), secs),
+        depth(r.due),
+        r.due.map_or("–".into(), |d| d.consumers.to_string()),
+        depth(r.parked),
+        time(Some(r.measured_at)),
+    );
+}
+
+fn outcomes_table(body: &mut String, minute: &Change) {
+    let mut results: Vec<&str> = minute
+        .now
+        .iter()
+        .filter(|s| s.name == MESSAGES)
+        .filter_map(|s| s.label("result"))
+        .collect();
+    results.dedup();
+    body.push_str(
+        "<h2>Messages by result</h2><table><tr><th>result</th><th>per minute</th><th>since start</th></tr>",
+    );
+    for result in results {
+        let keep = |s: &Series| s.label("result") == Some(result);
+        let total: f64 = minute
+            .now
+            .iter()
+            .filter(|s| s.name == MESSAGES && keep(s))
+            .map(|s| s.value)
+            .sum();
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{total}</td></tr>",
+            esc(result),
+            rate(minute.per_minute(MESSAGES, &keep)),
+        );
+    }
+    body.push_str("</table>");
+}
+
+/// `GET /console/pending`.
+pub(super) async fn pending(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    let access = console.access(&headers);
+    let mut body = String::new();
+    match console.board.latest() {
+        None => body.push_str(
+            "<p class=\"muted\">Not measured yet: the service measures every 5 s while it is connected to the broker.</p>",
+        ),
+        Some(report) => {
+            windows_table(&mut body, &report);
+            let missing = report.missing_queues();
+            if !missing.is_empty() {
+                let _ = write!(
+                    body,
+                    "<p class=\"error\">Missing queues: {} (run <code>order-timeout topology check</code>).</p>",
+                    esc(&missing.join(", "))
+                );
+            }
+            waiting_summary(&mut body, Some(&report));
+        }
+    }
+    parked_since_start(
+        &mut body,
+        &console.recent.change(&console.metrics, Duration::ZERO),
+    );
+    Page {
+        title: "Pending timeouts",
+        access: &access,
+        refresh: true,
+        body,
+    }
+    .ok()
+}
+
+fn windows_table(body: &mut String, report: &PendingReport) {
+    let _ = write!(
+        body,
+        "<p>{} timeouts wait in the delay cascade ({} shard{}); every one falls due within {}. \
+         A message in level k reaches the service within 2<sup>k+1</sup> s.</p>",
+        report.waiting(None),
+        report.shards,
+        if report.shards == 1 { "" } else { "s" },
+        report
+            .latest_due_secs(None)
+            .map_or("– (none waits)".into(), secs),
+    );
+    body.push_str("<table><tr><th>due within</th><th>level</th>");
+    for shard in 0..report.shards {
+        let _ = write!(body, "<th>shard {shard}</th>");
+    }
+    body.push_str("<th>total</th></tr>");
+    for w in report.windows().iter().filter(|w| w.messages > 0) {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td class=\"num\">{}</td>",
+            secs(w.due_within_secs),
+            w.level
+        );
+        for n in &w.by_shard {
+            let _ = write!(body, "<td class=\"num\">{n}</td>");
+        }
+        let _ = write!(body, "<td class=\"num\">{}</td></tr>", w.messages);
+    }
+    body.push_str("<tr><th colspan=\"2\">total</th>");
+    for shard in 0..report.shards {
+        let _ = write!(
+            body,
+            "<th class=\"num\">{}</th>",
+            report.waiting(Some(shard))
+        );
+    }
+    let _ = write!(
+        body,
+        "<th class=\"num\">{}</th></tr><tr><th colspan=\"2\">all due within</th>",
+        report.waiting(None)
+    );
+    for shard in (0..report.shards).map(Some).chain([None]) {
+        let _ = write!(
+            body,
+            "<td>{}</td>",
+            report.latest_due_secs(shard).map_or("–".into(), secs)
+        );
+    }
+    body.push_str("</tr></table>");
+}
+
+fn parked_since_start(body: &mut String, now: &Change) {
+    body.push_str(
+        "<h2>Parked by reason</h2><p class=\"muted\">Messages this instance parked since it started \
+         (order_timeout_parked_total); the <a href=\"/console/parked\">parked page</a> counts what is in the queue now.</p>\
+         <table><tr><th>reason</th><th>parked</th></tr>",
+    );
+    for s in now.now.iter().filter(|s| s.name == PARKED && s.value > 0.0) {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td class=\"num\">{}</td></tr>",
+            esc(s.label("reason").unwrap_or("-")),
+            s.value
+        );
+    }
+    body.push_str("</table>");
+}

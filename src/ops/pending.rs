@@ -1,0 +1,503 @@
+//! What waits, and by when it falls due: the `order-timeout pending`
+//! command, the console's pending page and the pending gauges on
+//! `/metrics` all read one [`PendingReport`].
+//!
+//! The figures come from **passive queue declares** only: the broker
+//! answers each with the queue's message and consumer counts, so a
+//! measurement costs one round trip per queue (28 levels per cascade
+//! shard, plus the due and parked queues) and never reads a message.
+//!
+//! **Due windows.** A message in level k of the cascade waits there at most
+//! 2^k s, then passes through lower levels only, which add at most
+//! 2^k − 1 s: it reaches the consumer within 2^(k+1) s
+//! ([`due_within_secs`]). The latest due bound of a shard (or of the whole
+//! cascade) is that of its highest non-empty level. The bound is an upper
+//! one: a message may have entered its level at any time within the last
+//! 2^k s.
+//!
+//! The parked queue's depth is measured the same way. Its breakdown by
+//! reason needs the messages' headers, so only an operator's explicit
+//! request reads it (`pending` does one listing pass when the queue holds
+//! at most [`PARKED_SCAN_LIMIT`] messages; the console's parked page does
+//! one per view); the gauges refreshed on an interval never do.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection};
+use serde::Serialize;
+
+use super::topology_check::is_not_found;
+use crate::broker::cascade::{LEVELS, shard_level_name};
+use crate::broker::topology::{DUE_QUEUE, Layout, PARKED_QUEUE};
+use crate::message::format_instant;
+use crate::observe::metrics::Metrics;
+use crate::shutdown::Shutdown;
+
+/// How often the running service refreshes the pending gauges.
+pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `pending` counts parked messages by reason with one listing pass only
+/// when the parked queue holds at most this many (a pass takes every
+/// parked message once; beyond this the depth alone is shown).
+pub const PARKED_SCAN_LIMIT: u32 = 10_000;
+
+/// A message in cascade level `level` reaches the consumer within this
+/// many seconds: 2^(level+1).
+pub fn due_within_secs(level: u32) -> u64 {
+    1u64 << (level + 1)
+}
+
+/// Errors measuring.
+#[derive(Debug, thiserror::Error)]
+pub enum PendingError {
+    /// The broker could not be asked (connection or channel failure).
+    #[error("talking to the broker: {0}")]
+    Amqp(#[source] lapin::Error),
+}
+
+/// Messages and consumers of one queue, from a passive declare.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct QueueDepth {
+    /// Messages ready in the queue.
+    pub messages: u32,
+    /// Consumers subscribed to it.
+    pub consumers: u32,
+}
+
+/// One cascade level of one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LevelDepth {
+    /// The cascade shard.
+    pub shard: u32,
+    /// The level (its queue holds messages 2^level s).
+    pub level: u32,
+    /// Messages waiting in it; `None` when the queue does not exist.
+    pub messages: Option<u32>,
+}
+
+/// What waits in the delay cascade and the service's queues at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingReport {
+    /// When it was measured.
+    pub measured_at: DateTime<Utc>,
+    /// Cascade shards measured.
+    pub shards: u32,
+    /// Every level of every shard, shard by shard, lowest level first.
+    pub levels: Vec<LevelDepth>,
+    /// The due queue (`None`: missing).
+    pub due: Option<QueueDepth>,
+    /// The parked queue (`None`: missing).
+    pub parked: Option<QueueDepth>,
+}
+
+/// One due window of [`PendingReport::windows`]: a cascade level across
+/// shards.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Window {
+    /// The cascade level.
+    pub level: u32,
+    /// Its messages reach the consumer within this many seconds.
+    pub due_within_secs: u64,
+    /// Messages in this level, all shards.
+    pub messages: u64,
+    /// Messages in this level per shard (index = shard).
+    pub by_shard: Vec<u64>,
+}
+
+impl PendingReport {
+    fn in_shard(&self, shard: Option<u32>) -> impl Iterator<Item = &LevelDepth> {
+        self.levels
+            .iter()
+            .filter(move |l| shard.is_none_or(|s| l.shard == s))
+    }
+
+    /// Timeouts waiting in the cascade: in `shard`, or in all (`None`).
+    pub fn waiting(&self, shard: Option<u32>) -> u64 {
+        self.in_shard(shard)
+            .map(|l| u64::from(l.messages.unwrap_or(0)))
+            .sum()
+    }
+
+    /// Every timeout waiting in `shard` (or in all, `None`) falls due within
+    /// this many seconds; `None` when nothing waits.
+    pub fn latest_due_secs(&self, shard: Option<u32>) -> Option<u64> {
+        self.in_shard(shard)
+            .filter(|l| l.messages.unwrap_or(0) > 0)
+            .map(|l| due_within_secs(l.level))
+            .max()
+    }
+
+    /// The levels, each summed over the shards, lowest (soonest) first.
+    pub fn windows(&self) -> Vec<Window> {
+        (0..LEVELS)
+            .map(|level| {
+                let by_shard: Vec<u64> = (0..self.shards)
+                    .map(|shard| {
+                        self.levels
+                            .iter()
+                            .find(|l| l.shard == shard && l.level == level)
+                            .and_then(|l| l.messages)
+                            .map_or(0, u64::from)
+                    })
+                    .collect();
+                Window {
+                    level,
+                    due_within_secs: due_within_secs(level),
+                    messages: by_shard.iter().sum(),
+                    by_shard,
+                }
+            })
+            .collect()
+    }
+
+    /// Queues that were expected but do not exist.
+    pub fn missing_queues(&self) -> Vec<String> {
+        let mut missing: Vec<String> = self
+            .levels
+            .iter()
+            .filter(|l| l.messages.is_none())
+            .map(|l| shard_level_name(l.shard, l.level))
+            .collect();
+        for (queue, depth) in [(DUE_QUEUE, self.due), (PARKED_QUEUE, self.parked)] {
+            if depth.is_none() {
+                missing.push(queue.to_owned());
+            }
+        }
+        missing
+    }
+
+    /// Sets the instance's gauges: every level's depth, the latest due
+    /// bound, the due queue's consumers, and the due and parked depths
+    /// (`order_timeout_queue_messages`, which the alerts read).
+    pub fn export(&self, metrics: &Metrics) {
+        let gauges = metrics.pending();
+        for l in &self.levels {
+            gauges.set_level(l.shard, l.level, l.messages.unwrap_or(0));
+        }
+        gauges.set_latest_due_secs(self.latest_due_secs(None).unwrap_or(0));
+        if let Some(due) = self.due {
+            metrics.set_queue_depth(DUE_QUEUE, due.messages);
+            gauges.set_consumers(DUE_QUEUE, due.consumers);
+        }
+        if let Some(parked) = self.parked {
+            metrics.set_queue_depth(PARKED_QUEUE, parked.messages);
+        }
+    }
+
+    /// The JSON printed by `pending --json`, with the parked messages'
+    /// reasons when they were counted.
+    pub fn to_json(&self, parked_reasons: Option<&BTreeMap<String, usize>>) -> PendingJson {
+        let shard = |s: u32| ShardJson {
+            shard: s,
+            messages: self.waiting(Some(s)),
+            latest_due_secs: self.latest_due_secs(Some(s)),
+        };
+        PendingJson {
+            measured_at: format_instant(self.measured_at),
+            total: ShardTotalJson {
+                messages: self.waiting(None),
+                latest_due_secs: self.latest_due_secs(None),
+            },
+            shards: (0..self.shards).map(shard).collect(),
+            windows: self.windows(),
+            due: self.due.map(|d| QueueJson {
+                queue: DUE_QUEUE,
+                messages: d.messages,
+                consumers: d.consumers,
+            }),
+            parked: self.parked.map(|d| ParkedQueueJson {
+                queue: PARKED_QUEUE,
+                messages: d.messages,
+                by_reason: parked_reasons.cloned(),
+            }),
+            missing_queues: self.missing_queues(),
+        }
+    }
+}
+
+/// `pending --json`: a stable contract for scripts.
+#[derive(Clone, Debug, Serialize)]
+pub struct PendingJson {
+    /// RFC 3339.
+    pub measured_at: String,
+    /// The whole cascade.
+    pub total: ShardTotalJson,
+    /// Per cascade shard.
+    pub shards: Vec<ShardJson>,
+    /// Per level (due window), every level, soonest first.
+    pub windows: Vec<Window>,
+    /// The due queue; null when it does not exist.
+    pub due: Option<QueueJson>,
+    /// The parked queue; null when it does not exist.
+    pub parked: Option<ParkedQueueJson>,
+    /// Expected queues that do not exist.
+    pub missing_queues: Vec<String>,
+}
+
+/// Totals of the cascade in [`PendingJson`].
+#[derive(Clone, Debug, Serialize)]
+pub struct ShardTotalJson {
+    /// Timeouts waiting.
+    pub messages: u64,
+    /// All of them fall due within this many seconds; null when none waits.
+    pub latest_due_secs: Option<u64>,
+}
+
+/// One shard in [`PendingJson`].
+#[derive(Clone, Debug, Serialize)]
+pub struct ShardJson {
+    /// The shard.
+    pub shard: u32,
+    /// Timeouts waiting in it.
+    pub messages: u64,
+    /// All of them fall due within this many seconds; null when none waits.
+    pub latest_due_secs: Option<u64>,
+}
+
+/// A queue in [`PendingJson`].
+#[derive(Clone, Debug, Serialize)]
+pub struct QueueJson {
+    /// Its name.
+    pub queue: &'static str,
+    /// Messages ready.
+    pub messages: u32,
+    /// Consumers.
+    pub consumers: u32,
+}
+
+/// The parked queue in [`PendingJson`].
+#[derive(Clone, Debug, Serialize)]
+pub struct ParkedQueueJson {
+    /// Its name.
+    pub queue: &'static str,
+    /// Messages parked.
+    pub messages: u32,
+    /// Parked messages by `x-error-kind`; null when not counted (more than
+    /// [`PARKED_SCAN_LIMIT`] parked, or `--parked-scan-limit 0`).
+    pub by_reason: Option<BTreeMap<String, usize>>,
+}
+
+/// Passive declares on one channel. A missing queue closes the channel it
+/// was asked on: with a connection to open another, it is reported as
+/// missing and the measurement goes on; without, it is an error.
+struct Prober<'a> {
+    channel: Channel,
+    reopen: Option<&'a Connection>,
+}
+
+impl Prober<'_> {
+    async fn depth(&mut self, queue: &str) -> Result<Option<QueueDepth>, PendingError> {
+        let declared = self
+            .channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        match (declared, self.reopen) {
+            (Ok(q), _) => Ok(Some(QueueDepth {
+                messages: q.message_count(),
+                consumers: q.consumer_count(),
+            })),
+            (Err(e), Some(connection)) if is_not_found(&e) => {
+                self.channel = connection
+                    .create_channel()
+                    .await
+                    .map_err(PendingError::Amqp)?;
+                Ok(None)
+            }
+            (Err(e), _) => Err(PendingError::Amqp(e)),
+        }
+    }
+
+    async fn measure(&mut self, layout: &Layout) -> Result<PendingReport, PendingError> {
+        let mut levels = Vec::with_capacity((layout.shards.get() * LEVELS) as usize);
+        for shard in 0..layout.shards.get() {
+            for level in 0..LEVELS {
+                let depth = self.depth(&shard_level_name(shard, level)).await?;
+                levels.push(LevelDepth {
+                    shard,
+                    level,
+                    messages: depth.map(|d| d.messages),
+                });
+            }
+        }
+        Ok(PendingReport {
+            measured_at: Utc::now(),
+            shards: layout.shards.get(),
+            levels,
+            due: self.depth(DUE_QUEUE).await?,
+            parked: self.depth(PARKED_QUEUE).await?,
+        })
+    }
+}
+
+/// Measures the cascade, due and parked queues of `layout` on a channel of
+/// its own; missing queues are reported, not created.
+#[tracing::instrument(skip(connection))]
+pub async fn measure(
+    connection: &Connection,
+    layout: &Layout,
+) -> Result<PendingReport, PendingError> {
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(PendingError::Amqp)?;
+    let mut prober = Prober {
+        channel,
+        reopen: Some(connection),
+    };
+    let report = prober.measure(layout).await;
+    crate::broker::close_channel_quietly(&prober.channel).await;
+    report
+}
+
+/// The latest [`PendingReport`] of the running service, for the console.
+#[derive(Debug, Default)]
+pub struct PendingBoard(RwLock<Option<PendingReport>>);
+
+impl PendingBoard {
+    /// The latest report, if one was measured.
+    pub fn latest(&self) -> Option<PendingReport> {
+        self.0.read().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    fn set(&self, report: PendingReport) {
+        if let Ok(mut latest) = self.0.write() {
+            *latest = Some(report);
+        }
+    }
+}
+
+/// Measures every [`REFRESH_INTERVAL`] on `channel` (a broker session's),
+/// sets the gauges and the board, until `stop` fires or the channel fails
+/// (a queue deleted under the running service closes it; the next
+/// session, which declares the topology again, polls anew).
+pub async fn poll(
+    channel: Channel,
+    layout: Layout,
+    metrics: Arc<Metrics>,
+    board: Arc<PendingBoard>,
+    stop: Shutdown,
+) {
+    let mut prober = Prober {
+        channel,
+        reopen: None,
+    };
+    loop {
+        match prober.measure(&layout).await {
+            Ok(report) => {
+                report.export(&metrics);
+                board.set(report);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pending poll failed; the pending gauges stay as they are until the next broker session");
+                return;
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(REFRESH_INTERVAL) => {}
+            _ = stop.wait() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(shards: u32, filled: &[(u32, u32, u32)]) -> PendingReport {
+        let mut levels = Vec::new();
+        for shard in 0..shards {
+            for level in 0..LEVELS {
+                let messages = filled
+                    .iter()
+                    .find(|(s, l, _)| *s == shard && *l == level)
+                    .map_or(0, |(_, _, n)| *n);
+                levels.push(LevelDepth {
+                    shard,
+                    level,
+                    messages: Some(messages),
+                });
+            }
+        }
+        PendingReport {
+            measured_at: Utc::now(),
+            shards,
+            levels,
+            due: Some(QueueDepth {
+                messages: 3,
+                consumers: 1,
+            }),
+            parked: Some(QueueDepth::default()),
+        }
+    }
+
+    #[test]
+    fn a_message_in_level_k_is_due_within_two_to_the_k_plus_one_seconds() {
+        // The longest stay from level k down: 2^k + 2^(k-1) + … + 1 s.
+        for k in 0..LEVELS {
+            let longest: u64 = (0..=k).map(|j| 1u64 << j).sum();
+            assert!(longest < due_within_secs(k), "level {k}");
+            assert!(
+                longest + 1 == due_within_secs(k),
+                "and no looser, level {k}"
+            );
+        }
+        assert_eq!(due_within_secs(0), 2);
+        assert_eq!(due_within_secs(10), 2048);
+    }
+
+    #[test]
+    fn totals_windows_and_bounds_per_shard() {
+        let r = report(2, &[(0, 0, 4), (0, 10, 2), (1, 3, 5)]);
+        assert_eq!(r.waiting(None), 11);
+        assert_eq!(r.waiting(Some(0)), 6);
+        assert_eq!(r.waiting(Some(1)), 5);
+        assert_eq!(r.latest_due_secs(Some(0)), Some(2048));
+        assert_eq!(r.latest_due_secs(Some(1)), Some(16));
+        assert_eq!(r.latest_due_secs(None), Some(2048));
+        let windows = r.windows();
+        assert_eq!(windows.len(), LEVELS as usize);
+        assert_eq!(windows[0].by_shard, vec![4, 0]);
+        assert_eq!(windows[3].messages, 5);
+        assert_eq!(windows[10].due_within_secs, 2048);
+        assert!(r.missing_queues().is_empty());
+
+        let empty = report(1, &[]);
+        assert_eq!(empty.latest_due_secs(None), None);
+        let json = serde_json::to_value(empty.to_json(None)).unwrap();
+        assert_eq!(json["total"]["messages"], 0);
+        assert_eq!(json["total"]["latest_due_secs"], serde_json::Value::Null);
+        assert_eq!(json["due"]["consumers"], 1);
+        assert_eq!(json["parked"]["by_reason"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn the_gauges_show_the_report() {
+        let metrics = Metrics::new();
+        let mut r = report(2, &[(1, 5, 9)]);
+        r.levels[0].messages = None;
+        r.export(&metrics);
+        let text = metrics.render();
+        for needle in [
+            r#"order_timeout_pending_messages{shard="1",level="05"} 9"#,
+            r#"order_timeout_pending_messages{shard="0",level="00"} 0"#,
+            "order_timeout_pending_latest_due_seconds 64",
+            r#"order_timeout_queue_consumers{queue="order-timeout.due"} 1"#,
+            r#"order_timeout_queue_messages{queue="order-timeout.due"} 3"#,
+        ] {
+            assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+        }
+        assert_eq!(r.missing_queues(), vec![shard_level_name(0, 0)]);
+    }
+}

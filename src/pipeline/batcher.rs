@@ -1,0 +1,63 @@
+//! The batcher: gathers due jobs into batches for the cancel transaction.
+//!
+//! Whatever is waiting is taken, up to `batch_max`; more pile up while all
+//! `batch_concurrency` cancel statements are running, so load makes batches
+//! bigger, not slower. Each batch is handled in its own task by
+//! [`super::cancel::cancel_batch`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+
+use super::cancel;
+use super::context::Worker;
+use super::job::Job;
+
+/// How long the batcher waits for more due messages before it sends a batch
+/// that is not full: a few milliseconds of lateness for far fewer, larger
+/// cancel statements under load.
+const BATCH_LINGER: Duration = Duration::from_millis(3);
+
+/// Runs until every sender of `due` is gone (the consumer has stopped and
+/// no held message is still waiting).
+pub(crate) async fn run(worker: Worker, mut due: mpsc::Receiver<Job>) {
+    let settings = &worker.ctx.settings;
+    let slots = Arc::new(Semaphore::new(settings.batch_concurrency.max(1)));
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = due.recv().await else {
+            return;
+        };
+        let batch = gather(first, &mut due, settings.batch_max).await;
+        let worker2 = worker.clone();
+        worker.tracker.spawn(async move {
+            cancel::cancel_batch(&worker2, batch, slot).await;
+        });
+    }
+}
+
+/// `first` and whatever else is due, up to `max` jobs.
+async fn gather(first: Job, due: &mut mpsc::Receiver<Job>, max: usize) -> Vec<Job> {
+    let mut batch = vec![first];
+    // Linger a moment for more: held messages fall due one timer at a
+    // time, and without this most batches were 1–2 orders (measured with
+    // `bench` at 1,000 orders/s: 1.6 orders per cancel statement, the
+    // database the busiest process).
+    let linger_until = tokio::time::Instant::now() + BATCH_LINGER;
+    while batch.len() < max {
+        match due.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                match tokio::time::timeout_at(linger_until, due.recv()).await {
+                    Ok(Some(job)) => batch.push(job),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+    }
+    batch
+}

@@ -1,0 +1,301 @@
+//! Cancelling one batch of due orders, exactly once in effect.
+//!
+//! Per batch:
+//!
+//! 1. [`OrderStore::cancel_due`](crate::store::OrderStore::cancel_due): one
+//!    transaction flips every unpaid, overdue order to cancelled and records
+//!    its outbox row;
+//! 2. every order is settled by its state: paid and cancelled-elsewhere
+//!    orders are acked, orders not yet due wait again, unknown orders are
+//!    parked, contended ones are asked about again, and orders whose row
+//!    another transaction holds (skipped by the cancel transaction, so
+//!    that one held row delays only itself) wait a few seconds through the
+//!    delay store, without spending an attempt;
+//! 3. orders cancelled now or earlier with outbox work pending go to
+//!    [`super::finish`]: stock release, event, outbox marks, ack.
+//!
+//! A statement that fails in a way waiting cannot fix (an `also` statement
+//! hitting a data error for one order, an id out of the column's range) is
+//! about one order, not the batch: the batch is split in halves until the
+//! order it belongs to is alone, and only that order is parked
+//! (`permanent_failure`); the others are cancelled on time.
+//!
+//! A crash between any two steps redelivers the message, and the redelivery
+//! finds the order cancelled with its outbox row still pending and finishes
+//! the work: the inventory server's idempotency key makes the second
+//! release a no-op. Paid orders never match the UPDATE.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::context::Worker;
+use super::failure::Failure;
+use super::finish::{self, Pending};
+use super::job::{Job, ack_all};
+use super::park::park;
+use crate::message::{OrderId, ParkReason};
+use crate::observe::metrics::{Outcome, Stage};
+use crate::settings::UnknownOrderPolicy;
+use crate::store::{IdRejected, OrderState};
+
+/// How often a batch re-asks about orders another transaction was changing
+/// at the same moment, before treating it as a transient failure.
+const CONTENDED_ROUNDS: u32 = 5;
+
+/// The shortest and longest wait of an order whose row another transaction
+/// holds ([`OrderState::Locked`]) before it is asked about again.
+const LOCKED_WAIT: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(4));
+
+/// How long an order whose row another transaction holds waits before it is
+/// asked about again: a quarter of how long it has been overdue, between
+/// [`LOCKED_WAIT`]'s bounds. A row held for a moment (a payment callback)
+/// is asked about again after a second; one held for minutes every few
+/// seconds, so that the order is cancelled within seconds of the lock
+/// going away, and the messages of many held rows do not churn the broker.
+/// No state is needed for the wait to grow: how long the order has been
+/// overdue grows by itself.
+fn locked_wait(expires_at: DateTime<Utc>, db_now: DateTime<Utc>) -> Duration {
+    let overdue = (db_now - expires_at).to_std().unwrap_or_default();
+    (overdue / 4).clamp(LOCKED_WAIT.0, LOCKED_WAIT.1)
+}
+
+/// Jobs grouped by order (duplicates of one order travel together and are
+/// settled together).
+type ByOrder = HashMap<OrderId, Vec<Job>>;
+
+/// Cancels one batch: the cancel transaction, then every order settled by
+/// its state. `slot` bounds concurrent cancel statements and is given back
+/// before the outbox work, so the next batch's cancellation does not wait
+/// for this batch's inventory calls.
+#[tracing::instrument(skip_all, fields(messages = jobs.len()))]
+pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>, slot: OwnedSemaphorePermit) {
+    let (waiting, impossible) = group_by_order(worker, jobs);
+    for (id, (why, jobs)) in impossible {
+        unknown_order(worker, &id, Some(&why), jobs).await;
+    }
+    let mut to_finish = Vec::new();
+    let mut groups = vec![waiting];
+    while let Some(group) = groups.pop() {
+        if let Some((group, failure)) = cancel_group(worker, group, &mut to_finish).await {
+            tracing::warn!(orders = group.len(), error = %failure, "the cancel statement failed in a way waiting cannot fix; splitting the batch to find the order it belongs to");
+            let (left, right) = halves(group);
+            groups.push(right);
+            groups.push(left);
+        }
+    }
+    drop(slot);
+    finish::finish(worker, to_finish).await;
+}
+
+/// Runs the cancel transaction for `waiting` and settles every order,
+/// asking again about contended ones up to [`CONTENDED_ROUNDS`] times. A
+/// failure is retried later, order by order (parked at once if waiting
+/// cannot fix it), except a permanent failure of several orders: those are
+/// returned with it, to be split.
+async fn cancel_group(
+    worker: &Worker,
+    mut waiting: ByOrder,
+    to_finish: &mut Vec<Pending>,
+) -> Option<(ByOrder, Failure)> {
+    for round in 0..CONTENDED_ROUNDS {
+        if waiting.is_empty() {
+            return None;
+        }
+        if round > 0 {
+            tokio::time::sleep(Duration::from_millis(10 * u64::from(round))).await;
+        }
+        match cancel_statement(worker, &waiting).await {
+            Ok(states) => waiting = settle(worker, states, waiting, to_finish).await,
+            Err(failure) if failure.is_permanent() && waiting.len() > 1 => {
+                return Some((waiting, failure));
+            }
+            Err(failure) => {
+                for (_, jobs) in waiting.drain() {
+                    worker.retry_later(jobs, failure.clone());
+                }
+            }
+        }
+    }
+    for (_, jobs) in waiting {
+        worker.retry_later(jobs, Failure::KeptChanging);
+    }
+    None
+}
+
+/// Two halves of a group of orders (in id order, so a split is repeatable).
+fn halves(group: ByOrder) -> (ByOrder, ByOrder) {
+    let mut orders: Vec<(OrderId, Vec<Job>)> = group.into_iter().collect();
+    orders.sort_by(|a, b| a.0.cmp(&b.0));
+    let right = orders.split_off(orders.len() / 2);
+    (orders.into_iter().collect(), right.into_iter().collect())
+}
+
+/// Groups jobs by the canonical form of their order id (`00123` and `123`
+/// are one order in an integer id column), apart from ids no row can have
+/// (`abc` for an integer column), which are unknown orders, with the reason.
+fn group_by_order(worker: &Worker, jobs: Vec<Job>) -> (ByOrder, Impossible) {
+    let mut by_order = ByOrder::new();
+    let mut impossible = Impossible::new();
+    for job in jobs {
+        match worker.ctx.store.canonical(job.order_id()) {
+            Ok(id) => by_order.entry(id).or_default().push(job),
+            Err(why) => impossible
+                .entry(job.order_id().clone())
+                .or_insert_with(|| (why, Vec::new()))
+                .1
+                .push(job),
+        }
+    }
+    (by_order, impossible)
+}
+
+/// Jobs whose order id no row can have, by id, with the reason.
+type Impossible = HashMap<OrderId, (IdRejected, Vec<Job>)>;
+
+/// Step 1: the cancel transaction for every order in `waiting`.
+async fn cancel_statement(
+    worker: &Worker,
+    waiting: &ByOrder,
+) -> Result<Vec<(OrderId, OrderState)>, Failure> {
+    let ctx = &worker.ctx;
+    let ids: Vec<OrderId> = waiting.keys().cloned().collect();
+    let started = std::time::Instant::now();
+    let result = ctx.store.cancel_due(&ids, ctx.settings.outbox_lease).await;
+    ctx.metrics.stage(Stage::Db, started.elapsed());
+    Ok(result?)
+}
+
+/// Step 2: settles every order of `waiting` by its state. Cancelled orders
+/// are added to `to_finish`; contended ones are returned, to ask again.
+async fn settle(
+    worker: &Worker,
+    states: Vec<(OrderId, OrderState)>,
+    mut waiting: ByOrder,
+    to_finish: &mut Vec<Pending>,
+) -> ByOrder {
+    let ctx = &worker.ctx;
+    let mut contended = ByOrder::new();
+    for (id, state) in states {
+        let Some(jobs) = waiting.remove(&id) else {
+            continue;
+        };
+        match state {
+            OrderState::Contended => {
+                contended.insert(id, jobs);
+            }
+            OrderState::Cancelled(cancellation) => to_finish.push(Pending {
+                id,
+                cancellation,
+                jobs,
+            }),
+            OrderState::Paid => ack_all(&ctx.metrics, jobs, Outcome::AlreadyPaid).await,
+            OrderState::LeftAlone => {
+                tracing::debug!(order_id = %id, "not unpaid, failing the guard, or no deadline: left alone");
+                ack_all(&ctx.metrics, jobs, Outcome::LeftAlone).await;
+            }
+            OrderState::CancelledElsewhere => {
+                ack_all(&ctx.metrics, jobs, Outcome::AlreadyCancelled).await;
+            }
+            OrderState::NotYetDue { expires_at, db_now } => {
+                // The row's deadline is later than the message's (extended, or
+                // a bare order id): wait for the row's deadline. One message
+                // is enough; the others are duplicates.
+                tracing::debug!(order_id = %id, %expires_at, "not due yet; re-scheduling for the row's deadline");
+                worker
+                    .wait_again(jobs, expires_at, db_now, Outcome::Duplicate)
+                    .await;
+            }
+            OrderState::LeasedElsewhere { until, db_now } => {
+                // Another worker is finishing this order's release right now.
+                // It normally takes milliseconds: look again in a second, and
+                // keep looking until the lease runs out (the worker crashed)
+                // and this delivery can take over.
+                tracing::debug!(order_id = %id, %until, "release in progress elsewhere; checking again shortly");
+                let at = until
+                    .checked_add_signed(chrono::Duration::milliseconds(100))
+                    .unwrap_or(until)
+                    .min(
+                        db_now
+                            .checked_add_signed(chrono::Duration::seconds(1))
+                            .unwrap_or(db_now),
+                    );
+                worker
+                    .wait_again(jobs, at, db_now, Outcome::AlreadyCancelled)
+                    .await;
+            }
+            OrderState::Locked { expires_at, db_now } => {
+                // Not a failure: the shop holds the row (a payment in
+                // flight). Never acked as done, never parked for it.
+                let wait = locked_wait(expires_at, db_now);
+                tracing::debug!(order_id = %id, ?wait, "the order's row is held by another transaction; skipped, asking again shortly");
+                let at = db_now
+                    .checked_add_signed(chrono::Duration::from_std(wait).unwrap_or_default())
+                    .unwrap_or(db_now);
+                worker
+                    .wait_again_as(jobs, at, db_now, Outcome::Locked, Outcome::Duplicate)
+                    .await;
+            }
+            OrderState::Unknown => unknown_order(worker, &id, None, jobs).await,
+        }
+    }
+    // An order the statement did not report on: a transient failure, never
+    // a message left unacknowledged.
+    for (id, jobs) in waiting {
+        worker.retry_later(jobs, Failure::NoState(id));
+    }
+    contended
+}
+
+/// An order id with no row (`why`: no row can have it): parked, or
+/// dropped if the operator said so.
+async fn unknown_order(worker: &Worker, id: &OrderId, why: Option<&IdRejected>, jobs: Vec<Job>) {
+    let ctx = &worker.ctx;
+    for job in jobs {
+        match ctx.settings.unknown_order {
+            UnknownOrderPolicy::Park => {
+                let table = &ctx.settings.orders.table;
+                let error = match why {
+                    Some(why) => format!(
+                        "unknown order: no row in {table} can have id {:?}: {why}",
+                        id.as_str()
+                    ),
+                    None => format!("unknown order: no row in {table} with id {:?}", id.as_str()),
+                };
+                let attempts = job.attempts.failed(Utc::now(), error.clone());
+                park(
+                    ctx,
+                    job.delivery,
+                    error,
+                    ParkReason::UnknownOrder,
+                    Some(id.clone()),
+                    attempts,
+                )
+                .await;
+            }
+            UnknownOrderPolicy::Drop => {
+                tracing::warn!(order_id = %id, "unknown order; dropped by configuration");
+                job.ack(&ctx.metrics, Outcome::Dropped).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_order_waits_a_second_then_longer_up_to_a_few_seconds() {
+        let due = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let after = |ms: i64| due + chrono::Duration::milliseconds(ms);
+        assert_eq!(locked_wait(due, after(5)), Duration::from_secs(1));
+        // Clock skew: the deadline later than the database's clock.
+        assert_eq!(locked_wait(due, after(-500)), Duration::from_secs(1));
+        assert_eq!(locked_wait(due, after(8_000)), Duration::from_secs(2));
+        assert_eq!(locked_wait(due, after(12_000)), Duration::from_secs(3));
+        assert_eq!(locked_wait(due, after(600_000)), Duration::from_secs(4));
+    }
+}

@@ -1,0 +1,127 @@
+//! What every step of the pipeline shares: the session's [`Context`]
+//! (settings, publisher, store, inventory, retry policy, metrics) and the
+//! [`Worker`] handle of a step that settles jobs — plus the one way every
+//! step publishes a message it must not lose ([`Context::publish_patiently`]).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+
+use super::job::Job;
+use super::retry::RetryPolicy;
+use crate::broker::publisher::{PublishError, Publisher};
+use crate::inventory::InventoryClient;
+use crate::observe::metrics::{Metrics, Stage};
+use crate::settings::Settings;
+use crate::store::Store;
+
+/// How long a publish the broker refuses (a nack from a full queue with
+/// `reject-publish`, a channel error) is retried in-process, with backoff,
+/// before the delivery it belongs to goes back to the queue. Returned at
+/// once, the delivery would come straight back and fail again: a hot loop
+/// for as long as the broker refuses. Held, it keeps its prefetch slot, so
+/// the consumer slows down with the broker instead.
+pub(crate) const PUBLISH_PATIENCE: Duration = Duration::from_secs(8);
+
+/// Everything the message-handling tasks of one broker session share.
+pub(crate) struct Context {
+    /// Settings of this instance.
+    pub(crate) settings: Settings,
+    /// Confirm-mode publisher (re-schedules, parking, events).
+    pub(crate) publisher: Publisher,
+    /// The database.
+    pub(crate) store: Store,
+    /// The inventory service.
+    pub(crate) inventory: InventoryClient,
+    /// Retry policy.
+    pub(crate) retry: RetryPolicy,
+    /// Metrics of this instance.
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl Context {
+    /// A confirmed publish (`publish`: a re-schedule, a parked copy), timed,
+    /// and tried again with backoff while the broker refuses it, for at most
+    /// [`PUBLISH_PATIENCE`] and only while the publishing channel is open
+    /// (a lost connection ends the session, which returns the delivery).
+    /// Every failed try is counted in `order_timeout_publish_failures_total`.
+    pub(crate) async fn publish_patiently<T, F, Fut>(
+        &self,
+        what: &'static str,
+        publish: F,
+    ) -> Result<T, PublishError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, PublishError>>,
+    {
+        let mut publish = publish;
+        let timed = || {
+            let started = std::time::Instant::now();
+            let attempt = publish();
+            async move {
+                let result = attempt.await;
+                self.metrics.stage(Stage::Publish, started.elapsed());
+                if result.is_err() {
+                    self.metrics.publish_failed();
+                }
+                result
+            }
+        };
+        timed
+            .retry(publish_backoff())
+            .when(|_| self.publisher.channel().status().connected())
+            .notify(|error, pause| {
+                tracing::warn!(%error, ?pause, what, "the broker refused a publish; trying again");
+            })
+            .await
+    }
+}
+
+/// 100 ms doubling to 2 s, with jitter, [`PUBLISH_PATIENCE`] in all.
+fn publish_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .with_total_delay(Some(PUBLISH_PATIENCE))
+}
+
+/// What a step that settles jobs needs besides the jobs: the shared
+/// context, the way back into the batcher for jobs that must wait again,
+/// and the tracker that keeps the session open until spawned work ends.
+/// Its ways of ending jobs live with each ending: [`Worker::wait_again`]
+/// in `schedule.rs`, [`Worker::retry_later`] in `retry.rs`.
+#[derive(Clone)]
+pub(crate) struct Worker {
+    /// The session's shared context.
+    pub(crate) ctx: Arc<Context>,
+    /// The batcher's inbox. Weak, so that held work does not keep the
+    /// batcher alive once the consumer has stopped: when it is gone, a job
+    /// that must wait again is returned to the broker instead.
+    pub(crate) due: mpsc::WeakSender<Job>,
+    /// Tasks of this session.
+    pub(crate) tracker: TaskTracker,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use backon::BackoffBuilder;
+
+    #[test]
+    fn a_refused_publish_backs_off_within_its_patience() {
+        let pauses: Vec<Duration> = publish_backoff().build().collect();
+        assert!(pauses.len() >= 5, "{pauses:?}");
+        assert!(pauses[0] >= Duration::from_millis(100), "{pauses:?}");
+        assert!(pauses.iter().all(|p| *p <= Duration::from_secs(4)));
+        let total: Duration = pauses.iter().sum();
+        assert!(total <= PUBLISH_PATIENCE, "{total:?}");
+        assert!(total >= PUBLISH_PATIENCE / 2, "{total:?}");
+    }
+}

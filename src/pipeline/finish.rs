@@ -1,0 +1,476 @@
+//! Finishing cancelled orders from the outbox, in named steps:
+//!
+//! 1. [`load_items`]: the items of every order whose stock release is
+//!    pending;
+//! 2. [`do_outbox_work`]: per order, concurrently across orders,
+//!    [`release_stock`] (`ReleaseStock`, idempotent by order id) and
+//!    [`publish_cancelled`] (the `order.cancelled` event);
+//! 3. [`record_done`]: the outbox rows marked, the failures of failed
+//!    orders recorded on their rows ([`record_failures`]: the next attempt
+//!    put off with backoff, or a release that can never succeed given up),
+//!    their leases given back;
+//! 4. [`settle`]: the deliveries acked, last, or retried; an order the
+//!    sweeper gave up parked as `release_failed`.
+//!
+//! Used by the cancel path for every batch and by the sweeper, which
+//! finishes work that no delivery will come back for.
+
+use std::collections::HashMap;
+
+use backon::Retryable;
+use futures_util::{StreamExt, stream};
+
+use super::context::{Context, Worker};
+use super::failure::Failure;
+use super::job::{Job, ack_all};
+use super::retry::{OUTBOX_MAX_ATTEMPTS, RetryPolicy};
+use crate::broker::headers::Attempts;
+use crate::broker::parked::ParkInfo;
+use crate::broker::publisher::CancelledEvent;
+use crate::message::{OrderId, ParkReason};
+use crate::observe::metrics::{Outcome, Stage};
+use crate::store::{Cancellation, NextAttempt, OrderItem, OutboxFailure};
+
+/// A cancelled order with outbox work to do, and the deliveries (none, for
+/// the sweeper) waiting for it.
+pub(crate) struct Pending {
+    /// The order.
+    pub(crate) id: OrderId,
+    /// What the cancel transaction reported.
+    pub(crate) cancellation: Cancellation,
+    /// Its deliveries, acked once the work is done.
+    pub(crate) jobs: Vec<Job>,
+}
+
+/// A [`Pending`] order after its outbox work was tried.
+struct Finished {
+    order: Pending,
+    released: bool,
+    published: bool,
+    failures: Vec<Failure>,
+}
+
+/// Items per order id.
+type Items = HashMap<String, Vec<OrderItem>>;
+
+/// Releases stock, publishes the events, marks the outbox and settles the
+/// deliveries of `orders`.
+#[tracing::instrument(skip_all, fields(orders = orders.len()))]
+pub(crate) async fn finish(worker: &Worker, orders: Vec<Pending>) {
+    if orders.is_empty() {
+        return;
+    }
+    let (orders, items) = load_items(worker, orders).await;
+    let done = do_outbox_work(&worker.ctx, orders, &items).await;
+    let (marked, given_up) = record_done(&worker.ctx, &done).await;
+    settle(worker, done, marked, given_up).await;
+}
+
+/// Step 1: the items of the orders whose release is pending, with the
+/// orders that can go on. When the items cannot be read, the orders are
+/// retried later — except that a failure waiting cannot fix (a row that
+/// does not decode, say) is looked for order by order, so that only the
+/// orders it belongs to are parked.
+async fn load_items(worker: &Worker, orders: Vec<Pending>) -> (Vec<Pending>, Items) {
+    let need: Vec<&OrderId> = orders
+        .iter()
+        .filter(|o| o.cancellation.release_pending)
+        .map(|o| &o.id)
+        .collect();
+    if need.is_empty() {
+        return (orders, Items::new());
+    }
+    let failure = match worker.ctx.store.items(&need).await {
+        Ok(items) => return (orders, items),
+        Err(e) => Failure::from(e),
+    };
+    if !failure.is_permanent() || need.len() == 1 {
+        for order in orders {
+            worker.retry_later(order.jobs, failure.clone());
+        }
+        return (Vec::new(), Items::new());
+    }
+    tracing::warn!(orders = need.len(), error = %failure, "reading the items failed in a way waiting cannot fix; reading them order by order");
+    let mut items = Items::new();
+    let mut ok = Vec::new();
+    for order in orders {
+        if !order.cancellation.release_pending {
+            ok.push(order);
+            continue;
+        }
+        match worker.ctx.store.items(&[&order.id]).await {
+            Ok(found) => {
+                items.extend(found);
+                ok.push(order);
+            }
+            Err(e) => worker.retry_later(order.jobs, e.into()),
+        }
+    }
+    (ok, items)
+}
+
+/// Step 2: every order's pending release and event, up to
+/// `inventory_concurrency` orders at a time.
+async fn do_outbox_work(ctx: &Context, orders: Vec<Pending>, items: &Items) -> Vec<Finished> {
+    stream::iter(orders)
+        .map(|order| {
+            // The message's span, or (the sweeper has no message) a new one.
+            let span = order
+                .jobs
+                .first()
+                .map(|j| j.span.clone())
+                .unwrap_or_else(|| tracing::info_span!("order", order_id = %order.id));
+            let order_items = items
+                .get(order.id.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            tracing::Instrument::instrument(outbox_work(ctx, order, order_items), span)
+        })
+        .buffer_unordered(ctx.settings.inventory_concurrency.max(1))
+        .collect()
+        .await
+}
+
+/// One order's pending release and event.
+async fn outbox_work(ctx: &Context, order: Pending, items: &[OrderItem]) -> Finished {
+    let mut failures = Vec::new();
+    let mut released = false;
+    if order.cancellation.release_pending {
+        match release_stock(ctx, &order.id, items).await {
+            Ok(()) => released = true,
+            Err(e) => failures.push(e),
+        }
+    }
+    let mut published = false;
+    if order.cancellation.event_pending {
+        match publish_cancelled(ctx, &order.id, &order.cancellation).await {
+            Ok(()) => published = true,
+            Err(e) => failures.push(e),
+        }
+    }
+    Finished {
+        order,
+        released,
+        published,
+        failures,
+    }
+}
+
+/// `ReleaseStock` with the short in-process backoff of the retry policy
+/// (not for an answer that waiting cannot fix).
+async fn release_stock(ctx: &Context, id: &OrderId, items: &[OrderItem]) -> Result<(), Failure> {
+    let call = || async {
+        let started = std::time::Instant::now();
+        let result = ctx.inventory.release(id.as_str(), items).await;
+        ctx.metrics.stage(Stage::Inventory, started.elapsed());
+        result
+    };
+    let retried = call
+        .retry(ctx.retry.quick_backoff())
+        .when(|e| !super::failure::inventory_is_permanent(e))
+        .await;
+    match retried {
+        Ok(first_time) => {
+            if !first_time {
+                tracing::info!(order_id = %id, "stock was already released (a retried release)");
+            }
+            Ok(())
+        }
+        Err(e) => {
+            ctx.metrics.release_failed();
+            Err(e.into())
+        }
+    }
+}
+
+/// The `order.cancelled` event, confirmed by the broker.
+async fn publish_cancelled(ctx: &Context, id: &OrderId, c: &Cancellation) -> Result<(), Failure> {
+    let event = CancelledEvent {
+        order_id: id.as_str().to_owned(),
+        expires_at: c.expires_at,
+        cancelled_at: c.cancelled_at,
+        lateness_ms: lateness_ms(c),
+    };
+    let started = std::time::Instant::now();
+    let sent = ctx.publisher.cancelled(&event).await;
+    ctx.metrics.stage(Stage::Publish, started.elapsed());
+    Ok(sent?)
+}
+
+/// What comes after the `attempts`-th failed attempt at a row's work: a
+/// stock release the inventory refused for good, or one that failed
+/// [`OUTBOX_MAX_ATTEMPTS`] times, is given up (with the reason); anything
+/// else is tried again after the outbox backoff.
+fn next_attempt(retry: &RetryPolicy, f: &OutboxFailure<'_>, attempts: u32) -> NextAttempt {
+    if f.release && f.permanent {
+        NextAttempt::GiveUp(format!(
+            "the inventory refused the stock release: {}",
+            f.error
+        ))
+    } else if f.release && attempts >= OUTBOX_MAX_ATTEMPTS {
+        NextAttempt::GiveUp(format!(
+            "the stock release failed {attempts} times, the last: {}",
+            f.error
+        ))
+    } else {
+        NextAttempt::After(retry.outbox_delay(attempts))
+    }
+}
+
+/// Parks a timeout message for an order whose stock release the sweeper
+/// gave up, with the reason `release_failed`, so that it is seen and, once
+/// the cause is fixed, replayed: the replayed message finds the order
+/// cancelled with its release pending and finishes it. If the broker
+/// refuses the park, the row is put back in the sweeper's hands (retried
+/// after a backoff, given up and parked again).
+async fn park_given_up(ctx: &Context, id: &OrderId, c: &Cancellation, reason: &str) {
+    let now = chrono::Utc::now();
+    let body = serde_json::json!({
+        "order_id": id.as_str(),
+        "cancel_at": c.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    })
+    .to_string();
+    let properties = lapin::BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_message_id(id.as_str().into());
+    let info = ParkInfo {
+        error: reason.to_owned(),
+        kind: ParkReason::ReleaseFailed,
+        order_id: Some(id.clone()),
+        attempts: Attempts::default().failed(now, reason),
+        source_queue: SWEEPER_SOURCE.into(),
+        source_exchange: String::new(),
+        source_routing_key: String::new(),
+    };
+    let parked = ctx
+        .publish_patiently("park", || {
+            ctx.publisher.park(body.as_bytes(), &properties, &info)
+        })
+        .await;
+    match parked {
+        Ok(()) => {
+            tracing::warn!(order_id = %id, kind = %info.kind, error = %info.error, "parked a cancelled order whose stock release was given up");
+            ctx.metrics.parked(ParkReason::ReleaseFailed);
+        }
+        Err(e) => {
+            tracing::error!(order_id = %id, error = %e, "cannot park an order whose stock release was given up; the sweeper will try it again");
+            let failure = [OutboxFailure {
+                id: id.as_str(),
+                error: reason,
+                release: true,
+                permanent: false,
+            }];
+            let retry_later =
+                |_: &OutboxFailure<'_>, n: u32| NextAttempt::After(ctx.retry.outbox_delay(n));
+            if let Err(e) = ctx.store.record_failures(&failure, &retry_later).await {
+                tracing::error!(order_id = %id, error = %e, "cannot put the given-up row back either; replay or release it by hand");
+            }
+        }
+    }
+}
+
+/// `x-source-queue` of a message the sweeper parks (it consumed none).
+const SWEEPER_SOURCE: &str = "sweeper";
+
+/// How late a cancellation was, in milliseconds: never negative (a
+/// cancellation is never early; a clock that says otherwise is off by that
+/// much, and consumers of the event must not see a negative lateness).
+fn lateness_ms(c: &Cancellation) -> i64 {
+    (c.cancelled_at - c.expires_at).num_milliseconds().max(0)
+}
+
+/// Outbox rows given up in this batch, with the reason.
+type GivenUp = HashMap<String, String>;
+
+/// Step 3: marks what was done in the outbox, records the failures of
+/// orders whose work failed ([`record_failures`]) and gives back their
+/// leases, so their retries can take them at once. The error, if marking
+/// failed, is every order's error: its work will be redone (idempotently).
+async fn record_done(ctx: &Context, done: &[Finished]) -> (Result<(), Failure>, GivenUp) {
+    let released: Vec<&str> = done
+        .iter()
+        .filter(|f| f.released)
+        .map(|f| f.order.id.as_str())
+        .collect();
+    let published: Vec<&str> = done
+        .iter()
+        .filter(|f| f.published)
+        .map(|f| f.order.id.as_str())
+        .collect();
+    let marked = ctx
+        .store
+        .mark_done(&released, &published)
+        .await
+        .map_err(Failure::from);
+    if let Err(e) = &marked {
+        tracing::warn!(error = %e, "cannot mark outbox rows done; the work will be redone (idempotently)");
+    }
+    let given_up = if marked.is_ok() {
+        record_failures(ctx, done).await
+    } else {
+        GivenUp::new()
+    };
+    let failed: Vec<&str> = done
+        .iter()
+        .filter(|f| f.order.cancellation.leased && (marked.is_err() || !f.failures.is_empty()))
+        .map(|f| f.order.id.as_str())
+        .collect();
+    if let Err(e) = ctx.store.release_leases(&failed).await {
+        tracing::warn!(error = %e, "cannot give back outbox leases; they will run out");
+    }
+    (marked, given_up)
+}
+
+/// Records a failed attempt on the outbox row of every order whose work
+/// failed, and plans its next one: after the outbox backoff of the retry
+/// policy ([`super::retry::RetryPolicy::outbox_delay`]), so that the
+/// sweeper takes newer rows first — or, for a stock release the inventory
+/// refused for good or one that failed
+/// [`OUTBOX_MAX_ATTEMPTS`] times, never:
+/// the row is given up (counted, logged with the order and the reason).
+/// Returns the rows given up. Before the leases are given back, so that no
+/// sweep takes a row before its next attempt is planned.
+async fn record_failures(ctx: &Context, done: &[Finished]) -> GivenUp {
+    let errors: Vec<(String, bool, bool)> = done
+        .iter()
+        .filter(|f| !f.failures.is_empty())
+        .map(|f| {
+            let text = Failure::all(f.failures.clone())
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            let release = f.order.cancellation.release_pending && !f.released;
+            let permanent = f.failures.iter().any(Failure::is_release_refused);
+            (text, release, permanent)
+        })
+        .collect();
+    let failures: Vec<OutboxFailure<'_>> = done
+        .iter()
+        .filter(|f| !f.failures.is_empty())
+        .zip(&errors)
+        .map(|(f, (error, release, permanent))| OutboxFailure {
+            id: f.order.id.as_str(),
+            error,
+            release: *release,
+            permanent: *permanent,
+        })
+        .collect();
+    let plan = |f: &OutboxFailure<'_>, attempts: u32| next_attempt(&ctx.retry, f, attempts);
+    let planned = match ctx.store.record_failures(&failures, &plan).await {
+        Ok(planned) => planned,
+        Err(e) => {
+            tracing::warn!(error = %e, orders = failures.len(), "cannot record failed outbox work; the sweeper retries it without backoff");
+            return GivenUp::new();
+        }
+    };
+    let mut given_up = GivenUp::new();
+    for (id, attempts, next) in planned {
+        match next {
+            NextAttempt::GiveUp(reason) => {
+                tracing::error!(order_id = %id, attempts, %reason, "giving up the stock release of a cancelled order: the sweeper no longer retries it; replaying its parked message does");
+                ctx.metrics.outbox_given_up();
+                given_up.insert(id, reason);
+            }
+            NextAttempt::After(delay) => {
+                tracing::debug!(order_id = %id, attempts, retry_in = ?delay, "outbox work failed; next attempt put off");
+            }
+        }
+    }
+    given_up
+}
+
+/// Step 4: records the lateness of orders cancelled just now, then acks the
+/// deliveries of finished orders (the first as `cancelled` if this batch
+/// cancelled it) and retries those of orders whose work failed.
+async fn settle(
+    worker: &Worker,
+    done: Vec<Finished>,
+    marked: Result<(), Failure>,
+    mut given_up: GivenUp,
+) {
+    let ctx = &worker.ctx;
+    for f in &done {
+        let c = &f.order.cancellation;
+        if c.just_now {
+            let lateness = c.cancelled_at - c.expires_at;
+            ctx.metrics
+                .lateness(lateness.max(chrono::TimeDelta::zero()));
+        }
+    }
+    for f in done {
+        let failure = match &marked {
+            Err(e) => Some(e.clone()),
+            Ok(()) => Failure::all(f.failures),
+        };
+        let Pending {
+            id,
+            cancellation: c,
+            jobs,
+        } = f.order;
+        if let Some(failure) = failure {
+            match given_up.remove(id.as_str()) {
+                // The sweeper's: no delivery will bring it back.
+                Some(reason) if jobs.is_empty() => {
+                    park_given_up(ctx, &id, &c, &reason).await;
+                }
+                _ => worker.retry_later(jobs, failure),
+            }
+            continue;
+        }
+        let mut jobs = jobs.into_iter();
+        if let Some(first) = jobs.next() {
+            if c.just_now {
+                tracing::debug!(
+                    order_id = %id,
+                    lateness_ms = lateness_ms(&c),
+                    "cancelled unpaid order"
+                );
+                first.ack(&ctx.metrics, Outcome::Cancelled).await;
+            } else {
+                first.ack(&ctx.metrics, Outcome::AlreadyCancelled).await;
+            }
+        }
+        ack_all(&ctx.metrics, jobs.collect(), Outcome::AlreadyCancelled).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::RetrySettings;
+
+    fn failure(release: bool, permanent: bool) -> OutboxFailure<'static> {
+        OutboxFailure {
+            id: "o-1",
+            error: "inventory: Unavailable",
+            release,
+            permanent,
+        }
+    }
+
+    #[test]
+    fn a_refused_or_worn_out_release_is_given_up_and_anything_else_waits() {
+        let retry = RetryPolicy::new(RetrySettings::default());
+        assert!(matches!(
+            next_attempt(&retry, &failure(true, true), 1),
+            NextAttempt::GiveUp(reason) if reason.contains("refused") && reason.contains("Unavailable")
+        ));
+        assert!(matches!(
+            next_attempt(&retry, &failure(true, false), OUTBOX_MAX_ATTEMPTS),
+            NextAttempt::GiveUp(reason) if reason.contains("30 times")
+        ));
+        let NextAttempt::After(first) = next_attempt(&retry, &failure(true, false), 1) else {
+            panic!("a first transient failure waits")
+        };
+        let NextAttempt::After(later) =
+            next_attempt(&retry, &failure(true, false), OUTBOX_MAX_ATTEMPTS - 1)
+        else {
+            panic!("a transient failure waits until the last attempt")
+        };
+        assert!(first < later, "{first:?} {later:?}");
+        // Only the event failed: the release is done, nothing to give up.
+        assert!(matches!(
+            next_attempt(&retry, &failure(false, false), 1_000),
+            NextAttempt::After(_)
+        ));
+    }
+}

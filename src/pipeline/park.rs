@@ -1,0 +1,160 @@
+//! Ending a job by parking it: the message moves to `order-timeout.parked`
+//! with the reason ([`ParkReason`]) and its failure history, and only then
+//! is the delivery acked ([`park`]).
+//!
+//! Also the one decision that parks a message before anything else is
+//! done with it: a delivery returned to the queue so often that the
+//! broker's delivery limit is near ([`near_delivery_limit`]). Past the
+//! limit a quorum queue drops the message (or dead-letters it, and the due
+//! queue has no dead-letter target); parked, an operator sees and replays
+//! it.
+
+use chrono::Utc;
+use lapin::message::Delivery;
+use lapin::options::BasicAckOptions;
+use lapin::types::FieldTable;
+
+use super::context::Context;
+use super::job::requeue;
+use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
+use crate::broker::parked::ParkInfo;
+use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
+use crate::message::{OrderId, ParkReason};
+use crate::observe::metrics::Outcome;
+
+/// How many returns before the due queue's delivery limit
+/// ([`DELIVERY_LIMIT`]) a delivery is parked instead of handled. Every
+/// return is followed by a delivery that looks at the count, so a margin of
+/// one would do; ten leaves room for brokers that count a little
+/// differently (RabbitMQ 4.x counts returns of several kinds apart).
+pub(crate) const DELIVERY_LIMIT_MARGIN: i64 = 10;
+
+/// Whether a delivery that the queue has handed out before
+/// (`x-delivery-count`, set by quorum queues on redelivery) is so close to
+/// the queue's delivery `limit` that it must be parked now: returned once
+/// more, it could be dropped by the broker. Absent, negative or non-integer
+/// counts are a first delivery.
+pub(crate) fn near_delivery_limit(headers: Option<&FieldTable>, limit: i64) -> Option<i64> {
+    let count = header_int(headers?.inner().get(H_DELIVERY_COUNT)?)?;
+    (count >= limit.saturating_sub(DELIVERY_LIMIT_MARGIN)).then_some(count)
+}
+
+/// Parks a delivery returned `count` times, near the due queue's delivery
+/// limit ([`near_delivery_limit`]), with the reason `delivery_limit`.
+pub(crate) async fn park_near_delivery_limit(ctx: &Context, delivery: Delivery, count: i64) {
+    let error = format!(
+        "returned to {DUE_QUEUE} {count} times, near its delivery limit of {DELIVERY_LIMIT}: \
+         parked before the broker would drop it"
+    );
+    let attempts =
+        Attempts::from_headers(delivery.properties.headers().as_ref()).failed(Utc::now(), &error);
+    park(
+        ctx,
+        delivery,
+        error,
+        ParkReason::DeliveryLimit,
+        None,
+        attempts,
+    )
+    .await;
+}
+
+/// Parks a delivery with its reason, then acks it. A park the broker
+/// refuses is tried again with backoff ([`Context::publish_patiently`]);
+/// if it still fails, the delivery is returned to the queue rather than
+/// lost.
+pub(crate) async fn park(
+    ctx: &Context,
+    delivery: Delivery,
+    error: String,
+    kind: ParkReason,
+    order_id: Option<OrderId>,
+    attempts: Attempts,
+) {
+    let info = ParkInfo {
+        error,
+        kind,
+        order_id,
+        attempts,
+        source_queue: DUE_QUEUE.into(),
+        source_exchange: delivery.exchange.to_string(),
+        source_routing_key: delivery.routing_key.to_string(),
+    };
+    let parked = ctx
+        .publish_patiently("park", || {
+            ctx.publisher
+                .park(&delivery.data, &delivery.properties, &info)
+        })
+        .await;
+    match parked {
+        Ok(()) => {
+            tracing::warn!(kind = %info.kind, error = %info.error, order_id = ?info.order_id, "parked a message");
+            ctx.metrics.record(Outcome::Parked);
+            ctx.metrics.parked(info.kind);
+            if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+                tracing::warn!(error = %e, "ack after parking failed; it may be parked twice");
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot park a message; returning it to the queue");
+            requeue(&delivery, &ctx.metrics).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::{AMQPValue, LongString};
+
+    fn with_count(value: AMQPValue) -> FieldTable {
+        let mut headers = FieldTable::default();
+        headers.insert(H_DELIVERY_COUNT.into(), value);
+        headers
+    }
+
+    #[test]
+    fn a_delivery_is_parked_only_near_the_delivery_limit() {
+        let limit = 1_000;
+        assert_eq!(near_delivery_limit(None, limit), None);
+        assert_eq!(
+            near_delivery_limit(Some(&FieldTable::default()), limit),
+            None
+        );
+        for (count, parked) in [
+            (0, false),
+            (1, false),
+            (limit - DELIVERY_LIMIT_MARGIN - 1, false),
+            (limit - DELIVERY_LIMIT_MARGIN, true),
+            (limit - 1, true),
+            (limit, true),
+            (limit + 5, true),
+            (-3, false),
+        ] {
+            let headers = with_count(AMQPValue::LongLongInt(count));
+            assert_eq!(
+                near_delivery_limit(Some(&headers), limit).is_some(),
+                parked,
+                "count {count}"
+            );
+        }
+        // Whatever integer width the broker uses.
+        let headers = with_count(AMQPValue::LongInt(995));
+        assert_eq!(near_delivery_limit(Some(&headers), limit), Some(995));
+        let headers = with_count(AMQPValue::LongString(LongString::from("999")));
+        assert_eq!(near_delivery_limit(Some(&headers), limit), None);
+    }
+
+    #[test]
+    fn the_service_limit_leaves_room_and_never_overflows() {
+        let headers = with_count(AMQPValue::LongLongInt(
+            DELIVERY_LIMIT - DELIVERY_LIMIT_MARGIN,
+        ));
+        assert!(near_delivery_limit(Some(&headers), DELIVERY_LIMIT).is_some());
+        let headers = with_count(AMQPValue::LongLongInt(i64::MAX));
+        assert!(near_delivery_limit(Some(&headers), i64::MIN).is_some());
+        assert!(near_delivery_limit(Some(&headers), i64::MAX).is_some());
+        let headers = with_count(AMQPValue::LongLongInt(i64::MIN));
+        assert!(near_delivery_limit(Some(&headers), i64::MAX).is_none());
+    }
+}

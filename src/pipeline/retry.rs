@@ -1,0 +1,299 @@
+//! The retry policy, and where it is applied: a failed job is retried
+//! ([`Job::fail`]: re-scheduled with backoff, or parked), one delivery per
+//! order ([`Worker::retry_later`]).
+//!
+//! A transient failure (database down, inventory unavailable or slow) is
+//! first retried in-process a couple of times with a short backoff
+//! ([`quick_backoff`]). If it still fails, the message is not held: it is
+//! re-published through the delay store with an attempt counter in its
+//! headers and the next exponential delay ([`RetryPolicy::next_delay`]), and
+//! the original is acked. Other orders keep flowing meanwhile. After
+//! `max_attempts` failed attempts the message is parked with the last error
+//! (`retries_exhausted`).
+//!
+//! A failure that waiting cannot fix ([`Failure::is_permanent`]: a
+//! configuration or SQL error about the statement or the data, an inventory
+//! answer such as `FAILED_PRECONDITION`) is not retried: it is parked at once
+//! (`permanent_failure`; `release_failed` when the inventory refused the
+//! stock release, whose outbox row `finish.rs` gives up), after one attempt.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use chrono::{DateTime, TimeDelta, Utc};
+use tokio::sync::mpsc;
+
+use super::context::{Context, Worker};
+use super::failure::Failure;
+use super::job::{Job, ack_all};
+use super::park::park;
+use crate::broker::headers::Attempts;
+use crate::message::ParkReason;
+use crate::observe::metrics::Outcome;
+use crate::settings::RetrySettings;
+
+/// Failures after which every delay is `max_delay` (the exponential has long
+/// reached it): the backoff is not stepped further, however many attempts a
+/// message claims to have behind it.
+const MAX_STEPS: u32 = 64;
+
+/// The longest an outbox row whose work keeps failing waits between
+/// attempts.
+pub(crate) const OUTBOX_MAX_DELAY: Duration = Duration::from_secs(3600);
+
+/// Failed attempts after which an outbox row's stock release is given up
+/// even though each failure looked transient: with the default base delay
+/// of 1 s the waits reach [`OUTBOX_MAX_DELAY`] after 12 attempts, so this
+/// is about a day of failures. Far more than `retry.max_attempts`: a
+/// message that ran out of attempts during an inventory outage is the
+/// sweeper's to finish once the inventory is back, not to give up.
+pub(crate) const OUTBOX_MAX_ATTEMPTS: u32 = 30;
+
+/// What to do after a transient failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum RetryDecision {
+    /// Re-schedule through the delay store after this delay.
+    RetryIn(Duration),
+    /// Give up: park with the last error (`retries_exhausted`).
+    Park,
+    /// Waiting cannot fix it: park at once (`permanent_failure`).
+    ParkAtOnce,
+}
+
+/// The retry policy, built from [`RetrySettings`].
+#[derive(Clone, Debug)]
+pub(crate) struct RetryPolicy {
+    settings: RetrySettings,
+}
+
+impl RetryPolicy {
+    /// A policy with these settings.
+    pub(crate) fn new(settings: RetrySettings) -> Self {
+        Self { settings }
+    }
+
+    /// Exponential delay with jitter for the `attempt`-th failure (1-based):
+    /// base, 2 x base, 4 x base … capped at `max_delay`, plus up to one base of
+    /// random jitter so a burst of failures does not come back as a burst.
+    pub(crate) fn next_delay(&self, attempt: u32) -> Duration {
+        let s = &self.settings;
+        ExponentialBuilder::new()
+            .with_min_delay(s.base_delay)
+            .with_max_delay(s.max_delay)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(attempt.clamp(1, MAX_STEPS) as usize - 1)
+            .unwrap_or(s.max_delay)
+    }
+
+    /// Retry or park, given the history *including* the failure just seen.
+    pub(crate) fn decide(&self, attempts: &Attempts) -> RetryDecision {
+        if attempts.count >= self.settings.max_attempts {
+            RetryDecision::Park
+        } else {
+            RetryDecision::RetryIn(self.next_delay(attempts.count))
+        }
+    }
+
+    /// [`RetryPolicy::decide`], after `failure`: park at once when waiting
+    /// cannot fix it.
+    pub(crate) fn decide_after(&self, attempts: &Attempts, failure: &Failure) -> RetryDecision {
+        if failure.is_permanent() {
+            RetryDecision::ParkAtOnce
+        } else {
+            self.decide(attempts)
+        }
+    }
+
+    /// How long an outbox row waits after its `attempt`-th failed attempt
+    /// (1-based) before the sweeper takes it again: the exponential of
+    /// [`RetryPolicy::next_delay`] (base, 2 x base, … with jitter) capped at
+    /// [`OUTBOX_MAX_DELAY`] rather than `max_delay`, since a row that keeps
+    /// failing should make room for newer work for longer and longer.
+    pub(crate) fn outbox_delay(&self, attempt: u32) -> Duration {
+        ExponentialBuilder::new()
+            .with_min_delay(self.settings.base_delay)
+            .with_max_delay(OUTBOX_MAX_DELAY)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(attempt.clamp(1, MAX_STEPS) as usize - 1)
+            .unwrap_or(OUTBOX_MAX_DELAY)
+            .min(OUTBOX_MAX_DELAY)
+    }
+
+    /// The short in-process backoff used before falling back to a
+    /// re-schedule (a blip on the inventory service should not cost a
+    /// second of lateness).
+    pub(crate) fn quick_backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::new()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_millis(400))
+            .with_jitter()
+            .with_max_times(self.settings.quick_retries)
+    }
+}
+
+impl Worker {
+    /// A failure for an order: the first message is retried with backoff
+    /// or parked (in its own task: a hold must not block the caller);
+    /// duplicates are acked as `duplicate`, since one retry is enough.
+    pub(crate) fn retry_later(&self, jobs: Vec<Job>, failure: Failure) {
+        let mut jobs = jobs.into_iter();
+        let Some(first) = jobs.next() else { return };
+        let ctx = self.ctx.clone();
+        let due = self.due.clone();
+        let span = first.span.clone();
+        self.tracker.spawn(tracing::Instrument::instrument(
+            async move {
+                match due.upgrade() {
+                    Some(due) => first.fail(&ctx, failure, &due).await,
+                    None => first.requeue(&ctx.metrics).await,
+                }
+                ack_all(&ctx.metrics, jobs.collect(), Outcome::Duplicate).await;
+            },
+            span,
+        ));
+    }
+}
+
+impl Job {
+    /// A failed attempt: re-schedule with backoff, or park once the
+    /// attempts are used up or waiting cannot fix it (**the retry policy**
+    /// decides: [`RetryPolicy::decide_after`]).
+    pub(crate) async fn fail(self, ctx: &Context, failure: Failure, due: &mpsc::Sender<Job>) {
+        let now = Utc::now();
+        let error = failure.to_string();
+        let attempts = self.attempts.failed(now, error.clone());
+        let reason = match ctx.retry.decide_after(&attempts, &failure) {
+            RetryDecision::RetryIn(delay) => {
+                tracing::warn!(order_id = %self.order_id(), attempt = attempts.count, retry_in = ?delay, %error, "transient failure; will retry");
+                let at = later(now, delay);
+                self.wait_until(ctx, at, now, attempts, Outcome::Retried, due)
+                    .await;
+                return;
+            }
+            RetryDecision::Park => {
+                tracing::error!(order_id = %self.order_id(), attempts = attempts.count, %error, "giving up; parking");
+                ParkReason::RetriesExhausted
+            }
+            RetryDecision::ParkAtOnce if failure.is_release_refused() => {
+                tracing::error!(order_id = %self.order_id(), attempts = attempts.count, %error, "the inventory refused the stock release for good; parking (replaying the message tries the release again)");
+                ParkReason::ReleaseFailed
+            }
+            RetryDecision::ParkAtOnce => {
+                tracing::error!(order_id = %self.order_id(), attempts = attempts.count, %error, "a failure waiting cannot fix; parking");
+                ParkReason::PermanentFailure
+            }
+        };
+        let order_id = Some(self.order_id().clone());
+        park(ctx, self.delivery, error, reason, order_id, attempts).await;
+    }
+}
+
+/// `now + delay`, saturating at the latest representable instant.
+fn later(now: DateTime<Utc>, delay: Duration) -> DateTime<Utc> {
+    let delay = TimeDelta::from_std(delay).unwrap_or(TimeDelta::MAX);
+    now.checked_add_signed(delay)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+
+    #[test]
+    fn delays_grow_exponentially_with_bounded_jitter_and_a_cap() {
+        let policy = RetryPolicy::new(RetrySettings::default());
+        for attempt in 1..=6u32 {
+            let base = Duration::from_secs(1 << (attempt - 1));
+            let d = policy.next_delay(attempt);
+            assert!(
+                d >= base && d <= base * 2,
+                "attempt {attempt}: {d:?} vs {base:?}"
+            );
+        }
+        assert!(policy.next_delay(30) <= Duration::from_secs(240));
+    }
+
+    #[test]
+    fn outbox_delays_grow_exponentially_up_to_an_hour() {
+        let policy = RetryPolicy::new(RetrySettings::default());
+        for attempt in 1..=10u32 {
+            let base = Duration::from_secs(1 << (attempt - 1));
+            let d = policy.outbox_delay(attempt);
+            assert!(d >= base && d <= base * 2, "attempt {attempt}: {d:?}");
+        }
+        for attempt in [13, 20, 64, u32::MAX] {
+            assert!(policy.outbox_delay(attempt) <= OUTBOX_MAX_DELAY);
+            assert!(policy.outbox_delay(attempt) >= OUTBOX_MAX_DELAY / 2);
+        }
+    }
+
+    #[test]
+    fn parks_after_max_attempts() {
+        let policy = RetryPolicy::new(RetrySettings {
+            max_attempts: 3,
+            ..Default::default()
+        });
+        let now = Utc::now();
+        let mut a = Attempts::default();
+        for _ in 0..2 {
+            a = a.failed(now, "inventory unavailable");
+            assert!(matches!(policy.decide(&a), RetryDecision::RetryIn(_)));
+        }
+        a = a.failed(now, "inventory unavailable");
+        assert_eq!(policy.decide(&a), RetryDecision::Park);
+    }
+
+    #[test]
+    fn a_permanent_failure_parks_at_once_and_a_transient_one_is_retried() {
+        let policy = RetryPolicy::new(RetrySettings::default());
+        let first = Attempts::default().failed(Utc::now(), "x");
+        let permanent = Failure::from(crate::store::StoreError::Schema {
+            key: "[orders].also",
+            problem: "no such table".into(),
+        });
+        assert_eq!(
+            policy.decide_after(&first, &permanent),
+            RetryDecision::ParkAtOnce
+        );
+        assert!(matches!(
+            policy.decide_after(&first, &Failure::KeptChanging),
+            RetryDecision::RetryIn(_)
+        ));
+    }
+
+    #[test]
+    fn huge_attempt_counts_and_delays_neither_hang_nor_overflow() {
+        let policy = RetryPolicy::new(RetrySettings {
+            max_attempts: u32::MAX,
+            ..Default::default()
+        });
+        let cap = RetrySettings::default().max_delay;
+        let started = std::time::Instant::now();
+        for attempt in [0, 1, 63, 64, 65, u32::MAX / 2, u32::MAX] {
+            assert!(policy.next_delay(attempt) <= cap * 2, "attempt {attempt}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let a = Attempts {
+            count: u32::MAX,
+            ..Default::default()
+        };
+        assert_eq!(policy.decide(&a), RetryDecision::Park);
+        let now = Utc::now();
+        assert_eq!(later(now, Duration::MAX), DateTime::<Utc>::MAX_UTC);
+        assert_eq!(
+            later(now, Duration::from_secs(u64::MAX / 4)),
+            DateTime::<Utc>::MAX_UTC
+        );
+        assert_eq!(
+            later(now, Duration::from_secs(2)),
+            now + TimeDelta::seconds(2)
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! Ending a job by making it wait: sent back through the delay store
+//! toward its deadline ([`Job::wait_until`]), or, under the cascade's
+//! one-second resolution, held unacked on an in-process timer and then
+//! handed to the batcher ([`hold`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::mpsc;
+
+use super::context::{Context, Worker};
+use super::job::{Job, ack_all};
+use crate::broker::cascade::HOLD_WINDOW_SECS;
+use crate::broker::headers::Attempts;
+use crate::observe::metrics::{Metrics, Outcome};
+
+/// Remaining time below which a message is held in-process instead of going
+/// through the cascade (whose resolution is one second, and which may leave
+/// up to this much to hold so as to take fewer hops:
+/// [`crate::broker::cascade::cascade_delay_secs`]).
+pub(crate) const HOLD_BELOW: Duration = Duration::from_secs(HOLD_WINDOW_SECS);
+
+/// Remaining time below which a *retry* is held in-process. Retries go
+/// through the delay store whenever its one-second resolution allows: the
+/// failing delivery is acked (counted as `retried`) and the re-published
+/// copy carries the attempt count, so a crash cannot reset the count and a
+/// session that is ending (lost connection, shutdown) is not kept alive by
+/// in-process retry loops.
+pub(crate) const RETRY_HOLD_BELOW: Duration = Duration::from_secs(1);
+
+impl Worker {
+    /// Sends one of an order's messages back toward `at` (on the database's
+    /// clock, `db_now`) in its own task; duplicates are acked with
+    /// `duplicates` as their outcome, one message is enough.
+    pub(crate) async fn wait_again(
+        &self,
+        jobs: Vec<Job>,
+        at: DateTime<Utc>,
+        db_now: DateTime<Utc>,
+        duplicates: Outcome,
+    ) {
+        self.wait_again_as(jobs, at, db_now, Outcome::Rescheduled, duplicates)
+            .await;
+    }
+
+    /// [`Worker::wait_again`], the message sent back counted as `outcome`
+    /// ([`Outcome::Rescheduled`], or [`Outcome::Locked`]: a wait of a
+    /// second or more, always through the delay store, keeping the
+    /// message's attempt count).
+    pub(crate) async fn wait_again_as(
+        &self,
+        jobs: Vec<Job>,
+        at: DateTime<Utc>,
+        db_now: DateTime<Utc>,
+        outcome: Outcome,
+        duplicates: Outcome,
+    ) {
+        let mut jobs = jobs.into_iter();
+        let first = jobs.next();
+        ack_all(&self.ctx.metrics, jobs.collect(), duplicates).await;
+        let Some(job) = first else { return };
+        let Some(due) = self.due.upgrade() else {
+            return job.requeue(&self.ctx.metrics).await;
+        };
+        let ctx = self.ctx.clone();
+        let span = job.span.clone();
+        self.tracker.spawn(tracing::Instrument::instrument(
+            async move {
+                let attempts = job.attempts.clone();
+                job.wait_until(&ctx, at, db_now, attempts, outcome, &due)
+                    .await;
+            },
+            span,
+        ));
+    }
+}
+
+impl Job {
+    /// Sends the message toward `deadline` (measured against `now`): through
+    /// the cascade if it is a second or more away, else held in-process and
+    /// then handed to `due`. A re-schedule the broker keeps refusing is
+    /// retried with backoff ([`Context::publish_patiently`]), then the
+    /// delivery is returned to the queue.
+    pub(crate) async fn wait_until(
+        self,
+        ctx: &Context,
+        deadline: DateTime<Utc>,
+        now: DateTime<Utc>,
+        attempts: Attempts,
+        outcome: Outcome,
+        due: &mpsc::Sender<Job>,
+    ) {
+        let remaining = (deadline - now).to_std().unwrap_or_default();
+        // A retry or a lock wait is acked (and counted) once it is in the
+        // delay store, whose resolution allows it from one second on.
+        let hold_below = if matches!(outcome, Outcome::Retried | Outcome::Locked) {
+            RETRY_HOLD_BELOW
+        } else {
+            HOLD_BELOW
+        };
+        if remaining < hold_below {
+            // Count it when it is finally processed, not now; a held retry
+            // (only with a sub-second backoff) keeps its new attempt count.
+            let mut job = self;
+            job.attempts = attempts;
+            hold(job, remaining, due, &ctx.metrics).await;
+            return;
+        }
+        let published = ctx
+            .publish_patiently("re-schedule", || {
+                ctx.publisher.delay(
+                    &self.delivery.data,
+                    self.order_id(),
+                    deadline,
+                    now,
+                    &attempts,
+                    ctx.settings.cascade_shards,
+                )
+            })
+            .await;
+        match published {
+            Ok(hops) => {
+                tracing::debug!(order_id = %self.order_id(), %deadline, hops, "scheduled in the delay cascade");
+                self.ack(&ctx.metrics, outcome).await;
+            }
+            Err(e) => {
+                tracing::warn!(order_id = %self.order_id(), error = %e, "re-schedule failed; returning the message to the queue");
+                self.requeue(&ctx.metrics).await;
+            }
+        }
+    }
+}
+
+/// Holds a job for `remaining`, then hands it to the batcher.
+pub(crate) async fn hold(
+    job: Job,
+    remaining: Duration,
+    due: &mpsc::Sender<Job>,
+    metrics: &Arc<Metrics>,
+) {
+    let held = metrics.held();
+    // +1 ms: timers fire at millisecond resolution; never a hair early.
+    tokio::time::sleep(remaining + Duration::from_millis(1)).await;
+    drop(held);
+    if let Err(mpsc::error::SendError(job)) = due.send(job).await {
+        // The batcher is gone (shutting down): let the broker redeliver.
+        job.requeue(metrics).await;
+    }
+}

@@ -1,0 +1,645 @@
+//! The database side of a cancellation: **the cancel transaction** and the
+//! transactional outbox, behind one interface per operation
+//! ([`OrderStore`]), with one implementation per SQL dialect.
+//!
+//! [`OrderStore::cancel_due`] is one transaction for a whole batch of
+//! orders: it flips `UNPAID -> CANCELLED` only where the row's deadline has
+//! passed, inserts an outbox row (`order_timeout_cancel_outbox`) for each
+//! order it flipped, and reports the state of every order asked about. The
+//! stock release and the event are then done from the outbox and marked
+//! there, so a crash at any point leaves either nothing done or a pending
+//! outbox row that the next delivery (or the sweeper) finishes.
+//!
+//! The flow around the statements is written once (`sql.rs`: the schema
+//! check, canonical ids, the cancel transaction's id order and deadlock
+//! retries, items, ping, migrate), over a dialect trait whose two modules
+//! hold only what differs: `postgres.rs` and `mysql.rs` render their own
+//! statements and run their own cancel transaction. What a row *means*
+//! ([`OrderState`]) is decided once, in `state.rs`, for all of them.
+//! `migrate` creates only the service's own tables (prefixed
+//! `order_timeout_`), never the shop's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::message::OrderId;
+use crate::settings::{ConfigError, ItemsMapping, OrdersMapping, Release, SecretUrl, Settings};
+
+mod ids;
+mod mysql;
+mod postgres;
+mod shape;
+mod sql;
+mod state;
+mod tls;
+
+pub use ids::IdRejected;
+pub use shape::{IdKind, SchemaReport};
+pub use tls::{mysql_options, pg_options};
+
+use mysql::MySqlStore;
+use postgres::PgStore;
+
+/// The store as the service holds it: one per instance, shared by every
+/// task.
+pub type Store = Arc<dyn OrderStore>;
+
+/// The database operations the service needs, one method per operation.
+/// Every method is one transaction (or one statement) and safe to repeat:
+/// messages arrive at least once. Order ids passed in are canonical
+/// ([`OrderStore::canonical`]).
+#[async_trait::async_trait]
+pub trait OrderStore: Send + Sync + std::fmt::Debug {
+    /// Reads the shop's schema, checks the configured mapping against it
+    /// (table, columns, status codes, deadline, guard, `set`, `also`,
+    /// items) and renders the statements. Done once; every other operation
+    /// does it first if nobody has. A mapping error names its config key
+    /// ([`StoreError::Schema`]).
+    async fn prepare(&self) -> Result<SchemaReport, StoreError>;
+
+    /// The order id as the shop's id column spells it (`00123` is `123` in
+    /// an integer column, uuids in lower case), or why no row can have it
+    /// (`abc` or `3000000000` for an `integer` column, 23 characters for a
+    /// `varchar(8)` one, …): such an id matches nothing and is never sent
+    /// to the database. Text ids are kept as they are. Valid after
+    /// [`OrderStore::prepare`]; before, every id is text.
+    fn canonical(&self, id: &OrderId) -> Result<OrderId, IdRejected>;
+
+    /// **The cancel transaction**, for a batch of distinct canonical order
+    /// ids (any other id is reported [`OrderState::Unknown`] without being
+    /// sent): cancel every order that is unpaid, overdue and passes the
+    /// guard (with the `set` columns and the `also` statements) and whose
+    /// row no other transaction holds (such an order is skipped, not
+    /// waited for: [`OrderState::Locked`]), record its
+    /// outbox row leased to the caller for `lease`, take the lease of
+    /// earlier cancellations whose work is pending and whose lease ran out,
+    /// and report every order's state. Commits atomically.
+    async fn cancel_due(
+        &self,
+        ids: &[OrderId],
+        lease: Duration,
+    ) -> Result<Vec<(OrderId, OrderState)>, StoreError>;
+
+    /// The items of each order (by order id), for the stock release.
+    async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError>;
+
+    /// Unpaid orders (passing the guard) overdue by more than `grace`,
+    /// oldest first, at most `limit`: what the sweeper cancels.
+    async fn overdue(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError>;
+
+    /// Unpaid orders (passing the guard) in id order after `from`
+    /// (exclusive), at most `limit`, with their deadlines: what `backfill`
+    /// schedules.
+    async fn unpaid_page(
+        &self,
+        from: Option<&OrderId>,
+        limit: u32,
+    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError>;
+
+    /// Cancelled orders whose release or event is still pending after
+    /// `grace`, with no live lease, not given up, and due: never failed, or
+    /// past the next attempt a failure planned ([`OrderStore::record_failures`]),
+    /// the longest due first — so rows that keep failing wait their backoff
+    /// and newer work gets its turn. Work a crashed or parked delivery left.
+    async fn stale_outbox(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError>;
+
+    /// Records a failed attempt at the outbox work of each of `failures`
+    /// (`attempts` + 1, `last_error`), then asks `plan` what comes next for
+    /// the row given its attempts so far, and records that: the next
+    /// attempt after a delay, or giving up (the sweeper no longer takes the
+    /// row). Returns each row's attempts and plan (rows that no longer
+    /// exist are left out).
+    async fn record_failures(
+        &self,
+        failures: &[OutboxFailure<'_>],
+        plan: &(dyn for<'r, 'f> Fn(&'r OutboxFailure<'f>, u32) -> NextAttempt + Send + Sync),
+    ) -> Result<Vec<(String, u32, NextAttempt)>, StoreError>;
+
+    /// Deletes at most `limit` finished outbox rows (stock released and
+    /// event published) created more than `older_than` ago, oldest first,
+    /// in one short statement; returns how many. Pending and given-up rows
+    /// are never deleted.
+    async fn delete_finished(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError>;
+
+    /// Gives outbox leases back early (after a failure), so the retry does
+    /// not wait for them to run out.
+    async fn release_leases(&self, ids: &[&str]) -> Result<(), StoreError>;
+
+    /// Marks outbox work done: stock released for `released`, event
+    /// published for `published`. Idempotent.
+    async fn mark_done(&self, released: &[&str], published: &[&str]) -> Result<(), StoreError>;
+
+    /// One round trip to the database, for readiness.
+    async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// The shop's schema as the store needs it: `[orders]`, `[items]` and
+/// whether stock is released over gRPC (else the items are never read).
+#[derive(Clone, Debug, Default)]
+pub struct ShopSchema {
+    /// `[orders]`.
+    pub orders: OrdersMapping,
+    /// `[items]`.
+    pub items: ItemsMapping,
+    /// `[inventory].release`.
+    pub release: Release,
+}
+
+impl ShopSchema {
+    /// The schema the settings describe.
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            orders: settings.orders.clone(),
+            items: settings.items.clone(),
+            release: settings.inventory.release,
+        }
+    }
+}
+
+/// The connection pool's size and how long one of its statements may wait,
+/// so that a row the shop holds, or a slow guard or deadline expression,
+/// fails the statement with a transient error instead of hanging the
+/// pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolSettings {
+    /// Most connections open at once.
+    pub max_connections: u32,
+    /// Longest wait for one lock (PostgreSQL `lock_timeout`, InnoDB
+    /// `innodb_lock_wait_timeout`, in whole seconds rounded up).
+    pub lock_timeout: Duration,
+    /// Longest run of one statement (PostgreSQL `statement_timeout`,
+    /// MariaDB `max_statement_time`, MySQL `max_execution_time`, which
+    /// bounds only `SELECT`s).
+    pub statement_timeout: Duration,
+}
+
+impl PoolSettings {
+    /// A pool of at most `max_connections` with the default timeouts.
+    pub fn new(max_connections: u32) -> Self {
+        let defaults = Settings::default();
+        Self {
+            max_connections,
+            lock_timeout: defaults.db_lock_timeout,
+            statement_timeout: defaults.db_statement_timeout,
+        }
+    }
+
+    /// The pool `settings` describe (`db_max_connections`,
+    /// `db_lock_timeout`, `db_statement_timeout`).
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            max_connections: settings.db_max_connections,
+            lock_timeout: settings.db_lock_timeout,
+            statement_timeout: settings.db_statement_timeout,
+        }
+    }
+
+    /// The same with at most `max_connections` (the CLI's commands need
+    /// one or two).
+    pub fn with_max_connections(self, max_connections: u32) -> Self {
+        Self {
+            max_connections,
+            ..self
+        }
+    }
+}
+
+/// Connects to the database `url` names, with a pool of at most
+/// `max_connections` and the default timeouts, lazily: the first query
+/// opens the first connection, so start-up does not fail on a database
+/// that is still booting.
+pub fn connect_lazy(
+    url: &SecretUrl,
+    max_connections: u32,
+    schema: &ShopSchema,
+) -> Result<Store, StoreError> {
+    connect_lazy_with(url, PoolSettings::new(max_connections), schema)
+}
+
+/// [`connect_lazy`] with the pool's size and timeouts given.
+pub fn connect_lazy_with(
+    url: &SecretUrl,
+    pool: PoolSettings,
+    schema: &ShopSchema,
+) -> Result<Store, StoreError> {
+    Ok(match Dialect::of(url)? {
+        Dialect::Postgres => Arc::new(PgStore::connect_lazy(url, pool, schema)?),
+        Dialect::MySql => Arc::new(MySqlStore::connect_lazy(url, pool, schema)?),
+    })
+}
+
+/// Creates the database if it does not exist, then applies the service's
+/// own migrations (the `order_timeout_*` tables; never the shop's).
+pub async fn migrate(url: &SecretUrl) -> Result<(), StoreError> {
+    match Dialect::of(url)? {
+        Dialect::Postgres => PgStore::migrate(url).await,
+        Dialect::MySql => MySqlStore::migrate(url).await,
+    }
+}
+
+/// How many order ids one cancel transaction of `dialect` can carry, so
+/// that the settings can refuse a batch size over it: MySQL's statements
+/// have at most 65,535 placeholders and the cancel transaction's outbox
+/// insert binds four per order (16,383 ids); PostgreSQL binds the ids as
+/// one array, with no such limit (`usize::MAX`).
+pub fn max_batch_ids(dialect: Dialect) -> usize {
+    use sql::SqlDialect;
+    match dialect {
+        Dialect::Postgres => postgres::Postgres::MAX_BATCH_IDS,
+        Dialect::MySql => mysql::MySql::MAX_BATCH_IDS,
+    }
+}
+
+/// Refuses, naming the key, a batch size that one cancel transaction of
+/// `DATABASE_URL`'s dialect cannot carry ([`max_batch_ids`]): the store
+/// would split such a batch into several transactions, so the setting would
+/// not mean what it says. A URL of no known dialect is left to
+/// [`connect_lazy`], which names it.
+pub fn check_batch_sizes(settings: &Settings) -> Result<(), ConfigError> {
+    let Ok(dialect) = Dialect::of(&settings.database_url) else {
+        return Ok(());
+    };
+    let max = max_batch_ids(dialect);
+    let sizes: [(&'static str, usize); 2] = [
+        ("batch_max", settings.batch_max),
+        (
+            "[sweeper].batch",
+            usize::try_from(settings.sweeper.batch).unwrap_or(usize::MAX),
+        ),
+    ];
+    for (key, value) in sizes {
+        if value > max {
+            return Err(ConfigError::Invalid {
+                key,
+                problem: format!(
+                    "{value} orders per cancel transaction is over what one statement can carry \
+                     on {dialect:?} ({max}: 65,535 placeholders, 4 per order)"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The SQL dialects the service speaks, picked by `DATABASE_URL`'s scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `mysql://` (MySQL 5.7/8, MariaDB 10.x).
+    MySql,
+}
+
+impl Dialect {
+    /// The dialect of `url`.
+    pub fn of(url: &SecretUrl) -> Result<Self, StoreError> {
+        let scheme = url.expose().split_once("://").map(|(s, _)| s);
+        match scheme {
+            Some("postgres" | "postgresql") => Ok(Self::Postgres),
+            Some("mysql" | "mariadb") => Ok(Self::MySql),
+            _ => Err(StoreError::Scheme { url: url.clone() }),
+        }
+    }
+}
+
+/// Errors talking to the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL does not parse.
+    #[error("invalid DATABASE_URL {url}: {error}")]
+    Url {
+        /// The URL (its password redacted when shown).
+        url: SecretUrl,
+        /// The driver's complaint.
+        error: sqlx::Error,
+    },
+    /// A TLS file the URL names (`sslrootcert`, `ssl-ca`, `sslcert`,
+    /// `sslkey`, …) cannot be used.
+    #[error("{0}")]
+    Tls(crate::tls::TlsFileError),
+    /// The URL names a CA or client certificate but no TLS mode, which
+    /// would mean "prefer": TLS without verifying the server against it.
+    #[error(
+        "DATABASE_URL {url}: {param} needs a TLS mode: add sslmode=verify-full (PostgreSQL) or ssl-mode=VERIFY_IDENTITY (MySQL), or verify-ca/VERIFY_CA"
+    )]
+    TlsWithoutMode {
+        /// The URL (its password redacted when shown).
+        url: SecretUrl,
+        /// The parameter that names a file.
+        param: String,
+    },
+    /// The URL names a database this service does not speak.
+    #[error("unsupported DATABASE_URL {url}: expected postgres:// or mysql://")]
+    Scheme {
+        /// The URL (its password redacted when shown).
+        url: SecretUrl,
+    },
+    /// A query or connection failed; transient as far as we can tell.
+    #[error("database: {0}")]
+    Sql(sqlx::Error),
+    /// Applying migrations failed.
+    #[error("migrations: {0}")]
+    Migrate(sqlx::migrate::MigrateError),
+    /// The configured mapping does not fit the shop's schema: a
+    /// configuration error, not transient.
+    #[error("config {key}: {problem}")]
+    Schema {
+        /// The config key, e.g. `[orders].deadline`.
+        key: &'static str,
+        /// What does not fit.
+        problem: String,
+    },
+}
+
+/// How often a cancel transaction that the database chose as a deadlock
+/// victim is run again at once, before the failure goes to the retry
+/// policy (which would cost the batch a second or more).
+pub(crate) const DEADLOCK_RETRIES: u32 = 5;
+
+/// Runs `attempt` again, a few milliseconds later, while it fails because
+/// the database broke a deadlock by aborting it (SQLSTATE 40001 or 40P01;
+/// MySQL 1213): "try restarting transaction" is the documented answer, and
+/// `also` statements touching the same stock rows from concurrent batches
+/// make such deadlocks part of normal operation (measured with `bench
+/// --stock also` on MariaDB: p99 lateness 23 s without this).
+pub(crate) async fn retry_deadlocks<T, F, Fut>(mut attempt: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut tries = 1;
+    loop {
+        match attempt().await {
+            Err(e) if e.is_deadlock() && tries < DEADLOCK_RETRIES => {
+                tracing::debug!(error = %e, tries, "deadlock victim; running the transaction again");
+                tokio::time::sleep(Duration::from_millis(3 * u64::from(tries))).await;
+                tries += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+impl StoreError {
+    /// The database aborted the transaction to break a deadlock (or a
+    /// serialization conflict): running it again is the answer.
+    pub fn is_deadlock(&self) -> bool {
+        match self {
+            Self::Sql(sqlx::Error::Database(e)) => {
+                matches!(e.code().as_deref(), Some("40001" | "40P01"))
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether waiting cannot fix this error, so that retrying the same
+    /// work later would fail the same way (the pipeline parks such work at
+    /// once instead of spending its retries).
+    ///
+    /// Permanent: configuration and schema errors, and SQL errors about the
+    /// statement or the data — SQLSTATE classes 42 (syntax, undefined table
+    /// or column, privilege), 22 (data exception: out of range, invalid
+    /// text, division by zero), 23 (integrity), 21 (cardinality), 0A (not
+    /// supported), 3D/3F (no such database/schema), 44, 27, 54, 2F/38/39
+    /// and P0/45 (routines, triggers and `SIGNAL`s raising errors), and the
+    /// MySQL numbers filed under the generic `HY000` that mean the same
+    /// (1366 incorrect value, 1292 truncated value, 1364 no default, 3819
+    /// check constraint, 1093/1442 statements MySQL refuses); and values the
+    /// driver cannot encode or decode.
+    ///
+    /// Transient: connection, pool, I/O and TLS errors; timeouts (PostgreSQL
+    /// 57014, MySQL 1969/3024/1317), deadlocks and serialization failures
+    /// (class 40, MySQL 1213), lock waits (55P03, MySQL 1205/3572), server
+    /// shutdown and restarts (classes 08, 57, 58, MySQL 1053/1927), read-only
+    /// servers during a failover (25006, MySQL 1290/1836), resource limits
+    /// (class 53, MySQL 1040/1203/1226), and anything not recognised.
+    /// Login errors (class 28, MySQL 1044/1045) count as transient too: they
+    /// are about the connection, not the work, and a rotated credential
+    /// fixes them without anyone replaying the messages they would park.
+    pub fn is_permanent(&self) -> bool {
+        /// SQLSTATE classes of errors about the statement or the data.
+        const PERMANENT_CLASSES: [&str; 15] = [
+            "42", "22", "23", "21", "0A", "3D", "3F", "44", "27", "54", "2F", "38", "39", "P0",
+            "45",
+        ];
+        fn database(e: &dyn sqlx::error::DatabaseError) -> bool {
+            if let Some(my) = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                match my.number() {
+                    1040
+                    | 1044
+                    | 1045
+                    | 1053
+                    | 1152
+                    | 1158..=1161
+                    | 1180
+                    | 1203
+                    | 1205
+                    | 1213
+                    | 1226
+                    | 1290
+                    | 1317
+                    | 1637
+                    | 1836
+                    | 1927
+                    | 1969
+                    | 2006
+                    | 2013
+                    | 3024
+                    | 3572 => return false,
+                    1093 | 1292 | 1364 | 1366 | 1411 | 1442 | 3819 => return true,
+                    _ => {}
+                }
+            }
+            let code = e.code();
+            let class = code.as_deref().and_then(|c| c.get(..2)).unwrap_or("");
+            PERMANENT_CLASSES.contains(&class)
+        }
+        fn sql(e: &sqlx::Error) -> bool {
+            match e {
+                sqlx::Error::Database(e) => database(e.as_ref()),
+                sqlx::Error::Configuration(_)
+                | sqlx::Error::InvalidArgument(_)
+                | sqlx::Error::TypeNotFound { .. }
+                | sqlx::Error::ColumnIndexOutOfBounds { .. }
+                | sqlx::Error::ColumnNotFound(_)
+                | sqlx::Error::ColumnDecode { .. }
+                | sqlx::Error::Encode(_)
+                | sqlx::Error::Decode(_)
+                | sqlx::Error::InvalidSavePointStatement => true,
+                sqlx::Error::Migrate(e) => migrate(e),
+                _ => false,
+            }
+        }
+        fn migrate(e: &sqlx::migrate::MigrateError) -> bool {
+            match e {
+                sqlx::migrate::MigrateError::Execute(e)
+                | sqlx::migrate::MigrateError::ExecuteMigration(e, _) => sql(e),
+                _ => true,
+            }
+        }
+        match self {
+            Self::Sql(e) => sql(e),
+            Self::Migrate(e) => migrate(e),
+            Self::Url { .. }
+            | Self::Tls(_)
+            | Self::TlsWithoutMode { .. }
+            | Self::Scheme { .. }
+            | Self::Schema { .. } => true,
+        }
+    }
+
+    /// A configuration error (retrying cannot help).
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            Self::Schema { .. }
+                | Self::Url { .. }
+                | Self::Scheme { .. }
+                | Self::Tls(_)
+                | Self::TlsWithoutMode { .. }
+        )
+    }
+}
+
+// Hand-written (not `#[from]`) so the inner error is shown once, in the
+// message, and not again as a `source` in `{:#}` chains.
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        Self::Migrate(e)
+    }
+}
+
+/// Where an order stands after [`OrderStore::cancel_due`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OrderState {
+    /// No row with that id.
+    Unknown,
+    /// Paid: leave it alone.
+    Paid,
+    /// Neither unpaid nor paid nor cancelled, or it fails the guard
+    /// (soft-deleted, say), or its deadline is NULL: left alone, like a
+    /// paid order.
+    LeftAlone,
+    /// Still unpaid and its deadline has not passed (it may have been
+    /// extended): wait until `expires_at`.
+    NotYetDue {
+        /// The row's deadline.
+        expires_at: DateTime<Utc>,
+        /// The database's clock when it answered.
+        db_now: DateTime<Utc>,
+    },
+    /// Unpaid and overdue, yet this statement did not cancel it: another
+    /// transaction holds or just changed the row. Ask again shortly.
+    Contended,
+    /// Unpaid and overdue as far as the last committed version of the row
+    /// says, but another transaction holds the row's lock (a payment
+    /// callback in flight, say), so the cancel transaction skipped it
+    /// rather than make the whole batch wait: ask again shortly. Not a
+    /// failure: it costs no attempt.
+    Locked {
+        /// The row's deadline (last committed version).
+        expires_at: DateTime<Utc>,
+        /// The database's clock when it answered.
+        db_now: DateTime<Utc>,
+    },
+    /// Cancelled, by this statement or an earlier one.
+    Cancelled(Cancellation),
+    /// Cancelled by someone other than this service (no outbox row): nothing
+    /// for us to release.
+    CancelledElsewhere,
+    /// Cancelled, with outbox work pending that another worker has leased
+    /// until `until`: check again then (if that worker crashed, the lease
+    /// will have run out and this delivery takes over).
+    LeasedElsewhere {
+        /// When the other worker's lease runs out.
+        until: DateTime<Utc>,
+        /// The database's clock when it answered.
+        db_now: DateTime<Utc>,
+    },
+}
+
+/// A cancellation this service made, and what is still to do for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cancellation {
+    /// True when the statement just now cancelled it.
+    pub just_now: bool,
+    /// True when this caller holds the outbox lease (and so must finish the
+    /// pending work, or give the lease back with [`OrderStore::release_leases`]).
+    pub leased: bool,
+    /// The deadline it was cancelled for.
+    pub expires_at: DateTime<Utc>,
+    /// When it was cancelled.
+    pub cancelled_at: DateTime<Utc>,
+    /// The stock release is still to be done.
+    pub release_pending: bool,
+    /// The `order.cancelled` event is still to be published.
+    pub event_pending: bool,
+}
+
+/// A failed attempt at one outbox row's work, as
+/// [`OrderStore::record_failures`] records it.
+#[derive(Clone, Copy, Debug)]
+pub struct OutboxFailure<'a> {
+    /// The order.
+    pub id: &'a str,
+    /// What failed, for `last_error`.
+    pub error: &'a str,
+    /// The stock release failed (not only the event).
+    pub release: bool,
+    /// Waiting cannot fix it (the inventory refused the release for good).
+    pub permanent: bool,
+}
+
+/// What comes after a failed attempt at an outbox row's work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NextAttempt {
+    /// Try again once this much time has passed.
+    After(Duration),
+    /// Never again by itself: the row is marked given up with this reason,
+    /// and only a replayed message finishes it.
+    GiveUp(String),
+}
+
+/// One line of an order.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct OrderItem {
+    /// Stock keeping unit.
+    pub sku: String,
+    /// Units reserved.
+    pub quantity: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_sizes_over_the_dialects_limit_are_refused_with_the_key() {
+        let mut settings = Settings {
+            database_url: SecretUrl::new("mysql://root@127.0.0.1/shop"),
+            ..Settings::default()
+        };
+        settings.batch_max = max_batch_ids(Dialect::MySql);
+        assert!(check_batch_sizes(&settings).is_ok(), "the limit itself fits");
+        settings.batch_max += 1;
+        let err = check_batch_sizes(&settings).unwrap_err().to_string();
+        assert!(err.starts_with("config batch_max: 16384 orders"), "{err}");
+        settings.batch_max = 200;
+        settings.sweeper.batch = 20_000;
+        let err = check_batch_sizes(&settings).unwrap_err().to_string();
+        assert!(err.starts_with("config [sweeper].batch: 20000"), "{err}");
+        // PostgreSQL binds one array: no such limit.
+        settings.database_url = SecretUrl::new("postgres://postgres@127.0.0.1/shop");
+        settings.batch_max = 1_000_000;
+        assert!(check_batch_sizes(&settings).is_ok());
+    }
+}

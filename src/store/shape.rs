@@ -1,0 +1,459 @@
+//! What the dialects share about the shop's schema: the kinds of order id
+//! column, how column types classify, quoting, the checks of the mapping,
+//! and the report `schema check` prints.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+
+use super::ids::IdColumn;
+use super::{Dialect, ShopSchema, StoreError};
+use crate::message::OrderId;
+use crate::settings::{ItemsMapping, OrdersMapping, Release, StatusValue, is_identifier};
+
+/// The type of the shop's order id column, which decides what an order id
+/// from a message can be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IdKind {
+    /// Text (`VARCHAR`, `TEXT`): any id, as it is.
+    #[default]
+    Text,
+    /// An integer or decimal column: decimal digits, canonical without
+    /// leading zeros.
+    Integer,
+    /// A uuid column: canonical in lower case with hyphens.
+    Uuid,
+}
+
+/// One column of a shop's table, as the dialect's catalog describes it.
+#[derive(Clone, Debug, Default, sqlx::FromRow)]
+pub(crate) struct Column {
+    /// Its name.
+    pub(crate) name: String,
+    /// Its type as the database shows it (`character varying(8)`,
+    /// `bigint(20) unsigned`).
+    pub(crate) shown: String,
+    /// Its type's name, to classify (`pg_type.typname`, MySQL's
+    /// `data_type`).
+    pub(crate) type_name: String,
+    /// Its type without length or precision (`character varying`,
+    /// `numeric`): what PostgreSQL's statements cast values to, so that a
+    /// cast never truncates.
+    pub(crate) base: String,
+    /// A character type's length.
+    pub(crate) max_chars: Option<i64>,
+    /// A decimal type's precision.
+    pub(crate) precision: Option<i64>,
+    /// A decimal type's scale.
+    pub(crate) scale: Option<i64>,
+    /// An `UNSIGNED` MySQL type.
+    pub(crate) unsigned: bool,
+}
+
+/// A table's columns by name.
+pub(crate) type Columns = HashMap<String, Column>;
+
+/// A table's columns by name, from the catalog's rows.
+pub(crate) fn by_name(columns: Vec<Column>) -> Columns {
+    columns.into_iter().map(|c| (c.name.clone(), c)).collect()
+}
+
+/// How a column's type classifies, for the status and id checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TypeClass {
+    /// An integer type.
+    Integer,
+    /// A character type.
+    Text,
+    /// PostgreSQL's `uuid`.
+    Uuid,
+    /// Anything else (an enum, say): compared as text.
+    Other,
+}
+
+impl TypeClass {
+    /// Classifies a type name: PostgreSQL's `pg_type.typname`, MySQL's
+    /// `information_schema.columns.data_type`.
+    pub(crate) fn of(type_name: &str) -> Self {
+        match type_name.to_ascii_lowercase().as_str() {
+            "int2" | "int4" | "int8" | "smallint" | "integer" | "int" | "bigint" | "tinyint"
+            | "mediumint" | "numeric" | "decimal" => Self::Integer,
+            "varchar" | "bpchar" | "char" | "text" | "tinytext" | "mediumtext" | "longtext"
+            | "name" | "citext" => Self::Text,
+            "uuid" => Self::Uuid,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Checks that a configured status code fits the status column's type.
+pub(crate) fn check_status(
+    key: &'static str,
+    value: &StatusValue,
+    column: &str,
+    class: TypeClass,
+    data_type: &str,
+) -> Result<(), StoreError> {
+    let fits = match (value, class) {
+        (StatusValue::Int(_), TypeClass::Integer) => true,
+        (StatusValue::Text(_), TypeClass::Integer) => false,
+        (StatusValue::Int(_), _) => false,
+        (StatusValue::Text(_), _) => true,
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(StoreError::Schema {
+            key,
+            problem: format!(
+                "{value} does not fit the status column {column:?} of type {data_type} \
+                 (write integer codes as numbers, text codes as strings)"
+            ),
+        })
+    }
+}
+
+/// A table path (`orders`, `shop.orders`) split into schema and table.
+pub(crate) fn split_table(path: &str) -> (Option<&str>, &str) {
+    match path.split_once('.') {
+        Some((schema, table)) => (Some(schema), table),
+        None => (None, path),
+    }
+}
+
+/// Checks that the identifiers of the mapping are plain identifiers (they
+/// are quoted, so anything else would name a column that does not exist).
+pub(crate) fn check_identifiers(
+    pairs: &[(&'static str, &str)],
+    allow_path: bool,
+) -> Result<(), StoreError> {
+    for (key, value) in pairs {
+        let ok = if allow_path && value.contains('.') {
+            value.split('.').all(is_identifier) && value.split('.').count() == 2
+        } else {
+            is_identifier(value)
+        };
+        if !ok {
+            return Err(StoreError::Schema {
+                key,
+                problem: format!("{value:?} is not a plain identifier"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Quotes an identifier, or a `schema.table` path, for `dialect`.
+pub(crate) fn quote(dialect: Dialect, path: &str) -> String {
+    let q = match dialect {
+        Dialect::Postgres => '"',
+        Dialect::MySql => '`',
+    };
+    path.split('.')
+        .map(|part| format!("{q}{part}{q}"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The deadline as SQL: a quoted column, or the operator's expression.
+pub(crate) fn deadline_sql(dialect: Dialect, orders: &OrdersMapping) -> String {
+    if is_identifier(&orders.deadline) {
+        quote(dialect, &orders.deadline)
+    } else {
+        format!("({})", orders.deadline)
+    }
+}
+
+/// The guard as SQL (`TRUE` when none is configured).
+pub(crate) fn guard_sql(orders: &OrdersMapping) -> String {
+    if orders.guard.trim().is_empty() {
+        "TRUE".into()
+    } else {
+        format!("({})", orders.guard)
+    }
+}
+
+/// What the orders table's columns told about the mapping.
+#[derive(Clone, Debug)]
+pub(crate) struct OrdersColumns {
+    /// The id column.
+    pub(crate) id: IdColumn,
+    /// The id column's type, as the dialect shows it.
+    pub(crate) id_type: String,
+    /// The id column's type without length or precision.
+    pub(crate) id_base: String,
+    /// The status column's type, as the dialect shows it.
+    pub(crate) status_type: String,
+}
+
+/// Checks that the mapping's table and column names are plain identifiers.
+pub(crate) fn check_orders_identifiers(o: &OrdersMapping) -> Result<(), StoreError> {
+    check_identifiers(&[("[orders].table", &o.table)], true)?;
+    check_identifiers(
+        &[("[orders].id", &o.id), ("[orders].status", &o.status)],
+        false,
+    )?;
+    for column in o.set.keys() {
+        check_identifiers(&[("[orders].set", column)], false)?;
+    }
+    Ok(())
+}
+
+/// Checks `[orders]` against the orders table's columns: the table
+/// exists, the id, status and `set` columns exist, the status codes fit
+/// the status column, and the id column can hold order ids exactly.
+pub(crate) fn check_orders_columns(
+    o: &OrdersMapping,
+    columns: &Columns,
+) -> Result<OrdersColumns, StoreError> {
+    if columns.is_empty() {
+        return Err(StoreError::Schema {
+            key: "[orders].table",
+            problem: format!("no table {:?} (or it has no columns)", o.table),
+        });
+    }
+    let column = |key: &'static str, name: &str| {
+        columns.get(name).ok_or_else(|| StoreError::Schema {
+            key,
+            problem: format!("table {:?} has no column {name:?}", o.table),
+        })
+    };
+    let id = column("[orders].id", &o.id)?;
+    let status = column("[orders].status", &o.status)?;
+    for name in o.set.keys() {
+        column("[orders].set", name)?;
+    }
+    let class = TypeClass::of(&status.type_name);
+    let shown = &status.shown;
+    check_status("[orders].unpaid", &o.unpaid, &o.status, class, shown)?;
+    check_status("[orders].cancelled", &o.cancelled, &o.status, class, shown)?;
+    if let Some(paid) = &o.paid {
+        check_status("[orders].paid", paid, &o.status, class, shown)?;
+    }
+    Ok(OrdersColumns {
+        id: IdColumn::of("[orders].id", id)?,
+        id_type: id.shown.clone(),
+        id_base: id.base.clone(),
+        status_type: status.shown.clone(),
+    })
+}
+
+/// Checks that `[items]` names plain identifiers, before its table is read.
+pub(crate) fn check_items_identifiers(i: &ItemsMapping) -> Result<(), StoreError> {
+    check_identifiers(&[("[items].table", &i.table)], true)?;
+    check_identifiers(
+        &[
+            ("[items].order_id", &i.order_id),
+            ("[items].sku", &i.sku),
+            ("[items].quantity", &i.quantity),
+        ],
+        false,
+    )
+}
+
+/// Checks `[items]` against the items table's columns; returns its order
+/// id column as ids compare with it, and its type without modifiers.
+pub(crate) fn check_items_columns(
+    i: &ItemsMapping,
+    columns: &Columns,
+) -> Result<(IdColumn, String), StoreError> {
+    if columns.is_empty() {
+        return Err(StoreError::Schema {
+            key: "[items].table",
+            problem: format!("no table {:?} (or it has no columns)", i.table),
+        });
+    }
+    for (key, name) in [
+        ("[items].order_id", &i.order_id),
+        ("[items].sku", &i.sku),
+        ("[items].quantity", &i.quantity),
+    ] {
+        if !columns.contains_key(name.as_str()) {
+            return Err(StoreError::Schema {
+                key,
+                problem: format!("table {:?} has no column {name:?}", i.table),
+            });
+        }
+    }
+    let order_id = &columns[&i.order_id];
+    Ok((
+        IdColumn::of("[items].order_id", order_id)?,
+        order_id.base.clone(),
+    ))
+}
+
+/// The outbox table's columns this version's statements use (older
+/// versions' tables lack some): checked before anything else, so that a
+/// database nobody migrated says what to do.
+pub(crate) fn check_outbox_columns(columns: &Columns, needed: &[&str]) -> Result<(), StoreError> {
+    const RUN_MIGRATE: &str = "run `order-timeout migrate` against this database first";
+    if columns.is_empty() {
+        return Err(StoreError::Schema {
+            key: "DATABASE_URL",
+            problem: format!(
+                "the database has no table {OUTBOX} (the service's own outbox): {RUN_MIGRATE}"
+            ),
+        });
+    }
+    match needed.iter().find(|c| !columns.contains_key(**c)) {
+        Some(missing) => Err(StoreError::Schema {
+            key: "DATABASE_URL",
+            problem: format!(
+                "the table {OUTBOX} has no column {missing} (it was made by an older \
+                 version): {RUN_MIGRATE}"
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The service's own outbox table.
+pub(crate) const OUTBOX: &str = "order_timeout_cancel_outbox";
+
+/// What [`super::OrderStore::prepare`] found: the shop's schema as the
+/// store uses it, for `schema check` and the start-up log.
+#[derive(Clone, Debug)]
+pub struct SchemaReport {
+    /// The dialect.
+    pub dialect: Dialect,
+    /// The orders table, as configured.
+    pub table: String,
+    /// The id column's type.
+    pub id_type: String,
+    /// What ids can be.
+    pub id_kind: IdKind,
+    /// The status column's type.
+    pub status_type: String,
+    /// The deadline, as configured.
+    pub deadline: String,
+    /// The guard, as configured (empty: none).
+    pub guard: String,
+    /// Unpaid rows passing the guard when checked, and how many of them
+    /// are overdue.
+    pub unpaid: (i64, i64),
+    /// `also` statements prepared.
+    pub also: usize,
+    /// How stock goes back, and the items table when it is read.
+    pub release: Release,
+    /// The items table, when `release = "grpc"`.
+    pub items: Option<String>,
+}
+
+impl SchemaReport {
+    /// The report of a successful check.
+    pub(crate) fn new(
+        dialect: Dialect,
+        schema: &ShopSchema,
+        columns: OrdersColumns,
+        unpaid: (i64, i64),
+    ) -> Self {
+        let o = &schema.orders;
+        Self {
+            dialect,
+            table: o.table.clone(),
+            id_kind: columns.id.kind(),
+            id_type: columns.id_type,
+            status_type: columns.status_type,
+            deadline: o.deadline.clone(),
+            guard: o.guard.clone(),
+            unpaid,
+            also: o.also.len(),
+            release: schema.release,
+            items: (schema.release == Release::Grpc).then(|| schema.items.table.clone()),
+        }
+    }
+}
+
+impl fmt::Display for SchemaReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "dialect:  {:?}", self.dialect)?;
+        writeln!(
+            f,
+            "orders:   {} (id {}: {:?} ids; status {})",
+            self.table, self.id_type, self.id_kind, self.status_type
+        )?;
+        writeln!(f, "deadline: {}", self.deadline)?;
+        if !self.guard.is_empty() {
+            writeln!(f, "guard:    {}", self.guard)?;
+        }
+        writeln!(
+            f,
+            "unpaid:   {} orders, {} of them overdue",
+            self.unpaid.0, self.unpaid.1
+        )?;
+        writeln!(f, "also:     {} statement(s) prepared", self.also)?;
+        match (&self.release, &self.items) {
+            (Release::Grpc, Some(items)) => write!(f, "release:  gRPC, items from {items}"),
+            _ => write!(f, "release:  none (no inventory calls)"),
+        }
+    }
+}
+
+/// The order ids a sweeper query returned. An id that is not a valid
+/// order id (the shop's table may hold anything) is skipped with a warning:
+/// no message could name it either.
+pub(crate) fn order_ids(ids: Vec<String>) -> Vec<OrderId> {
+    ids.iter()
+        .filter_map(|id| match OrderId::parse(id) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                tracing::warn!(order_id = ?id, error = %e, "skipping a row whose id is not a valid order id");
+                None
+            }
+        })
+        .collect()
+}
+
+/// A page of `(id, deadline)` rows as order ids; rows whose id is not a
+/// valid order id or whose deadline is NULL are skipped with a warning.
+pub(crate) fn page(rows: Vec<(String, Option<DateTime<Utc>>)>) -> Vec<(OrderId, DateTime<Utc>)> {
+    rows.into_iter()
+        .filter_map(|(id, deadline)| match (OrderId::parse(&id), deadline) {
+            (Ok(order_id), Some(deadline)) => Some((order_id, deadline)),
+            (Err(e), _) => {
+                tracing::warn!(order_id = ?id, error = %e, "skipping a row whose id is not a valid order id");
+                None
+            }
+            (Ok(_), None) => {
+                tracing::warn!(order_id = ?id, "skipping an unpaid order whose deadline is NULL");
+                None
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_must_fit_the_column() {
+        let int = StatusValue::Int(0);
+        let text = StatusValue::Text("UNPAID".into());
+        assert!(check_status("k", &int, "s", TypeClass::Integer, "int").is_ok());
+        assert!(check_status("k", &text, "s", TypeClass::Text, "text").is_ok());
+        let err = check_status(
+            "[orders].unpaid",
+            &text,
+            "status",
+            TypeClass::Integer,
+            "int",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("[orders].unpaid"), "{err}");
+        assert!(check_status("k", &int, "s", TypeClass::Text, "varchar").is_err());
+    }
+
+    #[test]
+    fn identifiers_are_quoted_per_dialect() {
+        assert_eq!(
+            quote(Dialect::Postgres, "shop.orders"),
+            "\"shop\".\"orders\""
+        );
+        assert_eq!(quote(Dialect::MySql, "order"), "`order`");
+        assert!(check_identifiers(&[("k", "shop.orders")], true).is_ok());
+        assert!(check_identifiers(&[("k", "shop.orders")], false).is_err());
+        assert!(check_identifiers(&[("k", "a;drop")], true).is_err());
+    }
+}

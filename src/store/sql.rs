@@ -1,0 +1,511 @@
+//! The store's flow, written once for every SQL dialect: [`SqlStore`]
+//! implements [`OrderStore`] over a [`SqlDialect`], and a dialect module
+//! (`postgres.rs`, `mysql.rs`) holds only what differs: its connection
+//! options, reading a table's columns, rendering the statements, the
+//! cancel transaction and its other queries.
+//!
+//! Shared here: the schema check (identifiers, the orders and items
+//! columns, the statements prepared, the report), ids in the id column's
+//! canonical form (an id no row can have is never sent), the id order and
+//! deadlock retries of the cancel transaction and the mapping of its rows
+//! to order states, the items by order, ping and migrate.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{Connection, Pool};
+use tokio::sync::OnceCell;
+
+use super::ids::{IdColumn, IdRejected, IdValue};
+use super::shape::{self, Columns, OrdersColumns, SchemaReport};
+use super::state::StateRow;
+use super::{
+    Dialect, NextAttempt, OrderItem, OrderState, OrderStore, OutboxFailure, PoolSettings, ShopSchema,
+    StoreError,
+};
+use crate::message::OrderId;
+use crate::settings::{Release, SecretUrl};
+
+/// What one SQL dialect does its own way. Its methods are the dialect's
+/// statements; everything around them is [`SqlStore`]'s.
+pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
+    /// Which dialect this is.
+    const DIALECT: Dialect;
+    /// How many order ids one cancel transaction can carry
+    /// ([`super::max_batch_ids`]).
+    const MAX_BATCH_IDS: usize;
+    /// The columns of the outbox table this version's statements use (the
+    /// last migration's among them).
+    const OUTBOX_COLUMNS: &'static [&'static str];
+    /// The sqlx database.
+    type Db: sqlx::Database;
+    /// The statements rendered from the mapping.
+    type Statements: fmt::Debug + Send + Sync;
+
+    /// A pool on `url` of `pool`'s size, connecting lazily, whose sessions
+    /// read zone-less times in `time_zone` and wait for locks and
+    /// statements at most `pool`'s timeouts.
+    fn pool(
+        url: &SecretUrl,
+        pool: PoolSettings,
+        time_zone: &str,
+    ) -> Result<Pool<Self::Db>, StoreError>;
+
+    /// Creates the database `url` names if it does not exist.
+    fn create_database(url: &SecretUrl) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Applies the service's own migrations to `url`'s database. (Not
+    /// `Send`: sqlx's migrator cannot prove it for a borrowed connection.)
+    fn run_migrations(url: &SecretUrl) -> impl Future<Output = Result<(), StoreError>>;
+
+    /// A table's columns; empty when there is no such table.
+    fn columns(
+        store: &SqlStore<Self>,
+        table: &str,
+    ) -> impl Future<Output = Result<Columns, StoreError>> + Send;
+
+    /// The statements for the mapping, the orders table's columns and the
+    /// items' order id type (`None`: the items are not read), with what
+    /// binding them takes.
+    fn statements(
+        store: &SqlStore<Self>,
+        orders: &OrdersColumns,
+        items: Option<&(IdColumn, String)>,
+    ) -> impl Future<Output = Result<Self::Statements, StoreError>> + Send;
+
+    /// The rendered statements to prepare during the check, each with the
+    /// config keys a failure names.
+    fn to_check(sql: &Self::Statements) -> Vec<(&'static str, String)>;
+
+    /// Prepares `statement`, returning how many parameters it takes.
+    fn parameters(
+        store: &SqlStore<Self>,
+        statement: &str,
+    ) -> impl Future<Output = Result<usize, sqlx::Error>> + Send;
+
+    /// Unpaid orders passing the guard, and how many of them are overdue.
+    fn count_unpaid(
+        store: &SqlStore<Self>,
+        sql: &Self::Statements,
+    ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
+
+    /// **The cancel transaction** for canonical `ids` in id order (see
+    /// [`OrderStore::cancel_due`]): one row per id that it reports on.
+    fn cancel(
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+        ids: &[&str],
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<StateRow>, StoreError>> + Send;
+
+    /// The items of the orders `ids` (canonical for the items table's
+    /// order id column), ordered by order id and sku.
+    fn items(
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+        ids: &[&str],
+    ) -> impl Future<Output = Result<Vec<ItemRow>, StoreError>> + Send;
+
+    /// Ids of unpaid orders overdue by more than `grace`, oldest first.
+    fn overdue(
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+        grace: Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+
+    /// `(id, deadline)` of unpaid orders after `from`, in id order.
+    fn unpaid_page(
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+        from: Option<&str>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
+
+    /// Ids of outbox rows with work pending after `grace` and no live
+    /// lease, oldest first.
+    fn stale_outbox(
+        store: &SqlStore<Self>,
+        grace: Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+
+    /// Counts a failed attempt (`attempts` + 1, `last_error`) for each
+    /// `(id, error)` (not empty); returns the rows' attempts so far.
+    fn count_failures(
+        store: &SqlStore<Self>,
+        failures: &[(&str, &str)],
+    ) -> impl Future<Output = Result<Vec<(String, i32)>, StoreError>> + Send;
+
+    /// Plans each row's next attempt (not empty): `next_attempt_at` after
+    /// the delay, or given up with the reason.
+    fn plan_attempts(
+        store: &SqlStore<Self>,
+        plans: &[(&str, &NextAttempt)],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Deletes at most `limit` finished rows created more than
+    /// `older_than` ago, oldest first.
+    fn delete_finished(
+        store: &SqlStore<Self>,
+        older_than: Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Clears the leases of the outbox rows `ids` (not empty).
+    fn release_leases(
+        store: &SqlStore<Self>,
+        ids: &[&str],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Marks outbox work done (one of the lists is not empty).
+    fn mark_done(
+        store: &SqlStore<Self>,
+        released: &[&str],
+        published: &[&str],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// An unpaid order's id and deadline (NULL: none), as a page of
+/// [`SqlDialect::unpaid_page`] reads it.
+pub(crate) type PageRow = (String, Option<DateTime<Utc>>);
+
+/// One line of an order as the items query reads it.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ItemRow {
+    /// The order id, as the items table spells it.
+    pub(crate) order_id: String,
+    /// Stock keeping unit.
+    pub(crate) sku: String,
+    /// Units reserved.
+    pub(crate) quantity: i64,
+}
+
+/// The store on one SQL dialect: a connection pool, the mapping, and what
+/// the schema check found (once).
+#[derive(Debug)]
+pub(crate) struct SqlStore<D: SqlDialect> {
+    pub(super) pool: Pool<D::Db>,
+    pub(super) schema: ShopSchema,
+    prepared: OnceCell<Prepared<D>>,
+    /// Taken by cancel transactions that run `also` statements: they
+    /// update the shop's hot rows (stock), and concurrent ones deadlocked
+    /// (`bench --stock also` on MariaDB: p50 lateness 1 s, p99 16 s with
+    /// four at a time, deadlock retries included); one at a time per
+    /// instance, they do not wait on each other.
+    pub(super) also_turn: tokio::sync::Mutex<()>,
+}
+
+/// The statements rendered from the mapping, and what the check found.
+#[derive(Debug)]
+pub(crate) struct Prepared<D: SqlDialect> {
+    /// The dialect's statements.
+    pub(crate) sql: D::Statements,
+    /// The orders table's id column.
+    pub(crate) id: IdColumn,
+    /// The items table's order id column, when the items are read.
+    pub(crate) items_id: Option<IdColumn>,
+    /// How many parameters each `also` statement has (each is bound the
+    /// order id).
+    pub(crate) also_params: Vec<usize>,
+    /// What `schema check` prints.
+    pub(crate) report: SchemaReport,
+}
+
+impl<D: SqlDialect> SqlStore<D> {
+    /// A store on `url` with a pool of `pool`'s size and timeouts,
+    /// lazily: the first query opens the first connection, so start-up
+    /// does not fail on a database that is still booting.
+    pub(crate) fn connect_lazy(
+        url: &SecretUrl,
+        pool: PoolSettings,
+        schema: &ShopSchema,
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            pool: D::pool(url, pool, &schema.orders.time_zone)?,
+            schema: schema.clone(),
+            prepared: OnceCell::new(),
+            also_turn: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// Creates the database if it does not exist, then applies the
+    /// service's own migrations.
+    #[tracing::instrument(skip_all, fields(url = %url))]
+    pub(crate) async fn migrate(url: &SecretUrl) -> Result<(), StoreError> {
+        D::create_database(url).await?;
+        D::run_migrations(url).await
+    }
+
+    async fn prepared(&self) -> Result<&Prepared<D>, StoreError> {
+        self.prepared.get_or_try_init(|| self.check()).await
+    }
+
+    /// Reads the service's outbox and the shop's tables, checks the
+    /// mapping, renders and prepares every statement.
+    #[tracing::instrument(skip_all)]
+    async fn check(&self) -> Result<Prepared<D>, StoreError> {
+        let o = &self.schema.orders;
+        shape::check_orders_identifiers(o)?;
+        let outbox = D::columns(self, shape::OUTBOX).await?;
+        shape::check_outbox_columns(&outbox, D::OUTBOX_COLUMNS)?;
+        let orders = shape::check_orders_columns(o, &D::columns(self, &o.table).await?)?;
+        let items = match self.schema.release {
+            Release::Grpc => Some(self.check_items().await?),
+            Release::None => None,
+        };
+        let sql = D::statements(self, &orders, items.as_ref()).await?;
+        let unpaid = self.count_unpaid(&sql).await?;
+        let also_params = self.check_statements(&sql).await?;
+        Ok(Prepared {
+            sql,
+            id: orders.id.clone(),
+            items_id: items.map(|(column, _)| column),
+            also_params,
+            report: SchemaReport::new(D::DIALECT, &self.schema, orders, unpaid),
+        })
+    }
+
+    /// The items table's order id column and its type without modifiers.
+    async fn check_items(&self) -> Result<(IdColumn, String), StoreError> {
+        let i = &self.schema.items;
+        shape::check_items_identifiers(i)?;
+        shape::check_items_columns(i, &D::columns(self, &i.table).await?)
+    }
+
+    /// Evaluates the deadline and the guard over the unpaid rows, so that
+    /// a mistake in either is reported now, with its key, and not on the
+    /// first order due. A failure waiting can fix (the connection, a lock
+    /// or statement timeout) is not a mistake in the mapping and stays
+    /// transient.
+    async fn count_unpaid(&self, sql: &D::Statements) -> Result<(i64, i64), StoreError> {
+        D::count_unpaid(self, sql).await.map_err(|e| {
+            let problem = format!("evaluating them over the unpaid orders failed: {e}");
+            match StoreError::Sql(e) {
+                error if !error.is_permanent() => error,
+                _ => StoreError::Schema {
+                    key: "[orders].deadline / [orders].guard",
+                    problem,
+                },
+            }
+        })
+    }
+
+    /// Prepares the rendered statements and the `also` statements (a
+    /// mistake is reported with its key), returning each `also` statement's
+    /// parameter count.
+    async fn check_statements(&self, sql: &D::Statements) -> Result<Vec<usize>, StoreError> {
+        let prepare = async |key: &'static str, statement: &str| {
+            D::parameters(self, statement)
+                .await
+                .map_err(|e| StoreError::Schema {
+                    key,
+                    problem: format!("{e}: {statement}"),
+                })
+        };
+        let mut checks = D::to_check(sql).into_iter();
+        if let Some((key, statement)) = checks.next() {
+            prepare(key, &statement).await?;
+        }
+        let mut also_params = Vec::new();
+        for statement in &self.schema.orders.also {
+            also_params.push(prepare("[orders].also", statement).await?);
+        }
+        for (key, statement) in checks {
+            prepare(key, &statement).await?;
+        }
+        Ok(also_params)
+    }
+}
+
+impl<D: SqlDialect> Prepared<D> {
+    /// `id` (canonical, as the cancel transaction was asked or the table
+    /// answered) as a value of the id column's type.
+    pub(crate) fn id_value(&self, id: &str) -> Result<IdValue, StoreError> {
+        self.id.value(id).map_err(|rejected| StoreError::Schema {
+            key: "[orders].id",
+            problem: format!("order id {id:?} does not fit the id column: {rejected}"),
+        })
+    }
+
+    /// `id` (canonical for the items table) as a value of its order id
+    /// column's type.
+    pub(crate) fn items_id_value(&self, id: &str) -> Result<IdValue, StoreError> {
+        let column = self.items_id.as_ref().unwrap_or(&self.id);
+        column.value(id).map_err(|rejected| StoreError::Schema {
+            key: "[items].order_id",
+            problem: format!("order id {id:?} does not fit the column: {rejected}"),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl<D: SqlDialect> OrderStore for SqlStore<D> {
+    async fn prepare(&self) -> Result<SchemaReport, StoreError> {
+        Ok(self.prepared().await?.report.clone())
+    }
+
+    fn canonical(&self, id: &OrderId) -> Result<OrderId, IdRejected> {
+        match self.prepared.get() {
+            Some(prepared) => prepared.id.canonical(id),
+            None => Ok(id.clone()),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(orders = ids.len()))]
+    async fn cancel_due(
+        &self,
+        ids: &[OrderId],
+        lease: Duration,
+    ) -> Result<Vec<(OrderId, OrderState)>, StoreError> {
+        let prepared = self.prepared().await?;
+        // An id that is not its own canonical form names no row: unknown,
+        // without asking (no statement could bind it in the column's type).
+        let (asked, impossible): (Vec<&OrderId>, Vec<&OrderId>) = ids
+            .iter()
+            .partition(|id| prepared.id.canonical(id).as_ref() == Ok(*id));
+        // In id order, so concurrent batches lock rows and run their `also`
+        // statements in the same order (fewer deadlocks).
+        let mut sorted: Vec<&str> = asked.iter().map(|id| id.as_str()).collect();
+        sorted.sort_unstable();
+        // More ids than one transaction can carry (the settings refuse such
+        // a batch size; a MySQL statement over its placeholder limit never
+        // answers) go in several, one after the other.
+        let mut rows = Vec::new();
+        for chunk in sorted.chunks(D::MAX_BATCH_IDS) {
+            let cancel = || D::cancel(self, prepared, chunk, lease);
+            rows.extend(super::retry_deadlocks(cancel).await?);
+        }
+        let by_id: HashMap<&str, &StateRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
+        let reported = asked
+            .into_iter()
+            .filter_map(|id| Some((id.clone(), by_id.get(id.as_str())?.state())));
+        let unknown = impossible
+            .into_iter()
+            .map(|id| (id.clone(), OrderState::Unknown));
+        Ok(reported.chain(unknown).collect())
+    }
+
+    #[tracing::instrument(skip_all, fields(orders = ids.len()))]
+    async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError> {
+        let prepared = self.prepared().await?;
+        let Some(items_id) = &prepared.items_id else {
+            return Ok(HashMap::new());
+        };
+        // Each order as the items table's column spells it; an order id it
+        // cannot hold has no items there.
+        let spelled: HashMap<String, &OrderId> = ids
+            .iter()
+            .filter_map(|id| Some((items_id.canonical(id).ok()?.as_str().to_owned(), *id)))
+            .collect();
+        let mut keys: Vec<&str> = spelled.keys().map(String::as_str).collect();
+        if keys.is_empty() {
+            return Ok(HashMap::new());
+        }
+        keys.sort_unstable();
+        let mut rows = Vec::new();
+        for chunk in keys.chunks(D::MAX_BATCH_IDS) {
+            rows.extend(D::items(self, prepared, chunk).await?);
+        }
+        let mut map: HashMap<String, Vec<OrderItem>> = HashMap::new();
+        for row in rows {
+            // Exactly the orders asked about (a case-insensitive column
+            // may answer with another spelling).
+            if let Some(id) = spelled.get(&row.order_id) {
+                map.entry(id.as_str().to_owned())
+                    .or_default()
+                    .push(OrderItem {
+                        sku: row.sku,
+                        quantity: row.quantity,
+                    });
+            }
+        }
+        Ok(map)
+    }
+
+    /// An index range scan when the shop has an index on `(status,
+    /// deadline column)` and the deadline is that column.
+    #[tracing::instrument(skip(self))]
+    async fn overdue(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError> {
+        let prepared = self.prepared().await?;
+        Ok(shape::order_ids(
+            D::overdue(self, prepared, grace, limit).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn unpaid_page(
+        &self,
+        from: Option<&OrderId>,
+        limit: u32,
+    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError> {
+        let prepared = self.prepared().await?;
+        let from = from.map(OrderId::as_str);
+        Ok(shape::page(
+            D::unpaid_page(self, prepared, from, limit).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn stale_outbox(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError> {
+        Ok(shape::order_ids(D::stale_outbox(self, grace, limit).await?))
+    }
+
+    #[tracing::instrument(skip_all, fields(orders = failures.len()))]
+    async fn record_failures(
+        &self,
+        failures: &[OutboxFailure<'_>],
+        plan: &(dyn for<'r, 'f> Fn(&'r OutboxFailure<'f>, u32) -> NextAttempt + Send + Sync),
+    ) -> Result<Vec<(String, u32, NextAttempt)>, StoreError> {
+        if failures.is_empty() {
+            return Ok(Vec::new());
+        }
+        let errors: Vec<(&str, &str)> = failures.iter().map(|f| (f.id, f.error)).collect();
+        let attempts: HashMap<String, u32> = D::count_failures(self, &errors)
+            .await?
+            .into_iter()
+            .map(|(id, n)| (id, u32::try_from(n).unwrap_or(0)))
+            .collect();
+        let planned: Vec<(String, u32, NextAttempt)> = failures
+            .iter()
+            .filter_map(|f| {
+                let n = *attempts.get(f.id)?;
+                Some((f.id.to_owned(), n, plan(f, n)))
+            })
+            .collect();
+        let plans: Vec<(&str, &NextAttempt)> =
+            planned.iter().map(|(id, _, p)| (id.as_str(), p)).collect();
+        if !plans.is_empty() {
+            D::plan_attempts(self, &plans).await?;
+        }
+        Ok(planned)
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn delete_finished(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
+        D::delete_finished(self, older_than, limit).await
+    }
+
+    #[tracing::instrument(skip_all, fields(orders = ids.len()))]
+    async fn release_leases(&self, ids: &[&str]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        D::release_leases(self, ids).await
+    }
+
+    #[tracing::instrument(skip_all, fields(released = released.len(), published = published.len()))]
+    async fn mark_done(&self, released: &[&str], published: &[&str]) -> Result<(), StoreError> {
+        if released.is_empty() && published.is_empty() {
+            return Ok(());
+        }
+        D::mark_done(self, released, published).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.pool.acquire().await?.ping().await?;
+        Ok(())
+    }
+}

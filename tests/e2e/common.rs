@@ -1,0 +1,656 @@
+//! Test harness: every test gets its own RabbitMQ vhost and its own
+//! PostgreSQL database (migrated), a reference inventory server on a free
+//! port, and helpers to play the order service. Everything is removed when
+//! the [`TestEnv`] is dropped, also when the test fails.
+//!
+//! Needs a local RabbitMQ (`rabbitmqctl` creates the vhosts, as root) and
+//! PostgreSQL; `scripts/test.sh` makes sure both run. `AMQP_URL` and
+//! `DATABASE_URL` name the servers (their vhost / database part is replaced).
+
+#![allow(dead_code)]
+
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
+    ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Channel, Connection};
+use order_timeout::app::RunningService;
+use order_timeout::broker::{connect_amqp, declare_topology, topology};
+use order_timeout::settings::{self, CascadeShards, SecretUrl, Settings};
+use order_timeout::shutdown::Shutdown;
+use order_timeout::store::OrderItem;
+use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
+use order_timeout_tools::scratch;
+use order_timeout_tools::shop::{self, NewOrder};
+use sqlx::PgPool;
+
+/// Tests that stop or kill a `serve` process holding hundreds of messages
+/// and then restart it take turns. On the shared RabbitMQ 3.10.8, two such
+/// consumers going away within a second of each other (in different vhosts)
+/// were followed by a ~30 s stall of the whole broker (nothing accepted,
+/// nothing logged), three times in full runs of this binary; the restart
+/// then missed its deadline. One at a time, the restarts stay quick.
+pub static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Initial stock of every SKU a test uses.
+pub const STOCK: i64 = 1_000;
+
+/// One test's isolated world.
+pub struct TestEnv {
+    /// Unique name of this test's vhost and database.
+    pub name: String,
+    /// Settings pointing at this test's vhost, database and inventory.
+    pub settings: Settings,
+    /// Pool on this test's database.
+    pub pool: PgPool,
+    /// Client of this test's inventory server.
+    pub inventory: ShopInventory,
+    /// A plain AMQP connection playing the order service / an observer.
+    pub amqp: Connection,
+    /// Confirm-mode channel on `amqp`.
+    pub channel: Channel,
+    stop_inventory: std::sync::Mutex<Shutdown>,
+    inventory_addr: std::net::SocketAddr,
+    base_db_url: SecretUrl,
+    /// The vhost was made for this test (and is deleted with it).
+    owns_vhost: bool,
+}
+
+impl TestEnv {
+    /// Creates the vhost and database (migrated, with the reference shop
+    /// schema), declares the topology and starts the inventory server.
+    pub async fn new() -> Self {
+        Self::build(None).await
+    }
+
+    /// [`TestEnv::new`] on a broker of the test's own (a private node,
+    /// `amqp_url` naming its vhost) instead of a new vhost on the shared
+    /// one: the vhost is used as it is and left alone afterwards.
+    pub async fn on_broker(amqp_url: SecretUrl) -> Self {
+        Self::build(Some(amqp_url)).await
+    }
+
+    async fn build(own_broker: Option<SecretUrl>) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let name = format!("ot_test_{}", uuid::Uuid::new_v4().simple());
+        let owns_vhost = own_broker.is_none();
+        let amqp_url = match own_broker {
+            Some(url) => url,
+            None => {
+                let amqp_base =
+                    std::env::var("AMQP_URL").unwrap_or_else(|_| settings::DEFAULT_AMQP_URL.into());
+                scratch::create_vhost(&SecretUrl::new(amqp_base), &name)
+                    .expect("create the test's vhost")
+            }
+        };
+
+        let base_db_url = SecretUrl::new(
+            std::env::var("DATABASE_URL").unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
+        );
+        let database_url = scratch::with_path(&base_db_url, &name).unwrap();
+        let pool = shop::prepare_database(&database_url, 10)
+            .await
+            .expect("prepare the test database");
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let inventory_addr = listener.local_addr().unwrap();
+        let inventory_url = format!("http://{inventory_addr}");
+        let stop_inventory = Shutdown::new();
+        {
+            let stop = stop_inventory.clone();
+            tokio::spawn(
+                ReferenceInventory::new(pool.clone())
+                    .serve(listener, async move { stop.wait().await }),
+            );
+        }
+        let inventory =
+            ShopInventory::connect_lazy(&inventory_url, Duration::from_secs(5)).unwrap();
+
+        let mut settings = Settings {
+            amqp_url,
+            database_url,
+            inventory_url: SecretUrl::new(inventory_url),
+            ..Settings::default()
+        };
+        settings.shutdown_timeout = Duration::from_secs(10);
+        // Two cascade shards, not the default four: every test still routes
+        // orders through more than one shard, with half the quorum queues
+        // to create and delete per test (the suite makes a vhost per test,
+        // and thousands of quorum queues per run weigh on a small broker).
+        settings.cascade_shards = CascadeShards::try_from(2).unwrap();
+        // Several services per test: let each pick a free port.
+        settings.http_addr = "127.0.0.1:0".parse().unwrap();
+        declare_topology(&settings).await.expect("declare topology");
+        let amqp = connect_amqp(&settings.amqp_url, "test-client")
+            .await
+            .unwrap();
+        let channel = amqp.create_channel().await.unwrap();
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        Self {
+            name,
+            settings,
+            pool,
+            inventory,
+            amqp,
+            channel,
+            stop_inventory: std::sync::Mutex::new(stop_inventory),
+            inventory_addr,
+            base_db_url,
+            owns_vhost,
+        }
+    }
+
+    /// Starts an in-process service instance on this world.
+    pub async fn service(&self) -> RunningService {
+        self.service_with(self.settings.clone()).await
+    }
+
+    /// Starts an in-process service instance with other settings.
+    pub async fn service_with(&self, settings: Settings) -> RunningService {
+        RunningService::start(settings)
+            .await
+            .expect("start the service")
+    }
+
+    /// Stops the inventory server (calls then fail with "unavailable").
+    pub fn stop_inventory(&self) {
+        self.stop_inventory.lock().unwrap().trigger();
+    }
+
+    /// A listener on the inventory server's address, once the old listener
+    /// has let go of the port (it may take a moment).
+    async fn inventory_listener(&self) -> tokio::net::TcpListener {
+        loop {
+            match tokio::net::TcpListener::bind(self.inventory_addr).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// Replaces the test's inventory server by `server` (a wrapper that
+    /// refuses or counts some calls) on the same address; returns the
+    /// switch that stops it.
+    pub async fn replace_inventory<S>(&self, server: S) -> Shutdown
+    where
+        S: order_timeout_tools::inventory::pb::inventory_server::Inventory,
+    {
+        self.stop_inventory();
+        let listener = self.inventory_listener().await;
+        let stop = Shutdown::new();
+        let stopped = stop.clone();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(
+                    order_timeout_tools::inventory::pb::inventory_server::InventoryServer::new(
+                        server,
+                    ),
+                )
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    async move { stopped.wait().await },
+                ),
+        );
+        stop
+    }
+
+    /// Starts the inventory server again on the same address.
+    pub async fn start_inventory(&self) {
+        let listener = self.inventory_listener().await;
+        let stop = Shutdown::new();
+        *self.stop_inventory.lock().unwrap() = stop.clone();
+        tokio::spawn(
+            ReferenceInventory::new(self.pool.clone())
+                .serve(listener, async move { stop.wait().await }),
+        );
+    }
+
+    /// The SKU name `n` of this test.
+    pub fn sku(&self, n: usize) -> String {
+        format!("sku-{n}")
+    }
+
+    /// Stocks SKUs 0..n with [`STOCK`] each.
+    pub async fn stock_skus(&self, n: usize) {
+        let stock: Vec<(String, i64)> = (0..n).map(|i| (self.sku(i), STOCK)).collect();
+        shop::set_stock(&self.pool, &stock).await.unwrap();
+    }
+
+    /// Creates an order as the order service would: reserves its stock,
+    /// then inserts the row with `expires_at = now + timeout`. Does not
+    /// publish.
+    pub async fn create_order(
+        &self,
+        id: &str,
+        timeout: Duration,
+        items: &[(usize, i64)],
+    ) -> NewOrder {
+        let order = NewOrder {
+            id: id.to_owned(),
+            expires_at: Utc::now() + chrono::Duration::from_std(timeout).unwrap(),
+            items: items
+                .iter()
+                .map(|(sku, quantity)| OrderItem {
+                    sku: self.sku(*sku),
+                    quantity: *quantity,
+                })
+                .collect(),
+        };
+        self.inventory
+            .reserve(&order.id, &order.items)
+            .await
+            .expect("reserve");
+        shop::insert_order(&self.pool, &order)
+            .await
+            .expect("insert order");
+        order
+    }
+
+    /// Publishes raw bytes to the entry exchange with a plain AMQP client,
+    /// as any order service would, and waits for the confirm.
+    pub async fn publish_raw(&self, body: &[u8]) {
+        let confirm = self
+            .channel
+            .basic_publish(
+                topology::ENTRY_EXCHANGE.into(),
+                topology::SCHEDULE_ROUTING_KEY.into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_content_type("application/json".into()),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+    }
+
+    /// Publishes `{"order_id", "cancel_at"}` for `order`.
+    pub async fn publish_timeout(&self, order: &NewOrder) {
+        let body = serde_json::json!({
+            "order_id": order.id,
+            "cancel_at": order_timeout::message::format_instant(order.expires_at),
+        });
+        self.publish_raw(body.to_string().as_bytes()).await;
+    }
+
+    /// An exclusive queue bound to the `order.cancelled` events.
+    pub async fn subscribe_events(&self) -> lapin::Consumer {
+        let channel = self.amqp.create_channel().await.unwrap();
+        let queue = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.name().clone(),
+                topology::EVENTS_EXCHANGE.into(),
+                topology::CANCELLED_ROUTING_KEY.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .basic_consume(
+                queue.name().clone(),
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Takes every message now in the parked queue (acking them).
+    pub async fn drain_parked(&self) -> Vec<lapin::message::BasicGetMessage> {
+        let channel = self.amqp.create_channel().await.unwrap();
+        let mut out = Vec::new();
+        while let Some(msg) = channel
+            .basic_get(topology::PARKED_QUEUE.into(), BasicGetOptions::default())
+            .await
+            .unwrap()
+        {
+            msg.ack(BasicAckOptions::default()).await.unwrap();
+            out.push(msg);
+        }
+        out
+    }
+
+    /// `(status, expires_at, cancelled_at)` of an order.
+    pub async fn order_state(&self, id: &str) -> (String, DateTime<Utc>, Option<DateTime<Utc>>) {
+        sqlx::query_as("SELECT status, expires_at, cancelled_at FROM orders WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Available stock of SKU `n`.
+    pub async fn stock(&self, n: usize) -> i64 {
+        let sku = self.sku(n);
+        *self
+            .inventory
+            .stock(std::slice::from_ref(&sku))
+            .await
+            .unwrap()
+            .get(&sku)
+            .unwrap()
+    }
+
+    /// How many `ReleaseStock` calls the inventory saw for an order (None:
+    /// never released).
+    pub async fn release_calls(&self, id: &str) -> Option<i64> {
+        sqlx::query_scalar("SELECT calls FROM inventory.releases WHERE order_id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Counts orders by status among ids starting with `prefix`.
+    pub async fn count(&self, prefix: &str, status: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE starts_with(id, $1) AND status = $2")
+            .bind(prefix)
+            .bind(status)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Polls `check` every 50 ms until it holds or `timeout` passes.
+    pub async fn eventually<F, Fut>(&self, timeout: Duration, what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let end = tokio::time::Instant::now() + timeout;
+        loop {
+            if check().await {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "timed out after {timeout:?} waiting for: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the order with `id` is no longer UNPAID.
+    pub async fn wait_settled(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> (String, DateTime<Utc>, Option<DateTime<Utc>>) {
+        self.eventually(timeout, &format!("order {id} settled"), || async {
+            self.order_state(id).await.0 != "UNPAID"
+        })
+        .await;
+        self.order_state(id).await
+    }
+
+    /// Waits until no cancelled order has outbox work (stock release,
+    /// event) pending: the order row flips to CANCELLED before the release.
+    pub async fn wait_outbox_done(&self, timeout: Duration) {
+        self.eventually(timeout, "no outbox work pending", || async {
+            let pending: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM order_timeout_cancel_outbox WHERE stock_released_at IS NULL OR event_published_at IS NULL",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .unwrap();
+            pending == 0
+        })
+        .await;
+    }
+
+    /// Asserts that the inventory holds exactly `STOCK - reserved by
+    /// orders not cancelled` for SKUs 0..n, and that every cancelled order's
+    /// stock was released exactly once (after waiting for pending releases).
+    pub async fn assert_stock_exact(&self, skus: usize) {
+        self.wait_outbox_done(Duration::from_secs(10)).await;
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            r#"
+            SELECT i.sku, sum(i.quantity)::bigint
+              FROM order_items i JOIN orders o ON o.id = i.order_id
+             WHERE o.status <> 'CANCELLED'
+             GROUP BY i.sku
+            "#,
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        for n in 0..skus {
+            let held: i64 = rows
+                .iter()
+                .find(|(s, _)| *s == self.sku(n))
+                .map(|(_, q)| *q)
+                .unwrap_or(0);
+            assert_eq!(
+                self.stock(n).await,
+                STOCK - held,
+                "stock of {}",
+                self.sku(n)
+            );
+        }
+        let (cancelled, released): (i64, i64) = sqlx::query_as(
+            r#"
+            SELECT (SELECT count(*) FROM orders WHERE status = 'CANCELLED'),
+                   (SELECT count(*) FROM inventory.releases)
+            "#,
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        assert_eq!(released, cancelled, "one release per cancelled order");
+    }
+
+    /// Reads up to `n` events within `timeout`.
+    pub async fn read_events(
+        consumer: &mut lapin::Consumer,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<order_timeout::broker::publisher::CancelledEvent> {
+        let mut events = Vec::new();
+        let _ = tokio::time::timeout(timeout, async {
+            while events.len() < n {
+                let Some(Ok(delivery)) = consumer.next().await else {
+                    break;
+                };
+                events.push(serde_json::from_slice(&delivery.data).expect("event is JSON"));
+            }
+        })
+        .await;
+        events
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        self.stop_inventory();
+        if self.owns_vhost {
+            let _ = scratch::delete_vhost(&self.name);
+        }
+        let _ = scratch::drop_database_blocking(&self.base_db_url, &self.name);
+    }
+}
+
+// ---- Operator tooling helpers (tests/operations.rs) ----
+
+/// Output of one run of the real `order-timeout` binary.
+pub struct CliOutput {
+    /// Exit code (None: killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl TestEnv {
+    /// Runs the real binary against this test's vhost and database with
+    /// empty standard input, and waits for it (on a blocking thread, so the
+    /// test's runtime keeps serving the in-process service).
+    pub async fn cli(&self, args: &[&str]) -> CliOutput {
+        self.cli_stdin(args, "").await
+    }
+
+    /// [`TestEnv::cli`] with `stdin` as the binary's standard input.
+    pub async fn cli_stdin(&self, args: &[&str], stdin: &str) -> CliOutput {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let stdin = stdin.to_owned();
+        let env = EnvForCli {
+            amqp_url: self.settings.amqp_url.expose().to_owned(),
+            database_url: self.settings.database_url.expose().to_owned(),
+            inventory_url: self.settings.inventory_url.expose().to_owned(),
+            config: std::env::temp_dir().join(format!("{}-cli.toml", self.name)),
+            cascade_shards: self.settings.cascade_shards.get(),
+        };
+        tokio::task::spawn_blocking(move || env.run(&args, &stdin))
+            .await
+            .unwrap()
+    }
+
+    /// Messages ready in the parked queue (passive declare).
+    pub async fn parked_count(&self) -> u32 {
+        let channel = self.amqp.create_channel().await.unwrap();
+        let queue = channel
+            .queue_declare(
+                topology::PARKED_QUEUE.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let _ = channel.close(200, "".into()).await;
+        queue.message_count()
+    }
+
+    /// Publishes a message straight into the parked queue with these
+    /// string headers, as the service's `park` would, and waits for the
+    /// confirm.
+    pub async fn park_raw(&self, body: &[u8], headers: &[(&str, String)]) {
+        let mut table = FieldTable::default();
+        for (k, v) in headers {
+            table.insert(
+                (*k).into(),
+                lapin::types::AMQPValue::LongString(v.as_str().into()),
+            );
+        }
+        let confirm = self
+            .channel
+            .basic_publish(
+                "".into(),
+                topology::PARKED_QUEUE.into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_headers(table),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        assert!(confirm.is_ack());
+    }
+}
+
+/// What a CLI run needs from a [`TestEnv`], movable to a blocking thread.
+struct EnvForCli {
+    amqp_url: String,
+    database_url: String,
+    inventory_url: String,
+    /// Config file for the settings the environment variables cannot
+    /// carry (the cascade shards this test's vhost was declared with).
+    config: std::path::PathBuf,
+    cascade_shards: u32,
+}
+
+impl EnvForCli {
+    fn run(&self, args: &[String], stdin: &str) -> CliOutput {
+        use std::io::Write;
+        std::fs::write(
+            &self.config,
+            format!("cascade_shards = {}\n", self.cascade_shards),
+        )
+        .expect("write the CLI's config file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+            .args(args)
+            .env("AMQP_URL", &self.amqp_url)
+            .env("DATABASE_URL", &self.database_url)
+            .env("INVENTORY_URL", &self.inventory_url)
+            .env("RUST_LOG", "warn")
+            .env("ORDER_TIMEOUT_CONFIG", &self.config)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start order-timeout");
+        let mut input = child.stdin.take().unwrap();
+        let _ = input.write_all(stdin.as_bytes());
+        drop(input);
+        let out = child.wait_with_output().expect("wait for order-timeout");
+        let _ = std::fs::remove_file(&self.config);
+        CliOutput {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// A bare-bones HTTP/1.1 GET: `(status, body)`.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return (0, String::new());
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}

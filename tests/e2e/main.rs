@@ -1,0 +1,19 @@
+//! The end-to-end tests, one binary (one link instead of one per file):
+//! every test gets its own RabbitMQ vhost and PostgreSQL database
+//! ([`common::TestEnv`]) and talks to the real servers.
+
+mod adopt;
+mod alerts;
+mod broker_faults;
+mod browser;
+mod common;
+mod console;
+mod failures;
+mod operations;
+mod outbox;
+mod permanent_failures;
+mod process;
+mod secrets;
+mod service;
+mod store;
+mod tls;

@@ -1,0 +1,561 @@
+//! The operator commands, run as the real binary against a real broker and
+//! database: `parked list|replay|purge` and `topology check`.
+
+use std::time::Duration;
+
+use crate::common::TestEnv;
+use chrono::Utc;
+use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, ExchangeKind};
+use order_timeout::app::RunningService;
+use order_timeout::broker::cascade::level_name;
+use order_timeout::broker::topology;
+use order_timeout::message::format_instant;
+use order_timeout::observe::metrics::Outcome;
+use order_timeout::ops::parked::ParkedJson;
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// Publishes a timeout for an order that has no row yet, due now.
+async fn publish_for_unknown(env: &TestEnv, id: &str) {
+    env.publish_raw(
+        format!(
+            r#"{{"order_id":"{id}","cancel_at":"{}"}}"#,
+            format_instant(Utc::now())
+        )
+        .as_bytes(),
+    )
+    .await;
+}
+
+async fn wait_parked(env: &TestEnv, service: &RunningService, n: u64) {
+    env.eventually(WAIT, &format!("{n} messages parked"), || async {
+        service.metrics.count(Outcome::Parked) >= n && env.parked_count().await as u64 == n
+    })
+    .await;
+}
+
+fn json_lines(stdout: &str) -> Vec<ParkedJson> {
+    stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect()
+}
+
+fn assert_success(out: &crate::common::CliOutput) {
+    assert_eq!(
+        out.code,
+        Some(0),
+        "stdout: {}\nstderr: {}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_reasons_and_leaves_the_queue_as_it_was() {
+    let env = TestEnv::new().await;
+    let service = env.service().await;
+    env.publish_raw(b"definitely not json").await;
+    wait_parked(&env, &service, 1).await;
+    publish_for_unknown(&env, "ghost-1").await;
+    wait_parked(&env, &service, 2).await;
+    env.publish_raw(b"\xff\xfe not utf-8").await;
+    wait_parked(&env, &service, 3).await;
+    service.stop().await.unwrap();
+
+    let table = env.cli(&["parked", "list"]).await;
+    assert_success(&table);
+    let out = &table.stdout;
+    assert!(out.contains("ORDER ID"), "{out}");
+    assert!(out.contains("ghost-1"), "{out}");
+    assert!(out.contains("unknown_order: unknown order"), "{out}");
+    assert!(out.contains("not_json"), "{out}");
+    assert!(out.contains("3 parked messages"), "{out}");
+    assert_eq!(env.parked_count().await, 3, "listing removes nothing");
+
+    // Listing again (and with a limit) shows the same, in the same order.
+    let first = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    let limited = env.cli(&["parked", "list", "--limit", "1"]).await;
+    assert_success(&limited);
+    assert!(
+        limited.stdout.contains("1 of 3 parked messages shown"),
+        "{}",
+        limited.stdout
+    );
+    let second = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    assert_eq!(first.len(), 3);
+    assert_eq!(env.parked_count().await, 3);
+    let bodies = |v: &[ParkedJson]| {
+        v.iter()
+            .map(|m| (m.body.clone(), m.body_base64.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        bodies(&first),
+        bodies(&second),
+        "order kept across listings"
+    );
+
+    let not_json = &first[0];
+    assert_eq!(not_json.error_kind.as_deref(), Some("not_json"));
+    assert_eq!(not_json.body.as_deref(), Some("definitely not json"));
+    assert!(not_json.error.as_deref().is_some_and(|e| !e.is_empty()));
+    assert_eq!(not_json.attempts, Some(1));
+    assert!(not_json.parked_at.is_some() && not_json.first_failure.is_some());
+    assert!(not_json.age_secs.is_some());
+    let ghost = &first[1];
+    assert_eq!(ghost.order_id.as_deref(), Some("ghost-1"));
+    assert_eq!(ghost.error_kind.as_deref(), Some("unknown_order"));
+    assert_eq!(ghost.source_queue.as_deref(), Some(topology::DUE_QUEUE));
+    let binary = &first[2];
+    assert_eq!(binary.body, None);
+    assert_eq!(
+        binary.body_base64.as_deref(),
+        Some("//4gbm90IHV0Zi04"),
+        "non-UTF-8 bodies come as base64"
+    );
+    // Every pass is one more delivery; with no delivery limit that is
+    // only a counter.
+    assert!(second[0].redeliveries.unwrap_or(0) >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_by_order_id_succeeds_once_the_cause_is_fixed() {
+    let env = TestEnv::new().await;
+    env.stock_skus(1).await;
+    let service = env.service().await;
+    publish_for_unknown(&env, "ghost-a").await;
+    publish_for_unknown(&env, "ghost-b").await;
+    wait_parked(&env, &service, 2).await;
+    env.publish_raw(b"definitely not json").await;
+    wait_parked(&env, &service, 3).await;
+
+    // The order service's row for ghost-a shows up late.
+    env.create_order("ghost-a", Duration::from_millis(10), &[(0, 2)])
+        .await;
+    let out = env
+        .cli(&["parked", "replay", "--order-id", "ghost-a"])
+        .await;
+    assert_success(&out);
+    assert!(
+        out.stdout.contains("replayed 1 parked message"),
+        "{}",
+        out.stdout
+    );
+    let (status, expires_at, cancelled_at) = env.wait_settled("ghost-a", WAIT).await;
+    assert_eq!(status, "CANCELLED");
+    assert!(cancelled_at.unwrap() >= expires_at);
+    env.assert_stock_exact(1).await;
+
+    // The others stay parked, untouched.
+    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    let ids: Vec<Option<&str>> = left.iter().map(|m| m.order_id.as_deref()).collect();
+    assert_eq!(ids, vec![Some("ghost-b"), None]);
+
+    // Replaying one whose cause is not fixed parks it again, with a fresh
+    // attempt count (not the old history plus one).
+    let out = env
+        .cli(&["parked", "replay", "--order-id", "ghost-b"])
+        .await;
+    assert_success(&out);
+    assert!(out.stdout.contains("replayed 1"), "{}", out.stdout);
+    env.eventually(WAIT, "ghost-b parked again", || async {
+        service.metrics.count(Outcome::Parked) == 4 && env.parked_count().await == 2
+    })
+    .await;
+    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    let ghost_b = left
+        .iter()
+        .find(|m| m.order_id.as_deref() == Some("ghost-b"))
+        .unwrap();
+    assert_eq!(ghost_b.attempts, Some(1), "fresh attempt budget");
+
+    // Nothing matches: nothing replayed.
+    let out = env.cli(&["parked", "replay", "--order-id", "nobody"]).await;
+    assert_success(&out);
+    assert!(out.stdout.contains("replayed 0"), "{}", out.stdout);
+    assert_eq!(env.parked_count().await, 2);
+    service.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_all_republishes_everything_parked() {
+    let env = TestEnv::new().await;
+    env.stock_skus(1).await;
+    let service = env.service().await;
+    for i in 0..3 {
+        publish_for_unknown(&env, &format!("late-row-{i}")).await;
+    }
+    wait_parked(&env, &service, 3).await;
+    for i in 0..3 {
+        env.create_order(
+            &format!("late-row-{i}"),
+            Duration::from_millis(10),
+            &[(0, 1)],
+        )
+        .await;
+    }
+    let out = env.cli(&["parked", "replay"]).await;
+    assert_eq!(out.code, Some(2), "--all or --order-id is required");
+
+    let out = env.cli(&["parked", "replay", "--all"]).await;
+    assert_success(&out);
+    assert!(out.stdout.contains("replayed 3"), "{}", out.stdout);
+    env.eventually(WAIT, "every order cancelled", || async {
+        env.count("late-row-", "CANCELLED").await == 3
+    })
+    .await;
+    assert_eq!(env.parked_count().await, 0);
+    env.assert_stock_exact(1).await;
+    service.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_deletes_what_was_asked_and_nothing_else() {
+    let env = TestEnv::new().await;
+    let ago = |d: chrono::Duration| format_instant(Utc::now() - d);
+    for (body, parked_at) in [
+        ("old-1", ago(chrono::Duration::days(10))),
+        ("new-1", ago(chrono::Duration::hours(1))),
+        ("old-2", ago(chrono::Duration::days(8))),
+    ] {
+        env.park_raw(
+            body.as_bytes(),
+            &[
+                ("x-parked-at", parked_at),
+                ("x-error-kind", "unknown_order".into()),
+            ],
+        )
+        .await;
+    }
+
+    // Answering no deletes nothing.
+    let out = env
+        .cli_stdin(&["parked", "purge", "--older-than", "7d"], "n\n")
+        .await;
+    assert_success(&out);
+    assert!(
+        out.stderr.contains("Delete 2 parked messages? [y/N]"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.contains("deleted 0"), "{}", out.stdout);
+    assert_eq!(env.parked_count().await, 3);
+
+    let out = env
+        .cli(&["parked", "purge", "--older-than", "7d", "--yes"])
+        .await;
+    assert_success(&out);
+    assert!(
+        out.stdout.contains("deleted 2 parked messages (1 kept)"),
+        "{}",
+        out.stdout
+    );
+    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].body.as_deref(), Some("new-1"));
+
+    // Without --older-than: everything, after a "y".
+    let out = env.cli_stdin(&["parked", "purge"], "y\n").await;
+    assert_success(&out);
+    assert!(
+        out.stdout.contains("deleted 1 parked message"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(env.parked_count().await, 0);
+
+    let out = env
+        .cli(&["parked", "purge", "--older-than", "1 fortnight"])
+        .await;
+    assert_eq!(out.code, Some(2), "bad durations are refused by clap");
+}
+
+async fn delete_queue(channel: &Channel, name: &str) {
+    channel
+        .queue_delete(name.into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+}
+
+/// Level 3 re-created as a classic queue with another TTL, level 5 and
+/// shard 1's level 2 deleted, the ready exchange re-created as direct.
+/// Returns shard 1's level 2 queue name.
+async fn break_the_topology(env: &TestEnv) -> String {
+    let channel = env.amqp.create_channel().await.unwrap();
+    delete_queue(&channel, &level_name(3)).await;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("classic".into()),
+    );
+    args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(1234));
+    channel
+        .queue_declare(
+            level_name(3).as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+    delete_queue(&channel, &level_name(5)).await;
+    let shard_queue = order_timeout::broker::cascade::shard_level_name(1, 2);
+    delete_queue(&channel, &shard_queue).await;
+    channel
+        .exchange_delete(topology::READY_EXCHANGE.into(), Default::default())
+        .await
+        .unwrap();
+    channel
+        .exchange_declare(
+            topology::READY_EXCHANGE.into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    shard_queue
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_check_reports_ok_and_then_every_difference() {
+    let env = TestEnv::new().await;
+    let layout = order_timeout::broker::topology::Layout::of(&env.settings);
+    assert!(
+        layout.shards.get() > 1,
+        "the default layout has cascade shards"
+    );
+    let expected = topology::exchange_specs(&layout).len() + topology::queue_specs(&layout).len();
+    let out = env.cli(&["topology", "check"]).await;
+    assert_success(&out);
+    assert!(
+        out.stdout.contains(&format!("{expected} of {expected}")),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.trim_end().ends_with("OK"), "{}", out.stdout);
+
+    let shard_queue = break_the_topology(&env).await;
+
+    let out = env.cli(&["topology", "check"]).await;
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    let line = |prefix: &str| {
+        out.stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line {prefix:?} in:\n{}", out.stdout))
+            .to_owned()
+    };
+    let level3 = line(&format!("DIFFERS  queue {}", level_name(3)));
+    assert!(
+        level3.contains("PRECONDITION_FAILED") && level3.contains("inequivalent arg"),
+        "{level3}"
+    );
+    line(&format!("MISSING  queue {}", level_name(5)));
+    line(&format!("MISSING  queue {shard_queue}"));
+    let ready = line(&format!("DIFFERS  exchange {}", topology::READY_EXCHANGE));
+    assert!(ready.contains("'type'"), "{ready}");
+    assert!(
+        out.stdout
+            .contains(&format!("{} of {expected}", expected - 4)),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("MISMATCH"), "{}", out.stdout);
+
+    // The check created nothing: level 5 is still missing.
+    let probe = env.amqp.create_channel().await.unwrap();
+    let missing = probe
+        .queue_declare(
+            level_name(5).as_str().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    assert!(missing.is_err(), "topology check must not create queues");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_the_check_names_the_fix() {
+    let env = TestEnv::new().await;
+    // As a version without the delivery limit declared it.
+    let channel = env.amqp.create_channel().await.unwrap();
+    delete_queue(&channel, topology::PARKED_QUEUE).await;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            topology::PARKED_QUEUE.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+
+    // The service starts on it (a warning, not a refusal) and parks into it.
+    let service = env.service().await;
+    publish_for_unknown(&env, "no-such-order").await;
+    wait_parked(&env, &service, 1).await;
+    service.stop().await.unwrap();
+
+    let out = env.cli(&["topology", "check"]).await;
+    assert_eq!(out.code, Some(1), "{}\n{}", out.stdout, out.stderr);
+    let parked = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with(&format!("DIFFERS  queue {}", topology::PARKED_QUEUE)))
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        parked.contains("'x-delivery-limit'") && parked.contains("current is none"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        parked.contains("rabbitmqctl set_policy -p ")
+            && parked.contains(r#""delivery-limit": 1000000"#),
+        "the check names the fix: {parked}"
+    );
+    // Every other queue, the due queue included, has the limit.
+    assert!(
+        !out.stdout
+            .contains(&format!("queue {}:", topology::DUE_QUEUE)),
+        "{}",
+        out.stdout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_shows_what_waits_by_due_window() {
+    let env = TestEnv::new().await;
+    env.stock_skus(1).await;
+    let service = env.service().await;
+    // Three orders an hour away (first cascade level 11: due within
+    // 4096 s), two 5 minutes away (level 8: within 512 s), one bad message
+    // parked.
+    for (id, timeout) in [
+        ("hour-0", 3600),
+        ("hour-1", 3600),
+        ("hour-2", 3600),
+        ("soon-0", 300),
+        ("soon-1", 300),
+    ] {
+        let order = env
+            .create_order(id, Duration::from_secs(timeout), &[(0, 1)])
+            .await;
+        env.publish_timeout(&order).await;
+    }
+    env.publish_raw(b"definitely not json").await;
+    wait_parked(&env, &service, 1).await;
+    env.eventually(WAIT, "five timeouts in the cascade", || async {
+        let out = env.cli(&["pending", "--json"]).await;
+        serde_json::from_str::<serde_json::Value>(&out.stdout)
+            .is_ok_and(|v| v["total"]["messages"] == 5)
+    })
+    .await;
+
+    let out = env.cli(&["pending", "--json"]).await;
+    assert_success(&out);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["total"]["latest_due_secs"], 4096, "{report}");
+    let windows = report["windows"].as_array().unwrap();
+    assert_eq!(windows.len(), 28);
+    assert_eq!(windows[11]["messages"], 3, "{report}");
+    assert_eq!(windows[11]["due_within_secs"], 4096);
+    let soon: u64 = windows[..=8]
+        .iter()
+        .map(|w| w["messages"].as_u64().unwrap())
+        .sum();
+    assert_eq!(soon, 2, "{report}");
+    assert_eq!(report["shards"].as_array().unwrap().len(), 2);
+    assert_eq!(report["due"]["consumers"], 1, "the service consumes");
+    assert_eq!(report["parked"]["messages"], 1);
+    assert_eq!(report["parked"]["by_reason"]["not_json"], 1, "{report}");
+    assert_eq!(report["missing_queues"], serde_json::json!([]));
+
+    let text = env.cli(&["pending"]).await;
+    assert_success(&text);
+    for needle in [
+        "5 timeouts wait in the delay cascade (2 shards); all due within 1h 8m 16s",
+        "ALL DUE WITHIN",
+        "order-timeout.due: 0 ready, 1 consumer",
+        "order-timeout.parked: 1 message (not_json 1)",
+    ] {
+        assert!(
+            text.stdout.contains(needle),
+            "{needle:?} in\n{}",
+            text.stdout
+        );
+    }
+    let never = env.cli(&["pending", "--parked-scan-limit", "0"]).await;
+    assert!(
+        never.stdout.contains("by reason: not counted"),
+        "{}",
+        never.stdout
+    );
+
+    the_service_shows_the_same(&env, &service).await;
+    service.stop().await.unwrap();
+    a_missing_queue_is_named(&env).await;
+}
+
+/// The figures of `pending_shows_what_waits_by_due_window` on `/metrics`
+/// and the console, from the service's own polling.
+async fn the_service_shows_the_same(env: &TestEnv, service: &RunningService) {
+    // The service measures every 5 s: wait for a measurement taken after
+    // all five arrived.
+    let waiting = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("order_timeout_pending_messages{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    env.eventually(WAIT, "the gauges", || async {
+        let (_, metrics) = crate::common::http_get(service.http_addr, "/metrics").await;
+        waiting(&metrics) == 5.0
+            && metrics.contains("order_timeout_pending_latest_due_seconds 4096")
+            && metrics.contains(r#"order_timeout_queue_consumers{queue="order-timeout.due"} 1"#)
+            && metrics.contains(r#"order_timeout_queue_messages{queue="order-timeout.parked"} 1"#)
+    })
+    .await;
+    let (status, page) = crate::common::http_get(service.http_addr, "/console/pending").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("5 timeouts wait in the delay cascade"),
+        "{page}"
+    );
+}
+
+/// `pending` names a missing queue, exits 1, and measures the rest.
+async fn a_missing_queue_is_named(env: &TestEnv) {
+    let channel = env.amqp.create_channel().await.unwrap();
+    delete_queue(&channel, &level_name(20)).await;
+    let out = env.cli(&["pending", "--json"]).await;
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(
+        report["missing_queues"],
+        serde_json::json!([level_name(20)])
+    );
+    assert_eq!(report["total"]["messages"], 5, "the rest still measured");
+}

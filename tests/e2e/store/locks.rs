@@ -1,0 +1,245 @@
+//! A row the shop holds delays only its own order.
+//!
+//! A second real session holds one due order's row (`SELECT … FOR
+//! UPDATE`, as a slow payment callback would) in an open transaction while
+//! the cancel transaction runs for a batch that contains it: the other
+//! orders are cancelled at once, with their effects (an `also` statement's
+//! log row and the outbox row) exactly once; the held order is reported
+//! [`OrderState::Locked`] and left unpaid, without effects. Once the
+//! holder lets go, the held order is cancelled with its effects exactly
+//! once; if the holder paid it instead, it is never cancelled and no
+//! effects run for it.
+//!
+//! And what the skipping cannot avoid (here: an `also` statement waiting
+//! for a row the shop's open transaction inserted) is bounded by
+//! `db_lock_timeout`, and a slow guard by `db_statement_timeout`: a
+//! transient error, not a hang, and nothing done.
+
+use std::time::Instant;
+
+use order_timeout::settings::{OrdersMapping, Release};
+use order_timeout::store::PoolSettings;
+
+use super::*;
+
+/// The other due orders in the batch.
+const OTHERS: usize = 20;
+
+/// How long a batch may take while one of its rows is held: generous (the
+/// statement itself takes milliseconds), far below the minutes a lock can
+/// be held.
+const PROMPT: Duration = Duration::from_secs(5);
+
+/// The `also` statement's log (one row per order: its key) and `n` due
+/// orders `{prefix}-NN`.
+async fn setup(f: &impl Fixture, prefix: &str, n: usize) -> Vec<OrderId> {
+    f.exec("CREATE TABLE also_log (order_id VARCHAR(128) NOT NULL PRIMARY KEY)")
+        .await;
+    let ids: Vec<OrderId> = (0..n).map(|i| id(&format!("{prefix}-{i:02}"))).collect();
+    for id in &ids {
+        f.insert(id.as_str(), "UNPAID", secs(-1)).await;
+    }
+    ids
+}
+
+/// The mapping under test: an `also` statement logging each cancelled
+/// order, stock released by it (no gRPC).
+fn schema(f: &impl Fixture) -> ShopSchema {
+    let mark = match f.dialect() {
+        Dialect::MySql => "?",
+        Dialect::Postgres => "$1",
+    };
+    ShopSchema {
+        orders: OrdersMapping {
+            also: vec![format!("INSERT INTO also_log (order_id) VALUES ({mark})")],
+            ..OrdersMapping::default()
+        },
+        release: Release::None,
+        ..ShopSchema::default()
+    }
+}
+
+/// How many times the `also` statement ran for `order`.
+async fn also_runs(f: &impl Fixture, order: &str) -> usize {
+    f.texts(&format!(
+        "SELECT order_id FROM also_log WHERE order_id = '{order}'"
+    ))
+    .await
+    .len()
+}
+
+/// The order's status, its `also` runs and its outbox rows.
+async fn effects(f: &impl Fixture, order: &str) -> (String, usize, i64) {
+    (
+        f.row(order).await.0,
+        also_runs(f, order).await,
+        f.outbox_rows(order).await,
+    )
+}
+
+/// Runs the cancel transaction for `ids` while `held` is held: checks that
+/// it answers promptly, cancels every other order just now, and reports the
+/// held one locked.
+async fn cancel_around(store: &Store, ids: &[OrderId], held: &str) {
+    let started = Instant::now();
+    let states = store.cancel_due(ids, LEASE).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < PROMPT,
+        "the batch took {took:?} while one row was held"
+    );
+    assert_eq!(states.len(), ids.len(), "{states:?}");
+    for (id, state) in states {
+        if id.as_str() == held {
+            assert!(
+                matches!(state, OrderState::Locked { .. }),
+                "held order: {state:?}"
+            );
+        } else {
+            assert!(
+                matches!(&state, OrderState::Cancelled(c) if c.just_now),
+                "{id}: {state:?}"
+            );
+        }
+    }
+}
+
+/// An order cancelled earlier, asked about again: not cancelled again (its
+/// outbox lease, taken by the first call, may still be live).
+fn assert_not_again(id: &OrderId, state: &OrderState) {
+    assert!(
+        matches!(state, OrderState::Cancelled(c) if !c.just_now)
+            || matches!(state, OrderState::LeasedElsewhere { .. }),
+        "{id}: {state:?}"
+    );
+}
+
+pub(super) async fn a_held_row_delays_only_its_own_order(f: &impl Fixture) {
+    let mut ids = setup(f, "lk", OTHERS).await;
+    f.insert("lk-held", "UNPAID", secs(-1)).await;
+    ids.push(id("lk-held"));
+    let store = f.store_with(&schema(f));
+    store.prepare().await.unwrap();
+    f.lock_row_during("lk-held", async {
+        cancel_around(&store, &ids, "lk-held").await;
+        // Still held, asked again (what the pipeline does a second later):
+        // still locked, still no effects; the others are not cancelled twice.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let again = store.cancel_due(&ids, LEASE).await.unwrap();
+        for (id, state) in again {
+            match id.as_str() {
+                "lk-held" => assert!(matches!(state, OrderState::Locked { .. }), "{state:?}"),
+                _ => assert_not_again(&id, &state),
+            }
+        }
+        assert_eq!(effects(f, "lk-held").await, ("UNPAID".into(), 0, 0));
+    })
+    .await;
+    // Let go: cancelled now, its effects once.
+    let states = store.cancel_due(&ids, LEASE).await.unwrap();
+    for (id, state) in states {
+        match id.as_str() {
+            "lk-held" => {
+                let c = cancellation(state);
+                assert!(c.just_now, "{c:?}");
+            }
+            _ => assert_not_again(&id, &state),
+        }
+    }
+    let again = state_of(store.as_ref(), "lk-held", LEASE).await;
+    assert_not_again(&id("lk-held"), &again);
+    for id in &ids {
+        assert_eq!(
+            effects(f, id.as_str()).await,
+            ("CANCELLED".into(), 1, 1),
+            "{id}: [status, also runs, outbox rows]"
+        );
+    }
+}
+
+pub(super) async fn a_held_row_that_the_holder_pays_is_never_cancelled(f: &impl Fixture) {
+    let mut ids = setup(f, "lp", OTHERS).await;
+    f.insert("lp-held", "UNPAID", secs(-1)).await;
+    ids.push(id("lp-held"));
+    let store = f.store_with(&schema(f));
+    store.prepare().await.unwrap();
+    f.pay_concurrently("lp-held", async {
+        cancel_around(&store, &ids, "lp-held").await;
+    })
+    .await;
+    assert_eq!(
+        state_of(store.as_ref(), "lp-held", LEASE).await,
+        OrderState::Paid
+    );
+    assert_eq!(effects(f, "lp-held").await, ("PAID".into(), 0, 0));
+    for id in ids.iter().filter(|id| id.as_str() != "lp-held") {
+        assert_eq!(
+            effects(f, id.as_str()).await,
+            ("CANCELLED".into(), 1, 1),
+            "{id}: [status, also runs, outbox rows]"
+        );
+    }
+}
+
+pub(super) async fn a_lock_the_cancel_cannot_skip_times_out_as_a_transient_error(f: &impl Fixture) {
+    setup(f, "lt", 0).await;
+    f.insert("lt-1", "UNPAID", secs(-1)).await;
+    let pool = PoolSettings {
+        lock_timeout: Duration::from_secs(1),
+        ..PoolSettings::new(2)
+    };
+    let store = store::connect_lazy_with(f.url(), pool, &schema(f)).unwrap();
+    store.prepare().await.unwrap();
+    // The shop's open transaction holds the log row the `also` statement
+    // would insert: the cancel's insert waits for it.
+    f.in_open_transaction("INSERT INTO also_log (order_id) VALUES ('lt-1')", async {
+        let started = Instant::now();
+        let err = store.cancel_due(&[id("lt-1")], LEASE).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(!err.is_permanent(), "transient: {err}");
+        assert!(
+            took >= Duration::from_millis(900) && took < PROMPT,
+            "failed after {took:?}: {err}"
+        );
+        // Nothing done: the transaction rolled back.
+        assert_eq!(f.row("lt-1").await.0, "UNPAID");
+        assert_eq!(f.outbox_rows("lt-1").await, 0);
+    })
+    .await;
+    // The shop's transaction rolled back: the retry cancels it.
+    assert!(cancellation(state_of(store.as_ref(), "lt-1", LEASE).await).just_now);
+    assert_eq!(effects(f, "lt-1").await, ("CANCELLED".into(), 1, 1));
+}
+
+pub(super) async fn a_slow_guard_times_out_as_a_transient_error(f: &impl Fixture) {
+    // Slow for one order only, so that the schema check's count of unpaid
+    // orders (before that order exists) is quick.
+    let sleep = match f.dialect() {
+        Dialect::MySql => "SLEEP(3) = 0",
+        Dialect::Postgres => "pg_sleep(3) IS NOT NULL",
+    };
+    let schema = ShopSchema {
+        orders: OrdersMapping {
+            guard: format!("(id <> 'st-1' OR {sleep})"),
+            ..OrdersMapping::default()
+        },
+        ..ShopSchema::default()
+    };
+    let pool = PoolSettings {
+        statement_timeout: Duration::from_secs(1),
+        ..PoolSettings::new(2)
+    };
+    let store = store::connect_lazy_with(f.url(), pool, &schema).unwrap();
+    store.prepare().await.unwrap();
+    f.insert("st-1", "UNPAID", secs(-1)).await;
+    let started = Instant::now();
+    let err = store.cancel_due(&[id("st-1")], LEASE).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(!err.is_permanent(), "transient: {err}");
+    assert!(
+        took < Duration::from_millis(2900),
+        "failed after {took:?}: {err}"
+    );
+    assert_eq!(f.row("st-1").await.0, "UNPAID");
+    assert_eq!(f.outbox_rows("st-1").await, 0);
+}

@@ -1,0 +1,47 @@
+//! What `order-timeout-tools reference-schema` prints never holds the
+//! database password, whatever form `DATABASE_URL` gives it in (the URL is
+//! printed, redacted). Runs against the local PostgreSQL (trust
+//! authentication: any password connects) in a database of its own.
+
+use std::process::Command;
+
+#[test]
+fn reference_schema_prints_the_url_without_its_password() {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let suffix = format!("{}_{nanos}", std::process::id());
+    let database = format!("ot_tools_secrets_{suffix}");
+    let secret = format!("ToolsS3cret{suffix}");
+    let base = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| order_timeout::settings::DEFAULT_DATABASE_URL.into());
+    let mut url = url::Url::parse(&base).unwrap();
+    url.set_path(&database);
+    let mut with_userinfo = url.clone();
+    with_userinfo.set_password(Some(&secret)).unwrap();
+    let mut with_param = url.clone();
+    with_param
+        .query_pairs_mut()
+        .append_pair("password", &secret);
+    for database_url in [with_userinfo.to_string(), with_param.to_string()] {
+        let out = Command::new(env!("CARGO_BIN_EXE_order-timeout-tools"))
+            .arg("reference-schema")
+            .env("DATABASE_URL", &database_url)
+            .env("RUST_LOG", "trace")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains(&database), "the URL is printed:\n{text}");
+        assert!(!text.contains(&secret), "the password leaked:\n{text}");
+    }
+    let _ = Command::new("psql")
+        .args(["-h", "127.0.0.1", "-U", "postgres", "-qc"])
+        .arg(format!("DROP DATABASE IF EXISTS \"{database}\""))
+        .output();
+}
