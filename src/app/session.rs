@@ -41,6 +41,7 @@ pub(super) async fn run(
     let (broker, publisher) = Connections::open(settings).await?;
     let ctx = Arc::new(Context {
         settings: settings.clone(),
+        layout: topology::Layout::of(settings),
         publisher,
         store: store.clone(),
         inventory: inventory.clone(),

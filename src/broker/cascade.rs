@@ -14,7 +14,7 @@
 //! key, and after level 0 into the cascade's exit. The broker does every hop;
 //! a 30-minute delay (`11100001000` in binary) makes 4 hops.
 //!
-//! **Shards.** The cascade is declared `cascade_shards` times over ([`CascadeShards`]): shard 0
+//! **Shards.** The cascade is declared `cascade_shards` times over ([`Shards`]): shard 0
 //! is `order-timeout.delay.KK`, shard s ≥ 1 is `order-timeout.delay.KK.sS`,
 //! each a complete cascade. A message enters the shard picked by a hash of
 //! its order id ([`shard_for`]) and stays in it. Why: RabbitMQ dead-letters
@@ -22,7 +22,7 @@
 //! per level caps a level at a few hundred messages per second under load;
 //! `n` shards give every level `n` workers.
 
-use crate::settings::CascadeShards;
+use crate::settings::Shards;
 
 /// Number of cascade levels: level k delays 2^k seconds, so 28 levels reach
 /// 2^28 - 1 s, about 8.5 years. Longer delays are clamped and simply go
@@ -50,19 +50,22 @@ pub fn shard_level_name(shard: u32, k: u32) -> String {
 
 /// The shard (0..`shards`) an order's delays go through: FNV-1a of its id,
 /// so one order always takes the same shard and orders spread evenly.
-pub fn shard_for(order_id: &str, shards: CascadeShards) -> u32 {
+pub fn shard_for(order_id: &str, shards: Shards) -> u32 {
     let hash = order_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     (hash % u64::from(shards.get())) as u32
 }
 
-/// Where to publish a message that must wait `delay_secs` whole seconds.
+/// Where to publish a message that must wait: into the cascade
+/// ([`cascade_route`]) or into a lane ([`super::lanes::delay_route`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CascadeRoute {
-    /// Exchange of the highest set bit: the first level that holds it.
+pub struct DelayRoute {
+    /// In the cascade, the exchange of the highest set bit: the first level
+    /// that holds it. For a lane, the default exchange (`""`).
     pub exchange: String,
-    /// The delay's bits, most significant first, one word per level.
+    /// In the cascade, the delay's bits, most significant first, one word
+    /// per level. For a lane, the lane shard's queue.
     pub routing_key: String,
     /// Number of delay queues the message passes through.
     pub hops: u32,
@@ -103,7 +106,7 @@ pub fn cascade_delay_secs(remaining_ms: u64) -> u64 {
 
 /// Routes a delay of `delay_secs` (≥ 1; clamped to [`MAX_CASCADE_SECS`])
 /// through shard `shard`.
-pub fn cascade_route(delay_secs: u64, shard: u32) -> CascadeRoute {
+pub fn cascade_route(delay_secs: u64, shard: u32) -> DelayRoute {
     let d = delay_secs.clamp(1, MAX_CASCADE_SECS);
     let routing_key = (0..LEVELS)
         .rev()
@@ -111,7 +114,7 @@ pub fn cascade_route(delay_secs: u64, shard: u32) -> CascadeRoute {
         .collect::<Vec<_>>()
         .join(".");
     let top = 63 - d.leading_zeros();
-    CascadeRoute {
+    DelayRoute {
         exchange: shard_level_name(shard, top),
         routing_key,
         hops: d.count_ones(),
@@ -222,7 +225,7 @@ pub(crate) mod tests {
 
     #[test]
     fn orders_spread_over_the_shards_and_keep_theirs() {
-        let shards = CascadeShards::try_from(4).unwrap();
+        let shards = Shards::try_from(4).unwrap();
         let mut counts = [0u32; 4];
         for i in 0..4000 {
             let id = format!("order-{i}");
@@ -231,7 +234,7 @@ pub(crate) mod tests {
             counts[s as usize] += 1;
         }
         assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
-        let one = CascadeShards::try_from(1).unwrap();
+        let one = Shards::try_from(1).unwrap();
         assert_eq!(shard_for("anything", one), 0);
     }
 }

@@ -11,6 +11,7 @@ use crate::settings::{SecretUrl, Settings};
 
 pub mod cascade;
 pub mod headers;
+pub mod lanes;
 pub mod parked;
 pub mod publisher;
 pub mod tls;

@@ -10,14 +10,13 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Connection};
 use serde::Serialize;
 
-use super::cascade::{cascade_delay_secs, cascade_route, shard_for};
 use super::headers::{Attempts, H_DEADLINE_MS};
 use super::parked::{ParkInfo, park_properties};
 use super::topology::{
-    CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, PARKED_QUEUE, SCHEDULE_ROUTING_KEY,
+    CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, Layout, PARKED_QUEUE,
+    SCHEDULE_ROUTING_KEY,
 };
 use crate::message::{OrderId, TimeoutRequest};
-use crate::settings::CascadeShards;
 
 /// Errors publishing a message.
 #[derive(Debug, thiserror::Error)]
@@ -172,13 +171,13 @@ impl Publisher {
         .await
     }
 
-    /// Sends `body` through the delay cascade so it comes back to the
-    /// consumer less than [`super::cascade::HOLD_WINDOW_SECS`] before
-    /// `deadline` (the consumer holds the rest), by the delay with the
-    /// fewest hops ([`cascade_delay_secs`]), through the order's shard of
-    /// `shards`.
-    /// Returns the number of cascade hops.
-    #[tracing::instrument(skip(self, body, attempts), fields(attempts = attempts.count))]
+    /// Sends `body` into the delay store so it comes back to the consumer
+    /// less than [`super::cascade::HOLD_WINDOW_SECS`] before `deadline`
+    /// (the consumer holds the rest): into the lane it fits, else through
+    /// the cascade by the delay with the fewest hops, in the order's shard
+    /// ([`Layout::route`]).
+    /// Returns the number of hops.
+    #[tracing::instrument(skip(self, body, attempts, layout), fields(attempts = attempts.count))]
     pub async fn delay(
         &self,
         body: &[u8],
@@ -186,13 +185,10 @@ impl Publisher {
         deadline: DateTime<Utc>,
         now: DateTime<Utc>,
         attempts: &Attempts,
-        shards: CascadeShards,
+        layout: &Layout,
     ) -> Result<u32, PublishError> {
         let remaining_ms = (deadline - now).num_milliseconds().max(0) as u64;
-        let route = cascade_route(
-            cascade_delay_secs(remaining_ms),
-            shard_for(order_id.as_str(), shards),
-        );
+        let route = layout.route(remaining_ms, order_id.as_str());
         let mut headers = FieldTable::default();
         headers.insert(
             H_DEADLINE_MS.into(),

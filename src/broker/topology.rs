@@ -24,8 +24,9 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection, ErrorKind, ExchangeKind};
 
-use super::cascade::{LEVELS, bit_pattern, shard_level_name};
-use crate::settings::{CascadeShards, QueueType, Settings};
+use super::cascade::{DelayRoute, LEVELS, bit_pattern, shard_level_name};
+use super::lanes::{self, lane_name, lane_ttl_ms};
+use crate::settings::{Lane, QueueType, Settings, Shards};
 
 /// Entry exchange the order service publishes timeouts to (direct, durable).
 pub const ENTRY_EXCHANGE: &str = "order-timeout";
@@ -42,14 +43,18 @@ pub const EVENTS_EXCHANGE: &str = "order-timeout.events";
 /// Routing key of the cancellation event.
 pub const CANCELLED_ROUTING_KEY: &str = "order.cancelled";
 
-/// What to declare: the queue type and the number of cascade shards, as the
-/// settings ask ([`Layout::of`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What to declare: the queue type, the number of cascade shards, the lanes
+/// and their shards, as the settings ask ([`Layout::of`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// Queue type of every queue.
     pub queue_type: QueueType,
     /// Copies of the cascade.
-    pub shards: CascadeShards,
+    pub shards: Shards,
+    /// The lanes ([`super::lanes`]).
+    pub lanes: Vec<Lane>,
+    /// Copies of each lane.
+    pub lane_shards: Shards,
 }
 
 impl Layout {
@@ -58,7 +63,31 @@ impl Layout {
         Self {
             queue_type: settings.queue_type,
             shards: settings.cascade_shards,
+            lanes: settings.lanes.clone(),
+            lane_shards: settings.lane_shards,
         }
+    }
+
+    /// The cascade alone, `shards` times over, of `queue_type` queues.
+    pub fn cascade(queue_type: QueueType, shards: Shards) -> Self {
+        Self {
+            queue_type,
+            shards,
+            lanes: Vec::new(),
+            lane_shards: Shards::default(),
+        }
+    }
+
+    /// Where a message for `order_id`, due in `remaining_ms` (≥ 1 s), waits:
+    /// the lane it fits, else the cascade ([`lanes::delay_route`]).
+    pub fn route(&self, remaining_ms: u64, order_id: &str) -> DelayRoute {
+        lanes::delay_route(
+            remaining_ms,
+            order_id,
+            &self.lanes,
+            self.lane_shards,
+            self.shards,
+        )
     }
 
     fn shard_range(&self) -> std::ops::Range<u32> {
@@ -176,6 +205,19 @@ pub fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
                     Reads::DeadLetterOnly,
                     Some(1000u64 << k),
                     Some(&exchange_below(shard, k)),
+                ),
+            });
+        }
+    }
+    for &lane in &layout.lanes {
+        for shard in 0..layout.lane_shards.get() {
+            specs.push(QueueSpec {
+                name: lane_name(lane, shard),
+                args: queue_args(
+                    queue_type,
+                    Reads::DeadLetterOnly,
+                    Some(lane_ttl_ms(lane)),
+                    Some(READY_EXCHANGE),
                 ),
             });
         }
@@ -453,23 +495,41 @@ pub fn predates_delivery_limit(error: &lapin::Error) -> bool {
 mod tests {
     use super::*;
     use crate::broker::cascade::tests::topic_matches;
-    use crate::broker::cascade::{CascadeRoute, cascade_route, level_name};
+    use crate::broker::cascade::{DelayRoute, HOLD_WINDOW_SECS, cascade_route, level_name};
 
     fn layout(shards: u32) -> Layout {
+        Layout::cascade(QueueType::Quorum, Shards::try_from(shards).unwrap())
+    }
+
+    fn with_lanes(lanes: &[&str], lane_shards: u32) -> Layout {
         Layout {
-            queue_type: QueueType::Quorum,
-            shards: CascadeShards::try_from(shards).unwrap(),
+            lanes: lanes
+                .iter()
+                .map(|l| Lane::try_from(l.to_string()).unwrap())
+                .collect(),
+            lane_shards: Shards::try_from(lane_shards).unwrap(),
+            ..layout(4)
         }
     }
 
     /// Follows a message through the declared bindings and dead-letter
     /// exchanges, as the broker would, and returns the queues it waits in.
-    fn walk(layout: &Layout, route: &CascadeRoute) -> Vec<String> {
+    fn walk(layout: &Layout, route: &DelayRoute) -> Vec<String> {
         let bindings = binding_specs(layout);
         let queues = queue_specs(layout);
         let key: Vec<&str> = route.routing_key.split('.').collect();
         let mut visited = Vec::new();
         let mut exchange = route.exchange.clone();
+        if exchange.is_empty() {
+            // The default exchange: straight into the queue of that name.
+            visited.push(route.routing_key.clone());
+            let spec = queues.iter().find(|s| s.name == route.routing_key);
+            let spec = spec.unwrap_or_else(|| panic!("no queue {}", route.routing_key));
+            exchange = match spec.args.inner().get("x-dead-letter-exchange") {
+                Some(AMQPValue::LongString(dlx)) => dlx.to_string(),
+                other => panic!("{} has no dead-letter exchange: {other:?}", spec.name),
+            };
+        }
         while exchange != READY_EXCHANGE {
             let matched: Vec<&BindingSpec> = bindings
                 .iter()
@@ -527,6 +587,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_lane_is_one_hop_of_its_window_less_the_hold_straight_to_the_exit() {
+        let lanes = with_lanes(&["30m", "31s"], 8);
+        for (remaining_ms, window_ms) in [(1_799_990u64, 1_800_000u64), (30_995, 31_000)] {
+            for i in 0..50 {
+                let route = lanes.route(remaining_ms, &format!("order-{i}"));
+                let visited = walk(&lanes, &route);
+                assert_eq!((visited.len(), route.hops), (1, 1), "{visited:?}");
+                let ttl = ttl_ms(&lanes, &visited[0]);
+                assert_eq!(ttl, window_ms - HOLD_WINDOW_SECS * 1000);
+                assert!(ttl <= remaining_ms, "never early");
+            }
+        }
+        // Not a lane's window: the cascade, unchanged.
+        let route = lanes.route(9_990, "order-1");
+        assert_eq!(walk(&lanes, &route).len() as u32, route.hops);
+        let lane_queues = queue_specs(&lanes)
+            .into_iter()
+            .filter(|q| q.name.starts_with("order-timeout.lane."))
+            .count();
+        assert_eq!(lane_queues, 2 * 8);
+        assert_eq!(
+            binding_specs(&lanes),
+            binding_specs(&layout(4)),
+            "lanes need no bindings"
+        );
     }
 
     #[test]

@@ -112,7 +112,33 @@ fn write_text(
             .collect(),
     );
     write_table(out, &rows)?;
+    write_lanes(out, report)?;
     write_queues(out, report, reasons, scan_limit)
+}
+
+/// One line per lane, when lanes are configured.
+fn write_lanes(out: &mut impl Write, report: &PendingReport) -> std::io::Result<()> {
+    for w in report.lane_windows() {
+        let shards: Vec<String> = w.by_shard.iter().map(u64::to_string).collect();
+        writeln!(
+            out,
+            "lane {} ({}): {} timeouts, all due within {} (by shard: {})",
+            w.lane,
+            human(w.due_within_secs),
+            w.messages,
+            human(w.due_within_secs),
+            shards.join(" ")
+        )?;
+    }
+    if !report.lanes.is_empty() {
+        writeln!(
+            out,
+            "{} timeouts wait in the delay store (cascade and lanes); all due within {}",
+            report.total_waiting(),
+            report.total_latest_due_secs().map_or("-".to_owned(), human),
+        )?;
+    }
+    Ok(())
 }
 
 fn write_queues(

@@ -1,4 +1,5 @@
-//! Gauges of what waits: the timeouts in each level of the delay cascade,
+//! Gauges of what waits: the timeouts in each level of the delay cascade
+//! and in each lane,
 //! the bound by which all of them fall due, and the consumers of the
 //! service's queues. The running service sets them from passive queue
 //! declares on an interval (`ops::pending`), never from message bodies;
@@ -8,6 +9,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
+
+use crate::settings::Lane;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LevelLabels {
@@ -35,7 +38,7 @@ impl PendingGauges {
         let gauges = Self::default();
         registry.register(
             "pending_messages",
-            "Timeouts waiting in one level of the delay cascade (a message in level k falls due within 2^(k+1) s)",
+            "Timeouts waiting in one delay queue: a cascade level (level=\"KK\": due within 2^(k+1) s) or a lane (level=\"lane_Ws\": due within W s)",
             gauges.messages.clone(),
         );
         registry.register_with_unit(
@@ -62,6 +65,18 @@ impl PendingGauges {
             .set(i64::from(messages));
     }
 
+    /// Messages waiting in shard `shard` of lane `lane` (labelled
+    /// `level="lane_1800s"`, so a sum over the family is every timeout
+    /// waiting in the delay store).
+    pub fn set_lane(&self, shard: u32, lane: Lane, messages: u32) {
+        self.messages
+            .get_or_create(&LevelLabels {
+                shard: shard.to_string(),
+                level: format!("lane_{lane}"),
+            })
+            .set(i64::from(messages));
+    }
+
     /// The bound by which every waiting timeout falls due (0: none).
     pub fn set_latest_due_secs(&self, secs: u64) {
         self.latest_due.set(i64::try_from(secs).unwrap_or(i64::MAX));
@@ -84,12 +99,14 @@ mod tests {
         let mut registry = Registry::with_prefix("order_timeout");
         let gauges = PendingGauges::register(&mut registry);
         gauges.set_level(1, 3, 7);
+        gauges.set_lane(2, Lane::try_from("30m".to_string()).unwrap(), 40);
         gauges.set_latest_due_secs(16);
         gauges.set_consumers("order-timeout.due", 2);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for needle in [
             r#"order_timeout_pending_messages{shard="1",level="03"} 7"#,
+            r#"order_timeout_pending_messages{shard="2",level="lane_1800s"} 40"#,
             "order_timeout_pending_latest_due_seconds 16",
             r#"order_timeout_queue_consumers{queue="order-timeout.due"} 2"#,
         ] {

@@ -5,7 +5,8 @@
 //! The figures come from **passive queue declares** only: the broker
 //! answers each with the queue's message and consumer counts, so a
 //! measurement costs one round trip per queue (28 levels per cascade
-//! shard, plus the due and parked queues) and never reads a message.
+//! shard, each lane's shards, the due and parked queues) and never reads a
+//! message.
 //!
 //! **Due windows.** A message in level k of the cascade waits there at most
 //! 2^k s, then passes through lower levels only, which add at most
@@ -13,7 +14,8 @@
 //! ([`due_within_secs`]). The latest due bound of a shard (or of the whole
 //! cascade) is that of its highest non-empty level. The bound is an upper
 //! one: a message may have entered its level at any time within the last
-//! 2^k s.
+//! 2^k s. A message in lane W falls due within W s (the lane holds it
+//! W − 2 s, the consumer the rest).
 //!
 //! The parked queue's depth is measured the same way. Its breakdown by
 //! reason needs the messages' headers, so only an operator's explicit
@@ -33,9 +35,11 @@ use serde::Serialize;
 
 use super::topology_check::is_not_found;
 use crate::broker::cascade::{LEVELS, shard_level_name};
+use crate::broker::lanes::lane_name;
 use crate::broker::topology::{DUE_QUEUE, Layout, PARKED_QUEUE};
 use crate::message::format_instant;
 use crate::observe::metrics::Metrics;
+use crate::settings::Lane;
 use crate::shutdown::Shutdown;
 
 /// How often the running service refreshes the pending gauges.
@@ -80,7 +84,19 @@ pub struct LevelDepth {
     pub messages: Option<u32>,
 }
 
-/// What waits in the delay cascade and the service's queues at one moment.
+/// One shard of one lane.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneDepth {
+    /// The lane.
+    pub lane: Lane,
+    /// The lane's shard.
+    pub shard: u32,
+    /// Messages waiting in it; `None` when the queue does not exist.
+    pub messages: Option<u32>,
+}
+
+/// What waits in the delay store (cascade and lanes) and the service's
+/// queues at one moment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingReport {
     /// When it was measured.
@@ -89,10 +105,25 @@ pub struct PendingReport {
     pub shards: u32,
     /// Every level of every shard, shard by shard, lowest level first.
     pub levels: Vec<LevelDepth>,
+    /// Every shard of every lane, lane by lane.
+    pub lanes: Vec<LaneDepth>,
     /// The due queue (`None`: missing).
     pub due: Option<QueueDepth>,
     /// The parked queue (`None`: missing).
     pub parked: Option<QueueDepth>,
+}
+
+/// One lane of [`PendingReport::lane_windows`], across its shards.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LaneWindow {
+    /// The lane (`1800s`).
+    pub lane: String,
+    /// Its messages reach the consumer within this many seconds.
+    pub due_within_secs: u64,
+    /// Messages in this lane, all shards.
+    pub messages: u64,
+    /// Messages per lane shard (index = shard).
+    pub by_shard: Vec<u64>,
 }
 
 /// One due window of [`PendingReport::windows`]: a cascade level across
@@ -123,13 +154,58 @@ impl PendingReport {
             .sum()
     }
 
-    /// Every timeout waiting in `shard` (or in all, `None`) falls due within
-    /// this many seconds; `None` when nothing waits.
+    /// Every timeout waiting in cascade shard `shard` (or in the whole
+    /// cascade, `None`) falls due within this many seconds; `None` when
+    /// nothing waits.
     pub fn latest_due_secs(&self, shard: Option<u32>) -> Option<u64> {
         self.in_shard(shard)
             .filter(|l| l.messages.unwrap_or(0) > 0)
             .map(|l| due_within_secs(l.level))
             .max()
+    }
+
+    /// Timeouts waiting in the whole delay store: the cascade and the lanes.
+    pub fn total_waiting(&self) -> u64 {
+        self.waiting(None)
+            + self
+                .lanes
+                .iter()
+                .map(|l| u64::from(l.messages.unwrap_or(0)))
+                .sum::<u64>()
+    }
+
+    /// Every timeout waiting in the delay store, cascade and lanes, falls
+    /// due within this many seconds; `None` when nothing waits.
+    pub fn total_latest_due_secs(&self) -> Option<u64> {
+        self.lanes
+            .iter()
+            .filter(|l| l.messages.unwrap_or(0) > 0)
+            .map(|l| l.lane.secs())
+            .chain(self.latest_due_secs(None))
+            .max()
+    }
+
+    /// The lanes, each summed over its shards, shortest first.
+    pub fn lane_windows(&self) -> Vec<LaneWindow> {
+        let mut windows: Vec<LaneWindow> = Vec::new();
+        for l in &self.lanes {
+            let name = l.lane.to_string();
+            let n = l.messages.map_or(0, u64::from);
+            match windows.iter_mut().find(|w| w.lane == name) {
+                Some(w) => {
+                    w.messages += n;
+                    w.by_shard.push(n);
+                }
+                None => windows.push(LaneWindow {
+                    lane: name,
+                    due_within_secs: l.lane.secs(),
+                    messages: n,
+                    by_shard: vec![n],
+                }),
+            }
+        }
+        windows.sort_by_key(|w| w.due_within_secs);
+        windows
     }
 
     /// The levels, each summed over the shards, lowest (soonest) first.
@@ -162,6 +238,12 @@ impl PendingReport {
             .iter()
             .filter(|l| l.messages.is_none())
             .map(|l| shard_level_name(l.shard, l.level))
+            .chain(
+                self.lanes
+                    .iter()
+                    .filter(|l| l.messages.is_none())
+                    .map(|l| lane_name(l.lane, l.shard)),
+            )
             .collect();
         for (queue, depth) in [(DUE_QUEUE, self.due), (PARKED_QUEUE, self.parked)] {
             if depth.is_none() {
@@ -179,7 +261,10 @@ impl PendingReport {
         for l in &self.levels {
             gauges.set_level(l.shard, l.level, l.messages.unwrap_or(0));
         }
-        gauges.set_latest_due_secs(self.latest_due_secs(None).unwrap_or(0));
+        for l in &self.lanes {
+            gauges.set_lane(l.shard, l.lane, l.messages.unwrap_or(0));
+        }
+        gauges.set_latest_due_secs(self.total_latest_due_secs().unwrap_or(0));
         if let Some(due) = self.due {
             metrics.set_queue_depth(DUE_QUEUE, due.messages);
             gauges.set_consumers(DUE_QUEUE, due.consumers);
@@ -200,11 +285,12 @@ impl PendingReport {
         PendingJson {
             measured_at: format_instant(self.measured_at),
             total: ShardTotalJson {
-                messages: self.waiting(None),
-                latest_due_secs: self.latest_due_secs(None),
+                messages: self.total_waiting(),
+                latest_due_secs: self.total_latest_due_secs(),
             },
             shards: (0..self.shards).map(shard).collect(),
             windows: self.windows(),
+            lanes: self.lane_windows(),
             due: self.due.map(|d| QueueJson {
                 queue: DUE_QUEUE,
                 messages: d.messages,
@@ -225,12 +311,14 @@ impl PendingReport {
 pub struct PendingJson {
     /// RFC 3339.
     pub measured_at: String,
-    /// The whole cascade.
+    /// The whole delay store: the cascade and the lanes.
     pub total: ShardTotalJson,
     /// Per cascade shard.
     pub shards: Vec<ShardJson>,
     /// Per level (due window), every level, soonest first.
     pub windows: Vec<Window>,
+    /// Per lane, shortest first (empty without lanes).
+    pub lanes: Vec<LaneWindow>,
     /// The due queue; null when it does not exist.
     pub due: Option<QueueJson>,
     /// The parked queue; null when it does not exist.
@@ -239,7 +327,7 @@ pub struct PendingJson {
     pub missing_queues: Vec<String>,
 }
 
-/// Totals of the cascade in [`PendingJson`].
+/// Totals of the delay store in [`PendingJson`].
 #[derive(Clone, Debug, Serialize)]
 pub struct ShardTotalJson {
     /// Timeouts waiting.
@@ -331,10 +419,22 @@ impl Prober<'_> {
                 });
             }
         }
+        let mut lanes = Vec::new();
+        for &lane in &layout.lanes {
+            for shard in 0..layout.lane_shards.get() {
+                let depth = self.depth(&lane_name(lane, shard)).await?;
+                lanes.push(LaneDepth {
+                    lane,
+                    shard,
+                    messages: depth.map(|d| d.messages),
+                });
+            }
+        }
         Ok(PendingReport {
             measured_at: Utc::now(),
             shards: layout.shards.get(),
             levels,
+            lanes,
             due: self.depth(DUE_QUEUE).await?,
             parked: self.depth(PARKED_QUEUE).await?,
         })
@@ -434,6 +534,7 @@ mod tests {
             measured_at: Utc::now(),
             shards,
             levels,
+            lanes: Vec::new(),
             due: Some(QueueDepth {
                 messages: 3,
                 consumers: 1,
@@ -480,6 +581,36 @@ mod tests {
         assert_eq!(json["total"]["latest_due_secs"], serde_json::Value::Null);
         assert_eq!(json["due"]["consumers"], 1);
         assert_eq!(json["parked"]["by_reason"], serde_json::Value::Null);
+    }
+
+    #[test]
+    fn lanes_count_in_the_total_and_bound_it_by_their_window() {
+        let lane = Lane::try_from("30m".to_string()).unwrap();
+        let mut r = report(2, &[(0, 3, 4)]);
+        r.lanes = (0..3)
+            .map(|shard| LaneDepth {
+                lane,
+                shard,
+                messages: (shard != 2).then_some(10 + shard),
+            })
+            .collect();
+        assert_eq!(r.total_waiting(), 4 + 10 + 11);
+        assert_eq!(r.waiting(None), 4, "the cascade alone");
+        assert_eq!(r.total_latest_due_secs(), Some(1800));
+        assert_eq!(r.latest_due_secs(None), Some(16));
+        let windows = r.lane_windows();
+        assert_eq!(windows.len(), 1);
+        assert_eq!(windows[0].lane, "1800s");
+        assert_eq!(windows[0].by_shard, vec![10, 11, 0]);
+        assert_eq!(r.missing_queues(), vec!["order-timeout.lane.1800s.s2"]);
+        let json = serde_json::to_value(r.to_json(None)).unwrap();
+        assert_eq!(json["lanes"][0]["messages"], 21);
+        assert_eq!(json["total"]["latest_due_secs"], 1800);
+        let metrics = Metrics::new();
+        r.export(&metrics);
+        let text = metrics.render();
+        let needle = r#"order_timeout_pending_messages{shard="1",level="lane_1800s"} 11"#;
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
 
     #[test]

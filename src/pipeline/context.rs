@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 use super::job::Job;
 use super::retry::RetryPolicy;
 use crate::broker::publisher::{PublishError, Publisher};
+use crate::broker::topology::Layout;
 use crate::inventory::InventoryClient;
 use crate::observe::metrics::{Metrics, Stage};
 use crate::settings::Settings;
@@ -31,6 +32,9 @@ pub(crate) const PUBLISH_PATIENCE: Duration = Duration::from_secs(8);
 pub(crate) struct Context {
     /// Settings of this instance.
     pub(crate) settings: Settings,
+    /// The delay store's queues (cascade shards, lanes) the settings ask
+    /// for: where re-schedules go.
+    pub(crate) layout: Layout,
     /// Confirm-mode publisher (re-schedules, parking, events).
     pub(crate) publisher: Publisher,
     /// The database.

@@ -115,13 +115,13 @@ impl Job {
                     deadline,
                     now,
                     &attempts,
-                    ctx.settings.cascade_shards,
+                    &ctx.layout,
                 )
             })
             .await;
         match published {
             Ok(hops) => {
-                tracing::debug!(order_id = %self.order_id(), %deadline, hops, "scheduled in the delay cascade");
+                tracing::debug!(order_id = %self.order_id(), %deadline, hops, "scheduled in the delay store");
                 self.ack(&ctx.metrics, outcome).await;
             }
             Err(e) => {

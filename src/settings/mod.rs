@@ -14,10 +14,12 @@ use serde::Deserialize;
 
 #[cfg(test)]
 mod examples;
+mod lanes;
 mod schema;
 mod secret;
 mod timers;
 mod validate;
+pub use lanes::{DEFAULT_LANE_SHARDS, Lane};
 pub use schema::{
     InventorySettings, ItemsMapping, OrdersMapping, Release, StatusValue, is_identifier,
 };
@@ -82,22 +84,24 @@ pub enum QueueType {
     Classic,
 }
 
-/// How many parallel copies ("shards") of the delay cascade to declare.
+/// How many parallel copies ("shards") of a delay queue to declare: of the
+/// cascade (`cascade_shards`) and of each lane (`lane_shards`).
 ///
 /// RabbitMQ moves a quorum queue's expired messages to its dead-letter
 /// target through one worker per queue, with a small window of unconfirmed
-/// messages (`dead_letter_worker_consumer_prefetch`, default 32), which
-/// limits how fast one level drains under load (measured with `bench`,
+/// messages (`dead_letter_worker_consumer_prefetch`, default 32, a setting
+/// of the broker's `advanced.config` that managed brokers do not expose),
+/// which limits how fast one queue drains under load (measured with `bench`,
 /// every order on a 9 s timeout at 1,000 orders/s: p99 lateness 2,517 ms
-/// with one shard, 487 ms with four).
-/// Each shard is a full cascade with its own queues, so `n` shards give each
-/// level `n` workers. Orders are spread by a hash of their id.
+/// with one shard, 487 ms with four). Each shard is a queue of its own, so
+/// `n` shards give `n` workers. Orders are spread by a hash of their id.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(try_from = "u32")]
-pub struct CascadeShards(u32);
+pub struct Shards(u32);
 
-impl CascadeShards {
-    /// Most shards accepted: 28 levels x 16 = 448 queues is already plenty.
+impl Shards {
+    /// Most shards accepted: 28 cascade levels x 16 = 448 queues is already
+    /// plenty.
     pub const MAX: u32 = 16;
 
     /// The number of shards (1..=[`Self::MAX`]).
@@ -106,7 +110,7 @@ impl CascadeShards {
     }
 }
 
-impl TryFrom<u32> for CascadeShards {
+impl TryFrom<u32> for Shards {
     type Error = String;
 
     fn try_from(n: u32) -> Result<Self, Self::Error> {
@@ -114,15 +118,15 @@ impl TryFrom<u32> for CascadeShards {
             Ok(Self(n))
         } else {
             Err(format!(
-                "cascade_shards must be between 1 and {}, not {n}",
+                "shards must be between 1 and {}, not {n}",
                 Self::MAX
             ))
         }
     }
 }
 
-impl Default for CascadeShards {
-    /// Four: measured with `bench` (docs/BENCHMARKS.md).
+impl Default for Shards {
+    /// Four, for the cascade: measured with `bench` (docs/BENCHMARKS.md).
     fn default() -> Self {
         Self(4)
     }
@@ -238,8 +242,16 @@ pub struct Settings {
     pub http_addr: SocketAddr,
     /// Queue type of the delay cascade and work queues.
     pub queue_type: QueueType,
-    /// Parallel copies of the delay cascade (see [`CascadeShards`]).
-    pub cascade_shards: CascadeShards,
+    /// Parallel copies of the delay cascade (see [`Shards`]).
+    pub cascade_shards: Shards,
+    /// Payment windows most orders share (e.g. `["30m"]`), each a fixed-TTL
+    /// queue of its own: an order that fits one waits there in one hop
+    /// instead of crossing the cascade ([`Lane`]). Empty: every delay goes
+    /// through the cascade.
+    pub lanes: Vec<Lane>,
+    /// Parallel copies of each lane (see [`Shards`]); a lane carries a
+    /// shop's whole load, so it gets more than a cascade level.
+    pub lane_shards: Shards,
     /// Unacknowledged deliveries the consumer may hold at once. Messages held
     /// for the last (up to 2) seconds before their deadline count against
     /// it, so it must exceed (orders/s due) x 2 s.
@@ -304,7 +316,9 @@ impl Default for Settings {
             inventory_url: SecretUrl::new(DEFAULT_INVENTORY_URL),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
             queue_type: QueueType::Quorum,
-            cascade_shards: CascadeShards::default(),
+            cascade_shards: Shards::default(),
+            lanes: Vec::new(),
+            lane_shards: DEFAULT_LANE_SHARDS,
             prefetch: 4000,
             batch_max: 200,
             batch_concurrency: 4,

@@ -21,6 +21,27 @@ impl Settings {
         self.check_counts()?;
         self.check_durations()?;
         self.check_timers()?;
+        self.check_lanes()?;
+        Ok(())
+    }
+
+    /// Each lane once (two would be one queue declared twice over), and a
+    /// handful at most: each is `lane_shards` queues.
+    fn check_lanes(&self) -> Result<(), ConfigError> {
+        if self.lanes.len() > super::lanes::MAX_LANES {
+            return Err(invalid(
+                "lanes",
+                format!(
+                    "{} lanes; at most {} (the other windows go through the cascade)",
+                    self.lanes.len(),
+                    super::lanes::MAX_LANES
+                ),
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(twice) = self.lanes.iter().find(|lane| !seen.insert(**lane)) {
+            return Err(invalid("lanes", format!("{twice} is listed twice")));
+        }
         Ok(())
     }
 

@@ -22,7 +22,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use order_timeout::app::RunningService;
 use order_timeout::broker::{connect_amqp, declare_topology, topology};
-use order_timeout::settings::{self, CascadeShards, SecretUrl, Settings};
+use order_timeout::settings::{self, SecretUrl, Settings, Shards};
 use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
@@ -129,7 +129,7 @@ impl TestEnv {
         // orders through more than one shard, with half the quorum queues
         // to create and delete per test (the suite makes a vhost per test,
         // and thousands of quorum queues per run weigh on a small broker).
-        settings.cascade_shards = CascadeShards::try_from(2).unwrap();
+        settings.cascade_shards = Shards::try_from(2).unwrap();
         // Several services per test: let each pick a free port.
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
         declare_topology(&settings).await.expect("declare topology");
@@ -534,6 +534,8 @@ impl TestEnv {
             inventory_url: self.settings.inventory_url.expose().to_owned(),
             config: std::env::temp_dir().join(format!("{}-cli.toml", self.name)),
             cascade_shards: self.settings.cascade_shards.get(),
+            lanes: self.settings.lanes.iter().map(|l| l.to_string()).collect(),
+            lane_shards: self.settings.lane_shards.get(),
         };
         tokio::task::spawn_blocking(move || env.run(&args, &stdin))
             .await
@@ -542,10 +544,15 @@ impl TestEnv {
 
     /// Messages ready in the parked queue (passive declare).
     pub async fn parked_count(&self) -> u32 {
+        self.queue_depth(topology::PARKED_QUEUE).await
+    }
+
+    /// Messages ready in `queue` (passive declare; the queue must exist).
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
         let channel = self.amqp.create_channel().await.unwrap();
         let queue = channel
             .queue_declare(
-                topology::PARKED_QUEUE.into(),
+                queue.into(),
                 QueueDeclareOptions {
                     passive: true,
                     ..Default::default()
@@ -594,9 +601,12 @@ struct EnvForCli {
     database_url: String,
     inventory_url: String,
     /// Config file for the settings the environment variables cannot
-    /// carry (the cascade shards this test's vhost was declared with).
+    /// carry (the cascade shards and lanes this test's vhost was declared
+    /// with).
     config: std::path::PathBuf,
     cascade_shards: u32,
+    lanes: Vec<String>,
+    lane_shards: u32,
 }
 
 impl EnvForCli {
@@ -604,7 +614,10 @@ impl EnvForCli {
         use std::io::Write;
         std::fs::write(
             &self.config,
-            format!("cascade_shards = {}\n", self.cascade_shards),
+            format!(
+                "cascade_shards = {}\nlanes = {:?}\nlane_shards = {}\n",
+                self.cascade_shards, self.lanes, self.lane_shards
+            ),
         )
         .expect("write the CLI's config file");
         let mut child = Command::new(env!("CARGO_BIN_EXE_order-timeout"))

@@ -9,6 +9,7 @@ mod browser;
 mod common;
 mod console;
 mod failures;
+mod lanes;
 mod operations;
 mod outbox;
 mod permanent_failures;

@@ -231,6 +231,33 @@ fn windows_table(body: &mut String, report: &PendingReport) {
         );
     }
     body.push_str("</tr></table>");
+    lanes_table(body, report);
+}
+
+/// The lanes, one row each, when lanes are configured.
+fn lanes_table(body: &mut String, report: &PendingReport) {
+    let lanes = report.lane_windows();
+    if lanes.is_empty() {
+        return;
+    }
+    let _ = write!(
+        body,
+        "<h2>Lanes</h2><p>A message in a lane reaches the service within the lane's window.          With the cascade, {} timeouts wait in the delay store.</p>\
+         <table><tr><th>lane</th><th>due within</th><th>by shard</th><th>total</th></tr>",
+        report.total_waiting()
+    );
+    for w in &lanes {
+        let shards: Vec<String> = w.by_shard.iter().map(u64::to_string).collect();
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td></tr>",
+            w.lane,
+            secs(w.due_within_secs),
+            shards.join(" "),
+            w.messages
+        );
+    }
+    body.push_str("</table>");
 }
 
 fn parked_since_start(body: &mut String, now: &Change) {

@@ -20,7 +20,7 @@ use crate::scratch;
 use crate::shop::{OrdersDatabase, ShopDb};
 use order_timeout::broker::connect_amqp;
 use order_timeout::broker::topology::DUE_QUEUE;
-use order_timeout::settings::{SecretUrl, Settings};
+use order_timeout::settings::{Lane, SecretUrl, Settings};
 use sqlx::postgres::PgPoolOptions;
 
 /// Runs `rabbitmqctl` with `args`, returning stdout, or `None` on failure.
@@ -129,6 +129,7 @@ impl BenchEnv {
         db_connections: u32,
         orders_in: OrdersDatabase,
         stock: StockPath,
+        lanes: &[Lane],
     ) -> Result<Self, BenchError> {
         let name = format!("ot_bench_{}", chrono::Utc::now().format("%Y%m%d_%H%M%S"));
         let amqp_url = scratch::create_vhost(&base.amqp_url, &name)?;
@@ -175,6 +176,9 @@ impl BenchEnv {
         if stock == StockPath::Also {
             env.stock_back_by_also()?;
         }
+        if !lanes.is_empty() {
+            env.add_lanes(lanes)?;
+        }
         env.start_inventory()?;
         Ok(env)
     }
@@ -211,6 +215,31 @@ impl BenchEnv {
         .map_err(|e| BenchError::Setup(format!("writing {}: {e}", file.display())))?;
         self.config_file = Some(file);
         self.db.also_stock = true;
+        Ok(())
+    }
+
+    /// The services run with `lanes`: written on top of the config file
+    /// they get (the user's `--config` or the bench's own), since a lane
+    /// is a setting of the service, not of its environment.
+    fn add_lanes(&mut self, lanes: &[Lane]) -> Result<(), BenchError> {
+        if !self.settings.lanes.is_empty() {
+            return Err(BenchError::Setup(
+                "the config file sets lanes and so does --lanes: use --lanes none with it, or a config without lanes".into(),
+            ));
+        }
+        let base = match &self.config_file {
+            Some(file) => std::fs::read_to_string(file)
+                .map_err(|e| BenchError::Setup(format!("reading {}: {e}", file.display())))?,
+            None => String::new(),
+        };
+        let list: Vec<String> = lanes.iter().map(|l| format!("\"{l}\"")).collect();
+        // Top-level keys first: the base may open tables ([orders] ...).
+        let text = format!("lanes = [{}]\n{base}", list.join(", "));
+        let file = self.log_dir.join("lanes.toml");
+        std::fs::write(&file, text)
+            .map_err(|e| BenchError::Setup(format!("writing {}: {e}", file.display())))?;
+        self.config_file = Some(file);
+        self.settings.lanes = lanes.to_vec();
         Ok(())
     }
 

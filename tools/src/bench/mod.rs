@@ -51,7 +51,7 @@ use self::env::BenchEnv;
 use self::load::{Route, Workload};
 use self::report::{BenchReport, CeilingReport, PhaseReport, RunReport};
 use self::sys::{Group, Sampling, Who};
-use self::workload::{Chosen, Named, TimeoutDist};
+use self::workload::{Chosen, LaneChoice, Named, TimeoutDist};
 use crate::shop::{OrdersDatabase, ShopDb};
 use order_timeout::settings::Settings;
 
@@ -141,6 +141,11 @@ pub struct BenchArgs {
     /// (`500ms:1,1s:1,5s:1,10s:1`).
     #[arg(long, value_parser = workload::parse_timeouts, conflicts_with_all = ["workload", "timeout"])]
     pub timeouts: Option<TimeoutDist>,
+    /// Lanes the services run with: `auto` (with `--workload shop`, its
+    /// window, as a shop configures it; none otherwise), `none`, or a list
+    /// such as `30m,2h`.
+    #[arg(long, default_value = "auto", value_parser = clap::value_parser!(LaneChoice))]
+    pub lanes: LaneChoice,
     /// Share of orders paid before their deadline (they must stay untouched).
     #[arg(long, default_value_t = 0.3)]
     pub paid_ratio: f64,
@@ -324,6 +329,7 @@ pub async fn run(
         db_conns,
         args.database,
         args.stock,
+        &args.lanes.lanes(&args.chosen),
     )
     .await?;
     let result = run_in(&mut env, &args, &mut report).await;
@@ -357,6 +363,9 @@ fn settings_info(s: &Settings, args: &BenchArgs) -> BTreeMap<String, String> {
         format!("{:?}", s.queue_type).to_lowercase(),
     );
     m.insert("cascade_shards".into(), s.cascade_shards.get().to_string());
+    let lanes: Vec<String> = s.lanes.iter().map(ToString::to_string).collect();
+    m.insert("lanes".into(), lanes.join(","));
+    m.insert("lane_shards".into(), s.lane_shards.get().to_string());
     m.insert("prefetch".into(), s.prefetch.to_string());
     m.insert("batch_max".into(), s.batch_max.to_string());
     m.insert("batch_concurrency".into(), s.batch_concurrency.to_string());

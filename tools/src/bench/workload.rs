@@ -8,6 +8,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use order_timeout::settings::Lane;
 use rand::Rng;
 
 /// Why a `--timeouts` value does not parse.
@@ -54,6 +55,49 @@ pub const SHOP_TIMEOUT: Duration = Duration::from_secs(31);
 
 /// The mix workload's timeouts.
 pub const MIX: &str = "500ms:1,1s:1,5s:1,10s:1";
+
+/// `bench --lanes`: the lanes the services run with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LaneChoice {
+    /// `auto`: with `--workload shop`, its payment window, as the README
+    /// tells a shop to configure; none for other workloads.
+    Auto,
+    /// `none`: every delay through the cascade.
+    None,
+    /// A list such as `30m,2h`.
+    List(Vec<Lane>),
+}
+
+impl FromStr for LaneChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "auto" => Ok(Self::Auto),
+            "none" => Ok(Self::None),
+            list => list
+                .split(',')
+                .map(|l| Lane::try_from(l.trim().to_owned()))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Self::List),
+        }
+    }
+}
+
+impl LaneChoice {
+    /// The lanes for a run of `chosen`.
+    pub fn lanes(&self, chosen: &Chosen) -> Vec<Lane> {
+        match (self, chosen.name, &chosen.timeouts) {
+            (Self::List(lanes), _, _) => lanes.clone(),
+            (Self::Auto, "shop", TimeoutDist::Fixed(d)) if d.subsec_nanos() == 0 => {
+                Lane::try_from(format!("{}s", d.as_secs()))
+                    .into_iter()
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+}
 
 /// The workload a run generates: what to call it and the timeouts it draws.
 #[derive(Clone, Debug, PartialEq)]
@@ -251,6 +295,22 @@ pub fn parse_timeouts(s: &str) -> Result<TimeoutDist, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_lanes_are_the_shop_window() {
+        let shop = |t: u64| choose(Named::Shop, Some(Duration::from_secs(t)), None).unwrap();
+        let auto: LaneChoice = "auto".parse().unwrap();
+        assert_eq!(auto.lanes(&shop(31))[0].secs(), 31);
+        assert!(auto.lanes(&shop(2)).is_empty(), "too short for a lane");
+        let mix = choose(Named::Mix, None, None).unwrap();
+        assert!(auto.lanes(&mix).is_empty());
+        let none: LaneChoice = "none".parse().unwrap();
+        assert!(none.lanes(&shop(31)).is_empty());
+        let list: LaneChoice = "30m, 2h".parse().unwrap();
+        let secs: Vec<u64> = list.lanes(&mix).iter().map(|l| l.secs()).collect();
+        assert_eq!(secs, [1800, 7200]);
+        assert!("soon".parse::<LaneChoice>().is_err());
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

@@ -1,0 +1,90 @@
+//! Lanes against the real broker: orders that share the configured payment
+//! window wait in the lane's queues (one hop) and are cancelled on time,
+//! never early; other windows still take the cascade; `topology check`
+//! and `pending` know the lanes.
+
+use std::time::Duration;
+
+use crate::common::TestEnv;
+use order_timeout::broker::lanes::lane_name;
+use order_timeout::observe::metrics::Outcome;
+use order_timeout::settings::{Lane, Shards};
+
+/// Generous bound on lateness for behaviour tests (the benchmark measures
+/// the real figure).
+const LATE_OK: chrono::Duration = chrono::Duration::milliseconds(1500);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_time() {
+    let mut env = TestEnv::new().await;
+    let lane = Lane::try_from("7s".to_string()).unwrap();
+    env.settings.lanes = vec![lane];
+    env.settings.lane_shards = Shards::try_from(3).unwrap();
+    env.stock_skus(1).await;
+    let service = env.service().await;
+
+    // Each published as soon as it is created, as an order service does.
+    let mut orders = Vec::new();
+    for i in 0..40 {
+        let order = env
+            .create_order(&format!("lane-{i}"), Duration::from_secs(7), &[(0, 1)])
+            .await;
+        env.publish_timeout(&order).await;
+        orders.push(order);
+    }
+    // Another window beside the lane's: the cascade, as before.
+    let other = env
+        .create_order("cascade-1", Duration::from_secs(5), &[(0, 1)])
+        .await;
+    env.publish_timeout(&other).await;
+
+    // The lane holds them (7 s less the 2 s hold: 5 s), spread over its shards.
+    let in_lane = || async {
+        let mut by_shard = Vec::new();
+        for shard in 0..3 {
+            by_shard.push(env.queue_depth(&lane_name(lane, shard)).await);
+        }
+        by_shard
+    };
+    env.eventually(Duration::from_secs(4), "40 orders in the lane", || async {
+        in_lane().await.iter().sum::<u32>() == 40
+    })
+    .await;
+    let by_shard = in_lane().await;
+    assert!(by_shard.iter().all(|&n| n > 0), "{by_shard:?}");
+
+    let pending = env.cli(&["pending", "--json"]).await;
+    assert_eq!(pending.code, Some(0), "{}", pending.stderr);
+    let json: serde_json::Value = serde_json::from_str(&pending.stdout).unwrap();
+    assert_eq!(json["lanes"][0]["lane"], "7s", "{json}");
+    assert_eq!(json["lanes"][0]["due_within_secs"], 7);
+    assert!(
+        json["missing_queues"].as_array().unwrap().is_empty(),
+        "{json}"
+    );
+    let check = env.cli(&["topology", "check"]).await;
+    assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
+
+    for order in orders.iter().chain([&other]) {
+        let (status, expires_at, cancelled_at) =
+            env.wait_settled(&order.id, Duration::from_secs(15)).await;
+        assert_eq!(status, "CANCELLED", "{}", order.id);
+        let cancelled_at = cancelled_at.expect("cancelled_at set");
+        assert!(
+            cancelled_at >= expires_at,
+            "{} cancelled early: {cancelled_at} < {expires_at}",
+            order.id
+        );
+        assert!(
+            cancelled_at - expires_at < LATE_OK,
+            "{} too late: {}",
+            order.id,
+            cancelled_at - expires_at
+        );
+    }
+    assert_eq!(service.metrics.count(Outcome::Cancelled), 41);
+    for shard in 0..3 {
+        assert_eq!(env.queue_depth(&lane_name(lane, shard)).await, 0);
+    }
+    service.stop().await.unwrap();
+}
