@@ -11,7 +11,7 @@
 //! pipeline             consumer → batcher → cancel → finish; schedule, retry,
 //!                      park; sweeper
 //!    │
-//! store, broker,       the SQL dialects; topology, cascade, headers, publisher;
+//! store, broker,       the SQL dialects; topology, cascade, lanes, headers, publisher;
 //! inventory, message,  the gRPC client; the accepted message forms;
 //! observe              metrics, /metrics /healthz /readyz, logs
 //!    │
@@ -24,7 +24,9 @@
 //!   a [`Service`] (`app/mod.rs`: build/run and the reconnect loop;
 //!   `app/session.rs`: one broker session);
 //! - **the delay cascade**: `broker/cascade.rs` (the arithmetic) and
-//!   `broker/topology.rs` (the queues and bindings it addresses);
+//!   `broker/topology.rs` (the queues and bindings it addresses); **lanes**
+//!   (one fixed-TTL hop for a shared payment window) and the choice between
+//!   a lane and the cascade: `broker/lanes.rs`;
 //! - **the cancel transaction**, per dialect: `store/postgres.rs` (one CTE)
 //!   and `store/mysql.rs` (`SELECT … FOR UPDATE`, conditional `UPDATE`),
 //!   behind `store/mod.rs`'s `OrderStore`; what a row means in either:

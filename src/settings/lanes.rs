@@ -15,10 +15,11 @@ use serde::Deserialize;
 
 use super::Shards;
 
-/// Default `lane_shards`: every order of a shop crosses its lane, so a lane
-/// gets more dead-letter workers than one cascade level
-/// (docs/BENCHMARKS.md, "Lanes").
-pub const DEFAULT_LANE_SHARDS: Shards = Shards(8);
+/// Default `lane_shards`: four. One lane shard carried 2,000 orders/s on
+/// the 2-core test machine (p99 lateness 10 ms, docs/BENCHMARKS.md
+/// "Lanes"); four leave headroom for faster machines and spread a lane's
+/// queue leaders over a cluster's nodes.
+pub const DEFAULT_LANE_SHARDS: Shards = Shards(4);
 
 /// One lane: a payment window in whole seconds, from [`Lane::MIN_SECS`]
 /// to [`Lane::MAX_SECS`], written as in the rest of the config (`"30m"`,
