@@ -260,10 +260,9 @@ pub struct Settings {
     pub batch_max: usize,
     /// Batches processed concurrently.
     pub batch_concurrency: usize,
-    /// Under load, how long the batcher waits for more due orders before it
-    /// sends a batch that is not full: this much lateness, at most, for
-    /// fewer and larger cancel statements. An order that falls due alone
-    /// waits 3 ms at most (`pipeline/batcher.rs`).
+    /// How long the batcher waits for more due orders before it sends a
+    /// batch that is not full: this much lateness, at most, for fewer and
+    /// larger cancel statements.
     #[serde(with = "humantime_serde")]
     pub batch_linger: Duration,
     /// Database connection pool size.
@@ -328,7 +327,7 @@ impl Default for Settings {
             prefetch: 4000,
             batch_max: 200,
             batch_concurrency: 4,
-            batch_linger: Duration::from_millis(15),
+            batch_linger: Duration::from_millis(3),
             db_max_connections: 10,
             db_lock_timeout: Duration::from_secs(5),
             db_statement_timeout: Duration::from_secs(30),
