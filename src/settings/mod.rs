@@ -260,11 +260,6 @@ pub struct Settings {
     pub batch_max: usize,
     /// Batches processed concurrently.
     pub batch_concurrency: usize,
-    /// How long the batcher waits for more due orders before it sends a
-    /// batch that is not full: this much lateness, at most, for fewer and
-    /// larger cancel statements.
-    #[serde(with = "humantime_serde")]
-    pub batch_linger: Duration,
     /// Database connection pool size.
     pub db_max_connections: u32,
     /// Longest wait of one database statement for a row lock the cancel
@@ -327,7 +322,6 @@ impl Default for Settings {
             prefetch: 4000,
             batch_max: 200,
             batch_concurrency: 4,
-            batch_linger: Duration::from_millis(3),
             db_max_connections: 10,
             db_lock_timeout: Duration::from_secs(5),
             db_statement_timeout: Duration::from_secs(30),

@@ -138,15 +138,6 @@ impl Settings {
                 return Err(invalid(key, "must be longer than 0s".into()));
             }
         }
-        if self.batch_linger > Duration::from_secs(1) {
-            return Err(invalid(
-                "batch_linger",
-                format!(
-                    "{} is over 1s: an order may wait this long after its deadline",
-                    humantime::format_duration(self.batch_linger)
-                ),
-            ));
-        }
         if self.retry.max_delay < self.retry.base_delay {
             return Err(invalid(
                 "[retry].max_delay",
@@ -226,7 +217,6 @@ mod tests {
             ("outbox_lease = \"0s\"", "outbox_lease"),
             ("db_lock_timeout = \"0s\"", "db_lock_timeout"),
             ("db_statement_timeout = \"0s\"", "db_statement_timeout"),
-            ("batch_linger = \"2s\"", "batch_linger"),
         ] {
             let err = refused(toml);
             assert!(err.contains(key), "{toml}: {err}");

@@ -370,10 +370,6 @@ fn settings_info(s: &Settings, args: &BenchArgs) -> BTreeMap<String, String> {
     m.insert("batch_max".into(), s.batch_max.to_string());
     m.insert("batch_concurrency".into(), s.batch_concurrency.to_string());
     m.insert(
-        "batch_linger".into(),
-        humantime::format_duration(s.batch_linger).to_string(),
-    );
-    m.insert(
         "db_max_connections".into(),
         s.db_max_connections.to_string(),
     );
