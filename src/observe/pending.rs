@@ -57,22 +57,21 @@ impl PendingGauges {
 
     /// Messages waiting in level `level` of shard `shard`.
     pub fn set_level(&self, shard: u32, level: u32, messages: u32) {
-        self.messages
-            .get_or_create(&LevelLabels {
-                shard: shard.to_string(),
-                level: format!("{level:02}"),
-            })
-            .set(i64::from(messages));
+        self.set_queue(shard, format!("{level:02}"), messages);
     }
 
     /// Messages waiting in shard `shard` of lane `lane` (labelled
     /// `level="lane_1800s"`, so a sum over the family is every timeout
     /// waiting in the delay store).
     pub fn set_lane(&self, shard: u32, lane: Lane, messages: u32) {
+        self.set_queue(shard, format!("lane_{lane}"), messages);
+    }
+
+    fn set_queue(&self, shard: u32, level: String, messages: u32) {
         self.messages
             .get_or_create(&LevelLabels {
                 shard: shard.to_string(),
-                level: format!("lane_{lane}"),
+                level,
             })
             .set(i64::from(messages));
     }
