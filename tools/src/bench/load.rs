@@ -29,8 +29,9 @@ use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 /// Where the generator publishes each order's timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
-    /// The product's contract: exchange `order-timeout`, key `schedule`.
-    Cascade,
+    /// The product's contract: exchange `order-timeout`, key `schedule`,
+    /// into the service (its lanes and cascade).
+    Service,
     /// The single-queue baseline: one delay queue, per-message
     /// `expiration` = time left to the deadline, into the service.
     SingleQueue,
@@ -43,7 +44,7 @@ impl Route {
     /// Label in reports.
     pub fn design(self) -> &'static str {
         match self {
-            Self::Cascade => "cascade",
+            Self::Service => "service",
             Self::SingleQueue => "single-queue",
             Self::Seed => "seed",
         }
@@ -53,7 +54,7 @@ impl Route {
     /// TTL, or `None` for the product's contract.
     fn delay_queue(self) -> Option<&'static str> {
         match self {
-            Self::Cascade => None,
+            Self::Service => None,
             Self::SingleQueue => Some(SINGLE_DELAY_QUEUE),
             Self::Seed => Some(super::seed::SEED_DELAY_QUEUE),
         }
@@ -63,7 +64,7 @@ impl Route {
     /// these (the others sit idle meanwhile).
     pub fn processes(self) -> &'static [&'static str] {
         match self {
-            Self::Cascade | Self::SingleQueue => &[
+            Self::Service | Self::SingleQueue => &[
                 "broker",
                 "postgres",
                 "mariadb",
@@ -79,7 +80,7 @@ impl Route {
     pub fn own_process(self) -> &'static str {
         match self {
             Self::Seed => "seed",
-            Self::Cascade | Self::SingleQueue => "service",
+            Self::Service | Self::SingleQueue => "service",
         }
     }
 }
@@ -818,7 +819,7 @@ pub async fn fill(
                 errors.fetch_add(orders.len() as u64, Ordering::Relaxed);
                 return;
             }
-            let failed = publish_batch(&channel, Route::Cascade, &orders).await;
+            let failed = publish_batch(&channel, Route::Service, &orders).await;
             errors.fetch_add(failed, Ordering::Relaxed);
             bar.inc(orders.len() as u64);
         }));

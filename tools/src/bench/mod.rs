@@ -547,7 +547,7 @@ async fn run_workload(
         order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-shop")
             .await?;
     let channels = load::confirm_channels(&conn, w.publish_channels).await?;
-    let mut routes = vec![Route::Cascade];
+    let mut routes = vec![Route::Service];
     if args.baseline.contains(&Baseline::SingleQueue) {
         baseline::declare_single_queue(&conn, env.settings.queue_type).await?;
         routes.push(Route::SingleQueue);
@@ -624,7 +624,7 @@ async fn services_for(
             eprintln!("== stopping the service for the seed's phase");
             env.stop_services().await;
         }
-        Route::Cascade | Route::SingleQueue if env.services.is_empty() => {
+        Route::Service | Route::SingleQueue if env.services.is_empty() => {
             eprintln!("== restarting {} service instance(s)", args.consumers);
             env.start_services(args.consumers).await?;
             let pids = env.service_pids();

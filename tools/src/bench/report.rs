@@ -400,10 +400,10 @@ mod tests {
         let runs: Vec<RunReport> = [(20.0, 30.0), (19.0, 704.0), (21.0, 40.0)]
             .iter()
             .enumerate()
-            .map(|(i, (seed, cascade))| RunReport {
+            .map(|(i, (seed, service))| RunReport {
                 run: i + 1,
                 phases: vec![
-                    phase("cascade", *cascade, false),
+                    phase("service", *service, false),
                     phase("seed", *seed, i == 2),
                 ],
                 ..Default::default()
@@ -413,7 +413,7 @@ mod tests {
         assert_eq!(v.len(), 2);
         assert_eq!(
             (v[0].design.as_str(), v[0].runs, v[0].within_target),
-            ("cascade", 3, 2)
+            ("service", 3, 2)
         );
         assert!(!v[0].stable);
         assert_eq!(v[0].p99_ms, vec![30.0, 704.0, 40.0]);

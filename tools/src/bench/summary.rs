@@ -168,7 +168,7 @@ fn print_pending(p: &PendingReport) {
     }
 }
 
-/// One line per design of a run: `run 2 cascade: …`.
+/// One line per design of a run: `run 2 service: …`.
 pub(super) fn print_run(r: &RunReport) {
     for p in &r.phases {
         let l = &p.lateness;
@@ -201,7 +201,7 @@ pub(super) fn print_run(r: &RunReport) {
     }
 }
 
-/// `verdict cascade: 3 of 5 runs within p99 <= 50 ms …: NOT STABLE`.
+/// `verdict service: 3 of 5 runs within p99 <= 50 ms …: NOT STABLE`.
 fn print_verdict(v: &Verdict) {
     let p99s: Vec<String> = v.p99_ms.iter().map(|p| format!("{p:.1}")).collect();
     let word = match (v.runs, v.stable) {
