@@ -207,8 +207,12 @@ fn io_error(command: &str, e: std::io::Error) -> ClusterError {
 }
 
 /// A first port such that `n` AMQP ports and their distribution ports
-/// (+10000) are free right now: AMQP in 20000..25000, distribution in
-/// 30000..35000 (rabbitmqctl takes 35672-35682 for itself).
+/// (+10000) are free right now: AMQP in 12000..17000, distribution in
+/// 22000..27000. Both stay below Linux's ephemeral ports (32768 and up by
+/// default): a port in that range that is free now can be taken by any
+/// outgoing connection's local end before a killed node boots again on it
+/// (CI saw a restart fail with `dist_port_already_used` on 34346), and
+/// rabbitmqctl takes 35672-35682 for itself.
 fn free_port_range(n: usize) -> u16 {
     let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
     let seed = std::process::id() as u64
@@ -217,12 +221,12 @@ fn free_port_range(n: usize) -> u16 {
             .map(|d| d.subsec_nanos() as u64)
             .unwrap_or(0);
     for attempt in 0..500u64 {
-        let base = 20_000 + ((seed + attempt * 7919) % 4_990) as u16;
+        let base = 12_000 + ((seed + attempt * 7919) % 4_990) as u16;
         if (0..n as u16).all(|k| free(base + k) && free(base + k + 10_000)) {
             return base;
         }
     }
-    21_681
+    13_681
 }
 
 /// Waits up to `limit` for `check` to hold, polling every 100 ms.
