@@ -81,6 +81,20 @@ impl Console {
             .await
             .map_err(|e| format!("connecting to {}: {e}", self.amqp_url))
     }
+
+    /// Runs `work` on a connection of its own, one pass over the parked
+    /// queue at a time (a listing, a replay and a purge each take every
+    /// parked message once), and closes the connection afterwards.
+    async fn parked_pass<T, E: std::fmt::Display>(
+        &self,
+        work: impl AsyncFnOnce(&lapin::Connection) -> Result<T, E>,
+    ) -> Result<T, String> {
+        let _one_pass = self.passes.lock().await;
+        let conn = self.connect().await?;
+        let result = work(&conn).await;
+        crate::broker::close_quietly(&conn).await;
+        result.map_err(|e| e.to_string())
+    }
 }
 
 /// The console's routes, to merge into the HTTP server's.

@@ -47,17 +47,9 @@ pub(super) async fn page(
     let limit = query_number(q, "limit")
         .unwrap_or(DEFAULT_LIMIT)
         .min(MAX_LIMIT);
-    let listing = {
-        let _one_pass = console.passes.lock().await;
-        match console.connect().await {
-            Ok(conn) => {
-                let listing = parked::list(&conn, Some(limit)).await;
-                crate::broker::close_quietly(&conn).await;
-                listing.map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e),
-        }
-    };
+    let listing = console
+        .parked_pass(async |conn| parked::list(conn, Some(limit)).await)
+        .await;
     let listing = match listing {
         Ok(listing) => listing,
         Err(e) => {
@@ -247,17 +239,9 @@ pub(super) async fn replay(
         return Redirect::to("/console/parked?none=1").into_response();
     }
     let selected = keys.len();
-    let result = {
-        let _one_pass = console.passes.lock().await;
-        match console.connect().await {
-            Ok(conn) => {
-                let report = parked::replay(&conn, &Selection::Keys(keys)).await;
-                crate::broker::close_quietly(&conn).await;
-                report.map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e),
-        }
-    };
+    let result = console
+        .parked_pass(async |conn| parked::replay(conn, &Selection::Keys(keys)).await)
+        .await;
     match result {
         Ok(report) => {
             tracing::info!(
@@ -297,20 +281,14 @@ pub(super) async fn purge(
         return confirm_purge(&access, &keys);
     }
     let selected = keys.len();
-    let result = {
-        let _one_pass = console.passes.lock().await;
-        match console.connect().await {
-            Ok(conn) => {
-                let report = match PurgePlan::prepare(&conn, &Selection::Keys(keys)).await {
-                    Ok(plan) => plan.commit().await,
-                    Err(e) => Err(e),
-                };
-                crate::broker::close_quietly(&conn).await;
-                report.map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e),
-        }
-    };
+    let result = console
+        .parked_pass(async |conn| {
+            PurgePlan::prepare(conn, &Selection::Keys(keys))
+                .await?
+                .commit()
+                .await
+        })
+        .await;
     match result {
         Ok(report) => {
             tracing::info!(
