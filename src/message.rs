@@ -8,14 +8,19 @@
 //! - `"A1"` or `12345` alone: the same as `{"order_id": …}` (many shops
 //!   publish only the id).
 //!
-//! `order_id` is a JSON string or integer. Everything else is a
-//! [`MessageError`], which the consumer parks with the error's text.
+//! `order_id` is a JSON string or integer. An object may name its timer
+//! (`"timer": "auto_receive"`, a `[[timers]]` name of the config); without
+//! it, and for every bare id, the message is for the default timer,
+//! `cancel_unpaid`. Everything else is a [`MessageError`], which the
+//! consumer parks with the error's text.
 
 use std::fmt;
 
 use chrono::{DateTime, Datelike, Duration as ChronoDuration, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::Value;
+
+use crate::settings::TimerName;
 
 /// Longest order id accepted. Ids travel in AMQP headers and gRPC calls;
 /// a kilobyte-long id is a bug upstream, not an order.
@@ -112,6 +117,8 @@ pub enum ParkReason {
     InvalidField,
     /// Both `cancel_at` and `timeout_ms` (or a half of the latter).
     Ambiguous,
+    /// A `timer` the service's config has no timer of that name for.
+    UnknownTimer,
     /// No order row with that id.
     UnknownOrder,
     /// Transient failures went on for `retry.max_attempts` attempts.
@@ -133,7 +140,7 @@ pub enum ParkReason {
 impl ParkReason {
     /// Every reason, in a fixed order (the parked-counter series that exist
     /// from the start). Reasons are only ever added, never renamed.
-    pub const ALL: [ParkReason; 14] = [
+    pub const ALL: [ParkReason; 15] = [
         ParkReason::Empty,
         ParkReason::TooLarge,
         ParkReason::NotUtf8,
@@ -148,6 +155,7 @@ impl ParkReason {
         ParkReason::PermanentFailure,
         ParkReason::DeliveryLimit,
         ParkReason::ReleaseFailed,
+        ParkReason::UnknownTimer,
     ];
 
     /// The label, e.g. `not_json`.
@@ -167,6 +175,7 @@ impl ParkReason {
             Self::PermanentFailure => "permanent_failure",
             Self::DeliveryLimit => "delivery_limit",
             Self::ReleaseFailed => "release_failed",
+            Self::UnknownTimer => "unknown_timer",
         }
     }
 }
@@ -242,10 +251,15 @@ pub enum Deadline {
 /// A parsed timeout message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TimeoutRequest {
-    /// The order to cancel if still unpaid.
+    /// The order to cancel if still unpaid (the row to flip, for another
+    /// timer).
     pub order_id: OrderId,
     /// When, per the message.
     pub deadline: Deadline,
+    /// The timer the message is for: its `"timer"` field, else the default
+    /// one (`cancel_unpaid`). Whether the config has it is the consumer's
+    /// check.
+    pub timer: TimerName,
 }
 
 impl TimeoutRequest {
@@ -270,12 +284,14 @@ impl TimeoutRequest {
                 return Ok(Self {
                     order_id: OrderId::from_json(&bare)?,
                     deadline: Deadline::FromOrderRow,
+                    timer: TimerName::default_timer(),
                 });
             }
             _ => return Err(MessageError::NotObject),
         };
         let order_id =
             OrderId::from_json(fields.get("order_id").ok_or(MessageError::MissingOrderId)?)?;
+        let timer = parse_timer(fields.get("timer"))?;
 
         let present = |name: &str| fields.get(name).is_some_and(|v| !v.is_null());
         let deadline = match (
@@ -310,14 +326,29 @@ impl TimeoutRequest {
                 });
             }
         };
-        Ok(Self { order_id, deadline })
+        Ok(Self {
+            order_id,
+            deadline,
+            timer,
+        })
+    }
+
+    /// A request for the default timer (`cancel_unpaid`).
+    pub fn new(order_id: OrderId, deadline: Deadline) -> Self {
+        Self {
+            order_id,
+            deadline,
+            timer: TimerName::default_timer(),
+        }
     }
 
     /// The canonical body this service's own publisher sends. It parses
     /// back to the same request: a deadline finer than the wire's
     /// milliseconds keeps its digits.
+    /// The default timer's name is left out, so its messages are the ones
+    /// every version of the contract knows.
     pub fn to_json(&self) -> Vec<u8> {
-        let value = match self.deadline {
+        let mut value = match self.deadline {
             Deadline::At(at) => serde_json::json!({
                 "order_id": self.order_id,
                 "cancel_at": if at.timestamp_subsec_nanos() % 1_000_000 == 0 {
@@ -328,6 +359,9 @@ impl TimeoutRequest {
             }),
             Deadline::FromOrderRow => serde_json::json!({ "order_id": self.order_id }),
         };
+        if !self.timer.is_default() {
+            value["timer"] = Value::from(self.timer.as_str());
+        }
         // A `Value` of strings only: serializing it cannot fail.
         serde_json::to_vec(&value).unwrap_or_default()
     }
@@ -353,6 +387,27 @@ fn parse_instant(field: &'static str, value: &Value) -> Result<DateTime<Utc>, Me
         .with_timezone(&Utc);
     check_year(field, at)?;
     Ok(at)
+}
+
+/// The `timer` field: absent or null is the default timer; otherwise a
+/// string that is a timer name (`[a-z0-9_]{1,64}`).
+fn parse_timer(value: Option<&Value>) -> Result<TimerName, MessageError> {
+    match value {
+        None | Some(Value::Null) => Ok(TimerName::default_timer()),
+        Some(Value::String(name)) => {
+            TimerName::parse(name).map_err(|reason| MessageError::InvalidField {
+                field: "timer",
+                reason,
+            })
+        }
+        Some(other) => Err(MessageError::InvalidField {
+            field: "timer",
+            reason: format!(
+                "expected a timer's name (a string), got {}",
+                json_type(other)
+            ),
+        }),
+    }
 }
 
 fn check_year(field: &'static str, at: DateTime<Utc>) -> Result<(), MessageError> {
@@ -432,6 +487,16 @@ mod tests {
 
         let r = parse(r#"{"order_id":"a"}"#).unwrap();
         assert_eq!(r.deadline, Deadline::FromOrderRow);
+        assert!(r.timer.is_default());
+
+        // A timer by name; null is the default one.
+        let r =
+            parse(r#"{"order_id":"a","timer":"auto_receive","cancel_at":"2026-11-21T10:30:00Z"}"#)
+                .unwrap();
+        assert_eq!(r.timer.as_str(), "auto_receive");
+        assert_eq!(r.deadline, at("2026-11-21T10:30:00Z"));
+        let r = parse(r#"{"order_id":"a","timer":null}"#).unwrap();
+        assert!(r.timer.is_default());
         let r = parse(r#"{"order_id":"a","cancel_at":null}"#).unwrap();
         assert_eq!(r.deadline, Deadline::FromOrderRow);
 
@@ -453,13 +518,22 @@ mod tests {
 
     #[test]
     fn round_trips_its_own_form() {
-        let r = parse(r#"{"order_id":"a","cancel_at":"2026-11-21T10:30:00.123Z"}"#).unwrap();
-        assert_eq!(
-            TimeoutRequest::parse(&r.to_json(), MAX).unwrap(),
-            r,
-            "{}",
-            String::from_utf8_lossy(&r.to_json())
-        );
+        for body in [
+            r#"{"order_id":"a","cancel_at":"2026-11-21T10:30:00.123Z"}"#,
+            r#"{"order_id":"a","cancel_at":"2026-11-21T10:30:00.123Z","timer":"coupon_expiry"}"#,
+            r#"{"order_id":7,"timer":"auto_receive"}"#,
+        ] {
+            let r = parse(body).unwrap();
+            assert_eq!(
+                TimeoutRequest::parse(&r.to_json(), MAX).unwrap(),
+                r,
+                "{}",
+                String::from_utf8_lossy(&r.to_json())
+            );
+        }
+        // The default timer's messages stay as they were.
+        let r = parse(r#"{"order_id":"a","timer":"cancel_unpaid"}"#).unwrap();
+        assert_eq!(r.to_json(), br#"{"order_id":"a"}"#);
     }
 
     #[test]
@@ -512,6 +586,12 @@ mod tests {
                 "invalid_field",
             ),
             (br#"{"order_id":"a","timeout_ms":5}"#, "invalid_field"),
+            (
+                br#"{"order_id":"a","timer":"Auto-Receive"}"#,
+                "invalid_field",
+            ),
+            (br#"{"order_id":"a","timer":""}"#, "invalid_field"),
+            (br#"{"order_id":"a","timer":3}"#, "invalid_field"),
             (
                 br#"{"order_id":"a","cancel_at":"2026-11-21T10:00:00Z","timeout_ms":5}"#,
                 "ambiguous",
@@ -626,6 +706,7 @@ mod tests {
                                 Just("cancel_at".to_owned()),
                                 Just("created_at".to_owned()),
                                 Just("timeout_ms".to_owned()),
+                                Just("timer".to_owned()),
                                 "[a-z_]{0,10}",
                             ],
                             inner

@@ -19,7 +19,7 @@ use crate::ops::pending::PendingBoard;
 use crate::settings::Release;
 use crate::settings::Settings;
 use crate::shutdown::Shutdown;
-use crate::store::{self, ShopSchema, Store};
+use crate::store::{self, Stores};
 
 mod session;
 
@@ -27,7 +27,9 @@ mod session;
 /// running.
 pub struct Service {
     settings: Settings,
-    store: Store,
+    /// This instance's name among the replicas (a watch's lease holder).
+    instance: Arc<str>,
+    stores: Stores,
     inventory: InventoryClient,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
@@ -44,10 +46,10 @@ impl Service {
         settings.validate()?;
         store::check_batch_sizes(&settings)?;
         crate::broker::tls::check(settings.amqp_url.expose())?;
-        let store = store::connect_lazy_with(
+        let stores = store::connect_timers(
             &settings.database_url,
             store::PoolSettings::of(&settings),
-            &ShopSchema::of(&settings),
+            &settings.timers()?,
         )?;
         let inventory =
             InventoryClient::connect_lazy(&settings.inventory_url, settings.inventory_timeout)?;
@@ -56,15 +58,24 @@ impl Service {
             .map_err(|e| {
                 anyhow::anyhow!("cannot listen on HTTP_ADDR {}: {e}", settings.http_addr)
             })?;
-        let metrics = Arc::new(Metrics::new());
-        // With `release = "none"` nothing calls the inventory, so readiness
-        // does not ask for it either.
-        let inventory_url =
-            (settings.inventory.release == Release::Grpc).then_some(&settings.inventory_url);
-        let health = Arc::new(Health::new(store.clone(), inventory_url, metrics.clone()));
+        let metrics = Arc::new(Metrics::for_timers(
+            stores.names().iter().map(|n| n.as_str()),
+        ));
+        // With `release = "none"` for every timer nothing calls the
+        // inventory, so readiness does not ask for it either.
+        let inventory_url = stores
+            .iter()
+            .any(|s| s.timer().release == Release::Grpc)
+            .then_some(&settings.inventory_url);
+        let health = Arc::new(Health::new(
+            stores.default_timer().clone(),
+            inventory_url,
+            metrics.clone(),
+        ));
         Ok(Self {
             settings,
-            store,
+            instance: instance_name().into(),
+            stores,
             inventory,
             metrics,
             health,
@@ -90,7 +101,8 @@ impl Service {
     pub async fn run(self, shutdown: Shutdown) -> anyhow::Result<()> {
         let Self {
             settings,
-            store,
+            instance,
+            stores,
             inventory,
             metrics,
             health,
@@ -122,7 +134,7 @@ impl Service {
             shutdown.clone(),
         ));
         tokio::spawn(http::refresh_readiness(health.clone(), shutdown.clone()));
-        if !prepare_store(&store, &shutdown).await? {
+        if !prepare_stores(&stores, &shutdown).await? {
             return Ok(());
         }
 
@@ -130,7 +142,7 @@ impl Service {
         loop {
             let started = std::time::Instant::now();
             let result = session::run(
-                &settings, &store, &inventory, &shutdown, &metrics, &health, &board,
+                &settings, &instance, &stores, &inventory, &shutdown, &metrics, &health, &board,
             )
             .await;
             health.set_broker(false);
@@ -160,20 +172,31 @@ impl Service {
     }
 }
 
-/// Checks the shop's schema against the mapping before anything is
-/// consumed: a configuration error stops the service (naming the config
+/// Checks the shop's schema against every timer's mapping before anything
+/// is consumed: a configuration error stops the service (naming the config
 /// key); a database that does not answer yet is waited for. `false` when
 /// `shutdown` fired meanwhile.
-async fn prepare_store(store: &Store, shutdown: &Shutdown) -> anyhow::Result<bool> {
+async fn prepare_stores(stores: &Stores, shutdown: &Shutdown) -> anyhow::Result<bool> {
+    for store in stores.iter() {
+        if !prepare_store(store, shutdown).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// [`prepare_stores`] for one timer.
+async fn prepare_store(store: &store::Store, shutdown: &Shutdown) -> anyhow::Result<bool> {
     loop {
         match store.prepare().await {
             Ok(report) => {
                 tracing::info!(
+                    timer = %report.timer,
                     table = %report.table,
                     id = ?report.id_kind,
                     deadline = %report.deadline,
-                    unpaid = report.unpaid.0,
-                    overdue = report.unpaid.1,
+                    unpaid = report.waiting.0,
+                    overdue = report.waiting.1,
                     release = ?report.release,
                     "shop schema checked"
                 );
@@ -189,6 +212,27 @@ async fn prepare_store(store: &Store, shutdown: &Shutdown) -> anyhow::Result<boo
             }
         }
     }
+}
+
+/// A name for this instance among the replicas: host, process id and the
+/// start time's nanoseconds (several instances in one process, as in the
+/// tests, differ by it).
+fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "order-timeout".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("{host}:{}:{nanos:09}:{nth}", std::process::id());
+    // The holder column is VARCHAR(64) in MySQL.
+    name.chars().rev().take(64).collect::<Vec<_>>().into_iter().rev().collect()
 }
 
 /// Builds and runs a service (what `serve` does).

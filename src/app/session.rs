@@ -1,6 +1,6 @@
 //! One broker session: two connections (consume, publish), the topology
-//! declared, and the session's tasks — consumer, batcher, sweeper, pending
-//! poller (`ops::pending`, the queue depths) — started and, when the
+//! declared, and the session's tasks — consumer, batcher, sweeper, the
+//! timers' watches, pending poller (`ops::pending`, the queue depths) — started and, when the
 //! session ends (connection lost or shutdown), drained within
 //! `shutdown_timeout`.
 
@@ -22,16 +22,21 @@ use crate::pipeline::consumer::{Consumer, ConsumerError};
 use crate::pipeline::context::{Context, Worker};
 use crate::pipeline::job::Job;
 use crate::pipeline::retry::RetryPolicy;
-use crate::pipeline::{batcher, sweeper};
+use crate::pipeline::{batcher, sweeper, watch};
 use crate::settings::Settings;
 use crate::shutdown::Shutdown;
-use crate::store::Store;
+use crate::store::Stores;
 
 /// One broker connection's lifetime: connect, run the session's tasks
 /// until the connection is lost or `shutdown` fires, then drain and close.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the instance's parts, handed to each session as they are"
+)]
 pub(super) async fn run(
     settings: &Settings,
-    store: &Store,
+    instance: &Arc<str>,
+    stores: &Stores,
     inventory: &InventoryClient,
     shutdown: &Shutdown,
     metrics: &Arc<Metrics>,
@@ -43,10 +48,11 @@ pub(super) async fn run(
         settings: settings.clone(),
         layout: topology::Layout::of(settings),
         publisher,
-        store: store.clone(),
+        stores: stores.clone(),
         inventory: inventory.clone(),
         retry: RetryPolicy::new(settings.retry.clone()),
         metrics: metrics.clone(),
+        instance: instance.clone(),
     });
     let tracker = TaskTracker::new();
     // The session ends (and reconnects) if either connection is lost.
@@ -101,6 +107,7 @@ async fn consume(
     };
     let sweeper_stop = stop.child();
     tracker.spawn(sweeper::run(worker.clone(), sweeper_stop.clone()));
+    tracker.spawn(watch::run(worker.clone(), sweeper_stop.clone()));
     tracker.spawn(batcher::run(worker, due_rx));
     health.set_broker(true);
     let result = consumer.run(due_tx, stop.clone(), tracker.clone()).await;

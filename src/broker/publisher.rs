@@ -1,6 +1,6 @@
 //! Publishing with publisher confirms: every message this service sends
-//! (a re-schedule into the delay cascade, a parked failure, an
-//! `order.cancelled` event, a timeout from the CLI) is confirmed by the
+//! (a re-schedule into the delay cascade, a parked failure, an event such
+//! as `order.cancelled`, a timeout from the CLI) is confirmed by the
 //! broker before the caller moves on, so nothing is acked upstream that was
 //! not safely handed over.
 
@@ -12,10 +12,7 @@ use serde::Serialize;
 
 use super::headers::{Attempts, H_DEADLINE_MS};
 use super::parked::{ParkInfo, park_properties};
-use super::topology::{
-    CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, Layout, PARKED_QUEUE,
-    SCHEDULE_ROUTING_KEY,
-};
+use super::topology::{ENTRY_EXCHANGE, EVENTS_EXCHANGE, Layout, PARKED_QUEUE, SCHEDULE_ROUTING_KEY};
 use crate::message::{OrderId, TimeoutRequest};
 
 /// Errors publishing a message.
@@ -51,17 +48,21 @@ pub enum PublishError {
     },
 }
 
-/// The `order.cancelled` event body.
+/// The body of a timer's event on `order-timeout.events`: `order.cancelled`
+/// for the default timer, the timer's `event` routing key for another
+/// (`order.received`, `coupon.expired`).
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
-pub struct CancelledEvent {
-    /// The cancelled order.
+pub struct TimerEvent {
+    /// The cancelled order (the row flipped, for another timer).
     pub order_id: String,
-    /// The deadline it was cancelled for (`orders.expires_at`).
+    /// The deadline it was cancelled (flipped) for: the row's deadline.
     pub expires_at: DateTime<Utc>,
-    /// When the cancellation committed.
+    /// When the cancellation (the flip) committed.
     pub cancelled_at: DateTime<Utc>,
     /// `cancelled_at - expires_at`, in milliseconds.
     pub lateness_ms: i64,
+    /// The timer that flipped it (`cancel_unpaid` for a cancellation).
+    pub timer: String,
 }
 
 /// Confirm-mode channels on one connection, used in turn. Cheap to clone;
@@ -226,13 +227,14 @@ impl Publisher {
         .await
     }
 
-    /// Publishes `order.cancelled`.
-    #[tracing::instrument(skip(self, event), fields(order_id = %event.order_id))]
-    pub async fn cancelled(&self, event: &CancelledEvent) -> Result<(), PublishError> {
+    /// Publishes a timer's event with its routing key (`order.cancelled`
+    /// for the default timer).
+    #[tracing::instrument(skip(self, event), fields(order_id = %event.order_id, timer = %event.timer))]
+    pub async fn event(&self, routing_key: &str, event: &TimerEvent) -> Result<(), PublishError> {
         let body = serde_json::to_vec(event).expect("event serializes");
         self.publish(
             EVENTS_EXCHANGE,
-            CANCELLED_ROUTING_KEY,
+            routing_key,
             false,
             &body,
             json_properties(FieldTable::default()).with_message_id(event.order_id.as_str().into()),

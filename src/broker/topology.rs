@@ -41,7 +41,7 @@ pub const PARKED_QUEUE: &str = "order-timeout.parked";
 /// Topic exchange for `order.cancelled` events.
 pub const EVENTS_EXCHANGE: &str = "order-timeout.events";
 /// Routing key of the cancellation event.
-pub const CANCELLED_ROUTING_KEY: &str = "order.cancelled";
+pub const CANCELLED_ROUTING_KEY: &str = crate::settings::CANCELLED_EVENT;
 
 /// What to declare: the queue type, the number of cascade shards, the lanes
 /// and their shards, as the settings ask ([`Layout::of`]).

@@ -11,7 +11,16 @@ use super::connect;
 use crate::broker::publisher::Publisher;
 use crate::broker::topology::{self, Layout};
 use crate::message::{Deadline, OrderId, TimeoutRequest, format_instant};
-use crate::settings::Settings;
+use crate::settings::{Settings, Timer, TimerName};
+
+/// The names of `timers`, for messages: `cancel_unpaid, auto_receive`.
+pub(super) fn timer_names(timers: &[Timer]) -> String {
+    timers
+        .iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// Arguments of `schedule`.
 #[derive(Debug, Args)]
@@ -26,6 +35,10 @@ pub struct ScheduleArgs {
     /// Deadline relative to now (e.g. 30m, 1h 30m, 1500ms).
     #[arg(long = "in", id = "in_", value_parser = humantime::parse_duration)]
     pub in_: Option<Duration>,
+    /// The timer (a `[[timers]]` name of the config); default: the default
+    /// one, cancel_unpaid.
+    #[arg(long)]
+    pub timer: Option<String>,
 }
 
 fn parse_rfc3339(s: &str) -> Result<DateTime<Utc>, String> {
@@ -50,11 +63,26 @@ pub(super) async fn run(settings: Settings, args: ScheduleArgs) -> anyhow::Resul
             })?,
         (None, None) => anyhow::bail!("give --cancel-at or --in"),
     };
+    let timer = match &args.timer {
+        None => TimerName::default_timer(),
+        Some(name) => {
+            let name = TimerName::parse(name).map_err(|e| anyhow::anyhow!("--timer: {e}"))?;
+            let timers = settings.timers()?;
+            if !timers.iter().any(|t| t.name == name) {
+                anyhow::bail!(
+                    "--timer {name}: the config has no such timer (it has {})",
+                    timer_names(&timers)
+                );
+            }
+            name
+        }
+    };
     // The consumer would park a deadline outside the years it accepts.
     let request = TimeoutRequest::parse(
         &TimeoutRequest {
             order_id,
             deadline: Deadline::At(cancel_at),
+            timer,
         }
         .to_json(),
         usize::MAX,
@@ -64,10 +92,19 @@ pub(super) async fn run(settings: Settings, args: ScheduleArgs) -> anyhow::Resul
     topology::declare(&conn, &Layout::of(&settings)).await?;
     publisher.schedule(&request).await?;
     let _ = conn.close(200, "done".into()).await;
-    println!(
-        "scheduled order {} to be cancelled at {} if unpaid",
-        request.order_id,
-        format_instant(cancel_at)
-    );
+    if request.timer.is_default() {
+        println!(
+            "scheduled order {} to be cancelled at {} if unpaid",
+            request.order_id,
+            format_instant(cancel_at)
+        );
+    } else {
+        println!(
+            "scheduled row {} for timer {} at {}",
+            request.order_id,
+            request.timer,
+            format_instant(cancel_at)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,13 @@
 //! instances in one process (tests, the demo) count separately. Names follow
 //! Prometheus conventions: `order_timeout_` prefix, base units (seconds),
 //! `_total` on counters.
+//!
+//! What is about one timer carries a `timer` label (messages by result,
+//! lateness, the sweeper's count): its values are the timers of the config
+//! (`cancel_unpaid` and the `[[timers]]` names), a bounded set. A message
+//! parked before its timer was known (unparseable, or naming a timer the
+//! config does not have) is counted with `timer=""`, never with the name it
+//! gave.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +111,24 @@ impl Stage {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: &'static str,
+    timer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TimerLabel {
+    timer: String,
+}
+
+#[derive(Clone)]
+struct LatenessBuckets;
+
+impl MetricConstructor<Histogram> for LatenessBuckets {
+    fn new_metric(&self) -> Histogram {
+        // 1 ms … ~65 s: ms-level lateness is the product, minutes are an incident.
+        Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+            0.001, 2.0, 17,
+        ))
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -141,9 +166,11 @@ impl MetricConstructor<Histogram> for StageBuckets {
 /// The instance's metrics.
 pub struct Metrics {
     registry: Registry,
+    /// The timers whose series exist from the start (the config's).
+    timers: Vec<String>,
     messages: Family<ResultLabel, Counter>,
     parked: Family<ReasonLabel, Counter>,
-    lateness: Histogram,
+    lateness: Family<TimerLabel, Histogram, LatenessBuckets>,
     in_flight: Gauge,
     held: Gauge,
     stage: Family<StageLabel, Histogram, StageBuckets>,
@@ -151,7 +178,8 @@ pub struct Metrics {
     release_failures: Counter,
     publish_failures: Counter,
     requeued: Counter,
-    swept: Counter,
+    swept: Family<TimerLabel, Counter>,
+    watched: Family<TimerLabel, Counter>,
     outbox_given_up: Counter,
     outbox_deleted: Counter,
     ready: Gauge,
@@ -171,6 +199,9 @@ impl Default for Metrics {
         Self::new()
     }
 }
+
+/// The `timer` label of a message parked before its timer was known.
+pub const NO_TIMER: &str = "";
 
 /// Registers `metric` under `name` and returns it (metrics are cheap
 /// handles on shared state: the registry keeps one, the caller the other).
@@ -192,18 +223,25 @@ fn register_seconds<M: Metric + Clone>(
 
 impl Metrics {
     /// A fresh registry with every metric registered, every known series
-    /// at 0.
+    /// at 0, for the default timer only.
+    pub fn new() -> Self {
+        Self::for_timers([crate::settings::DEFAULT_TIMER])
+    }
+
+    /// [`Metrics::new`] for the timers named `timers` (the config's): their
+    /// series start at 0.
     #[allow(
         clippy::too_many_lines,
         reason = "one registration per metric: a flat list, not steps"
     )]
-    pub fn new() -> Self {
+    pub fn for_timers<S: AsRef<str>>(timers: impl IntoIterator<Item = S>) -> Self {
         let mut r = Registry::with_prefix("order_timeout");
         let metrics = Self {
+            timers: timers.into_iter().map(|t| t.as_ref().to_owned()).collect(),
             messages: register(
                 &mut r,
                 "messages",
-                "Timeout messages processed, by result",
+                "Timeout messages processed, by result and timer",
                 Family::default(),
             ),
             parked: register(
@@ -212,14 +250,11 @@ impl Metrics {
                 "Messages moved to the parked queue, by reason",
                 Family::default(),
             ),
-            // 1 ms … ~65 s: ms-level lateness is the product, minutes are an incident.
             lateness: register_seconds(
                 &mut r,
                 "cancel_lateness",
-                "Actual cancel time minus the order's deadline",
-                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-                    0.001, 2.0, 17,
-                )),
+                "Actual cancel (flip) time minus the row's deadline, by timer",
+                Family::new_with_constructor(LatenessBuckets),
             ),
             in_flight: register(
                 &mut r,
@@ -266,8 +301,14 @@ impl Metrics {
             swept: register(
                 &mut r,
                 "sweeper_orders",
-                "Orders the sweeper cancelled or finished (no timeout message did)",
-                Counter::default(),
+                "Orders (rows) the sweeper cancelled (flipped) or finished, no message did, by timer",
+                Family::default(),
+            ),
+            watched: register(
+                &mut r,
+                "watch_scheduled",
+                "Rows a timer's watch found falling due within its window and scheduled, by timer",
+                Family::default(),
             ),
             outbox_given_up: register(
                 &mut r,
@@ -303,10 +344,19 @@ impl Metrics {
     /// Every known series starts at 0, so rate() and alerts see the first
     /// increment instead of a series appearing out of nowhere.
     fn create_known_series(&self) {
-        for outcome in Outcome::ALL {
-            let _ = self.messages.get_or_create(&ResultLabel {
-                result: outcome.as_str(),
-            });
+        for timer in &self.timers {
+            for outcome in Outcome::ALL {
+                let _ = self.messages.get_or_create(&ResultLabel {
+                    result: outcome.as_str(),
+                    timer: timer.clone(),
+                });
+            }
+            let label = TimerLabel {
+                timer: timer.clone(),
+            };
+            let _ = self.lateness.get_or_create(&label);
+            let _ = self.swept.get_or_create(&label);
+            let _ = self.watched.get_or_create(&label);
         }
         for s in [Stage::Db, Stage::Inventory, Stage::Publish] {
             let _ = self.stage.get_or_create(&StageLabel { stage: s.as_str() });
@@ -321,22 +371,40 @@ impl Metrics {
         }
     }
 
-    /// Counts one message ending with `outcome`.
-    pub fn record(&self, outcome: Outcome) {
+    /// Counts one message of `timer` (a name of the config, or
+    /// [`NO_TIMER`]) ending with `outcome`.
+    pub fn record(&self, timer: &str, outcome: Outcome) {
         self.messages
             .get_or_create(&ResultLabel {
                 result: outcome.as_str(),
+                timer: timer.to_owned(),
             })
             .inc();
     }
 
-    /// How many messages ended with `outcome`.
+    /// How many messages ended with `outcome`, whatever their timer.
     pub fn count(&self, outcome: Outcome) -> u64 {
+        self.label_values()
+            .map(|timer| self.count_of(timer, outcome))
+            .sum()
+    }
+
+    /// How many messages of `timer` ended with `outcome`.
+    pub fn count_of(&self, timer: &str, outcome: Outcome) -> u64 {
         self.messages
             .get_or_create(&ResultLabel {
                 result: outcome.as_str(),
+                timer: timer.to_owned(),
             })
             .get()
+    }
+
+    /// Every `timer` label value: the config's timers and [`NO_TIMER`].
+    fn label_values(&self) -> impl Iterator<Item = &str> {
+        self.timers
+            .iter()
+            .map(String::as_str)
+            .chain([NO_TIMER])
     }
 
     /// Messages processed to any outcome.
@@ -353,10 +421,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Records a cancellation's lateness (negative values, impossible by
-    /// construction, would land in the first bucket).
-    pub fn lateness(&self, lateness: chrono::Duration) {
+    /// Records the lateness of a cancellation (a flip) of `timer`
+    /// (negative values, impossible by construction, would land in the
+    /// first bucket).
+    pub fn lateness(&self, timer: &str, lateness: chrono::Duration) {
         self.lateness
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
             .observe(lateness.num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6);
     }
 
@@ -383,9 +455,20 @@ impl Metrics {
             .get()
     }
 
-    /// Orders the sweeper settled so far.
+    /// Orders (rows) the sweeper settled so far, of every timer.
     pub fn swept_total(&self) -> u64 {
-        self.swept.get()
+        self.label_values()
+            .map(|timer| self.swept_of(timer))
+            .sum()
+    }
+
+    /// Rows the sweeper settled so far for `timer`.
+    pub fn swept_of(&self, timer: &str) -> u64 {
+        self.swept
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .get()
     }
 
     /// Counts a failed stock release.
@@ -438,9 +521,31 @@ impl Metrics {
         self.requeued.get()
     }
 
-    /// Counts orders the sweeper settled.
-    pub fn swept(&self, n: u64) {
-        self.swept.inc_by(n);
+    /// Counts rows of `timer` the sweeper settled.
+    pub fn swept(&self, timer: &str, n: u64) {
+        self.swept
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Counts rows of `timer` its watch scheduled.
+    pub fn watched(&self, timer: &str, n: u64) {
+        self.watched
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    /// Rows of `timer` its watch scheduled so far.
+    pub fn watched_of(&self, timer: &str) -> u64 {
+        self.watched
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .get()
     }
 
     /// Sets the readiness gauge.
@@ -503,22 +608,29 @@ mod tests {
 
     #[test]
     fn exposition_uses_prometheus_names() {
-        let m = Arc::new(Metrics::new());
-        m.record(Outcome::Cancelled);
-        m.record(Outcome::AlreadyPaid);
+        let m = Arc::new(Metrics::for_timers(["cancel_unpaid", "auto_receive"]));
+        m.record("cancel_unpaid", Outcome::Cancelled);
+        m.record("cancel_unpaid", Outcome::AlreadyPaid);
+        m.record("auto_receive", Outcome::Cancelled);
+        m.record(NO_TIMER, Outcome::Parked);
         m.parked(ParkReason::NotJson);
-        m.lateness(chrono::Duration::milliseconds(12));
+        m.lateness("cancel_unpaid", chrono::Duration::milliseconds(12));
+        m.swept("auto_receive", 2);
         m.stage(Stage::Db, Duration::from_millis(3));
         let guard = m.in_flight();
         let text = m.render();
         for needle in [
-            r#"order_timeout_messages_total{result="cancelled"} 1"#,
-            r#"order_timeout_messages_total{result="already_paid"} 1"#,
+            r#"order_timeout_messages_total{result="cancelled",timer="cancel_unpaid"} 1"#,
+            r#"order_timeout_messages_total{result="already_paid",timer="cancel_unpaid"} 1"#,
+            r#"order_timeout_messages_total{result="cancelled",timer="auto_receive"} 1"#,
+            r#"order_timeout_messages_total{result="parked",timer=""} 1"#,
             r#"order_timeout_parked_total{reason="not_json"} 1"#,
-            "order_timeout_cancel_lateness_seconds_count 1",
+            r#"order_timeout_cancel_lateness_seconds_count{timer="cancel_unpaid"} 1"#,
+            r#"order_timeout_cancel_lateness_seconds_count{timer="auto_receive"} 0"#,
+            r#"order_timeout_sweeper_orders_total{timer="auto_receive"} 2"#,
             r#"order_timeout_stage_duration_seconds_count{stage="db"} 1"#,
             "order_timeout_in_flight_messages 1",
-            r#"order_timeout_messages_total{result="duplicate"} 0"#,
+            r#"order_timeout_messages_total{result="duplicate",timer="auto_receive"} 0"#,
             r#"order_timeout_parked_total{reason="permanent_failure"} 0"#,
             r#"order_timeout_parked_total{reason="delivery_limit"} 0"#,
             r#"order_timeout_parked_total{reason="release_failed"} 0"#,
@@ -531,8 +643,10 @@ mod tests {
         }
         drop(guard);
         assert!(m.render().contains("order_timeout_in_flight_messages 0"));
-        assert_eq!(m.count(Outcome::Cancelled), 1);
-        assert_eq!(m.total(), 2);
+        assert_eq!(m.count(Outcome::Cancelled), 2);
+        assert_eq!(m.count_of("auto_receive", Outcome::Cancelled), 1);
+        assert_eq!(m.total(), 4);
+        assert_eq!(m.swept_total(), 2);
     }
 
     #[test]

@@ -192,27 +192,45 @@ impl Change {
     }
 
     /// The `q` quantile of histogram `name` (its `_bucket` series) over the
-    /// change, interpolated within the bucket as `histogram_quantile()`
-    /// does; `None` when nothing was observed.
+    /// change, summed over its other labels (every timer's lateness), as
+    /// `histogram_quantile(q, sum by (le) (increase(…)))` does, interpolated
+    /// within the bucket; `None` when nothing was observed.
     pub fn quantile(&self, name: &str, q: f64) -> Option<f64> {
+        self.quantile_of(name, q, &|_| true)
+    }
+
+    /// [`Change::quantile`] over the series that pass `keep` (one timer's).
+    pub fn quantile_of(&self, name: &str, q: f64, keep: &dyn Fn(&Series) -> bool) -> Option<f64> {
         let bucket = format!("{name}_bucket");
-        let mut buckets: Vec<(f64, f64)> = self
-            .now
-            .iter()
-            .filter(|s| s.name == bucket)
-            .filter_map(|s| {
-                let le = s.label("le")?;
+        // Cumulative counts by bound, summed over the series' other labels.
+        let by_le = |series: &[Series]| {
+            let mut sums: Vec<(f64, f64)> = Vec::new();
+            for s in series.iter().filter(|s| s.name == bucket && keep(s)) {
+                let Some(le) = s.label("le") else { continue };
                 let le: f64 = if le == "+Inf" {
                     f64::INFINITY
                 } else {
-                    le.parse().ok()?
+                    match le.parse() {
+                        Ok(le) => le,
+                        Err(_) => continue,
+                    }
                 };
-                let then = self
-                    .then
+                match sums.iter_mut().find(|(bound, _)| *bound == le) {
+                    Some((_, sum)) => *sum += s.value,
+                    None => sums.push((le, s.value)),
+                }
+            }
+            sums
+        };
+        let then = by_le(&self.then);
+        let mut buckets: Vec<(f64, f64)> = by_le(&self.now)
+            .into_iter()
+            .map(|(le, now)| {
+                let before = then
                     .iter()
-                    .find(|t| t.name == bucket && t.label("le") == s.label("le"))
-                    .map_or(0.0, |t| t.value);
-                Some((le, (s.value - then).max(0.0)))
+                    .find(|(bound, _)| *bound == le)
+                    .map_or(0.0, |(_, v)| *v);
+                (le, (now - before).max(0.0))
             })
             .collect();
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -279,19 +297,25 @@ mod tests {
 
     #[test]
     fn rates_and_quantiles_of_this_instance() {
-        let metrics = Metrics::new();
+        let metrics = Metrics::for_timers(["cancel_unpaid", "auto_receive"]);
         let recent = Recent::default();
+        metrics.lateness("auto_receive", chrono::Duration::milliseconds(3));
         recent.sample(&metrics);
-        metrics.lateness(chrono::Duration::milliseconds(3));
-        metrics.lateness(chrono::Duration::milliseconds(3));
+        metrics.lateness("cancel_unpaid", chrono::Duration::milliseconds(3));
+        metrics.lateness("auto_receive", chrono::Duration::milliseconds(3));
         let change = recent.change(&metrics, Duration::from_secs(60));
         let lateness = "order_timeout_cancel_lateness_seconds";
+        // Over every timer, and only what changed since the sample.
         let p50 = change.quantile(lateness, 0.5).unwrap();
         assert!((0.002..=0.004).contains(&p50), "{p50}");
         assert_eq!(
             change.increase(&format!("{lateness}_count"), &|_| true),
             2.0
         );
+        metrics.lateness("auto_receive", chrono::Duration::seconds(10));
+        let change = recent.change(&metrics, Duration::from_secs(60));
+        let p99 = change.quantile(lateness, 0.99).unwrap();
+        assert!(p99 > 8.0, "a slow timer shows in the quantile over all: {p99}");
         // Less than a second between the two: no rate yet.
         assert_eq!(
             change.per_minute(&format!("{lateness}_count"), &|_| true),
@@ -303,7 +327,7 @@ mod tests {
         };
         assert_eq!(
             since_start.per_minute(&format!("{lateness}_count"), &|_| true),
-            Some(4.0)
+            Some(6.0)
         );
     }
 }

@@ -1,6 +1,8 @@
 //! Cancelling one batch of due orders, exactly once in effect.
 //!
-//! Per batch:
+//! A batch may hold messages of several timers (`cancel_unpaid`,
+//! `auto_receive`, …): each timer's are cancelled (flipped) together, by
+//! that timer's store. Per timer:
 //!
 //! 1. [`OrderStore::cancel_due`](crate::store::OrderStore::cancel_due): one
 //!    transaction flips every unpaid, overdue order to cancelled and records
@@ -35,11 +37,11 @@ use super::context::Worker;
 use super::failure::Failure;
 use super::finish::{self, Pending};
 use super::job::{Job, ack_all};
-use super::park::park;
+use super::park::{park, park_unknown_timer};
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};
-use crate::settings::UnknownOrderPolicy;
-use crate::store::{IdRejected, OrderState};
+use crate::settings::{TimerName, UnknownOrderPolicy};
+use crate::store::{IdRejected, OrderState, Store};
 
 /// How often a batch re-asks about orders another transaction was changing
 /// at the same moment, before treating it as a transient failure.
@@ -66,28 +68,62 @@ fn locked_wait(expires_at: DateTime<Utc>, db_now: DateTime<Utc>) -> Duration {
 /// settled together).
 type ByOrder = HashMap<OrderId, Vec<Job>>;
 
-/// Cancels one batch: the cancel transaction, then every order settled by
-/// its state. `slot` bounds concurrent cancel statements and is given back
-/// before the outbox work, so the next batch's cancellation does not wait
-/// for this batch's inventory calls.
+/// Cancels one batch: per timer, the cancel transaction, then every order
+/// settled by its state. `slot` bounds concurrent cancel statements and is
+/// given back before the outbox work, so the next batch's cancellation does
+/// not wait for this batch's inventory calls.
 #[tracing::instrument(skip_all, fields(messages = jobs.len()))]
 pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>, slot: OwnedSemaphorePermit) {
-    let (waiting, impossible) = group_by_order(worker, jobs);
+    let mut to_finish = Vec::new();
+    for (store, jobs) in by_timer(worker, jobs).await {
+        let pending = cancel_timer_batch(worker, &store, jobs).await;
+        to_finish.push((store, pending));
+    }
+    drop(slot);
+    for (store, pending) in to_finish {
+        finish::finish(worker, &store, pending).await;
+    }
+}
+
+/// The jobs of each timer with its store, in the order of the config. A
+/// job for a timer the config does not have (the consumer parks those
+/// before they get here) is parked.
+async fn by_timer(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Job>)> {
+    let mut groups: HashMap<TimerName, Vec<Job>> = HashMap::new();
+    for job in jobs {
+        groups.entry(job.timer().clone()).or_default().push(job);
+    }
+    let mut by_store = Vec::with_capacity(groups.len());
+    for store in worker.ctx.stores.iter() {
+        if let Some(jobs) = groups.remove(&store.timer().name) {
+            by_store.push((store.clone(), jobs));
+        }
+    }
+    for job in groups.into_values().flatten() {
+        park_unknown_timer(&worker.ctx, job).await;
+    }
+    by_store
+}
+
+/// Cancels (flips) the orders of `jobs`, all of `store`'s timer, splitting
+/// the group when a statement fails in a way waiting cannot fix; returns
+/// what is left for the outbox.
+async fn cancel_timer_batch(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pending> {
+    let (waiting, impossible) = group_by_order(store, jobs);
     for (id, (why, jobs)) in impossible {
-        unknown_order(worker, &id, Some(&why), jobs).await;
+        unknown_order(worker, store, &id, Some(&why), jobs).await;
     }
     let mut to_finish = Vec::new();
     let mut groups = vec![waiting];
     while let Some(group) = groups.pop() {
-        if let Some((group, failure)) = cancel_group(worker, group, &mut to_finish).await {
-            tracing::warn!(orders = group.len(), error = %failure, "the cancel statement failed in a way waiting cannot fix; splitting the batch to find the order it belongs to");
+        if let Some((group, failure)) = cancel_group(worker, store, group, &mut to_finish).await {
+            tracing::warn!(orders = group.len(), timer = %store.timer().name, error = %failure, "the cancel statement failed in a way waiting cannot fix; splitting the batch to find the order it belongs to");
             let (left, right) = halves(group);
             groups.push(right);
             groups.push(left);
         }
     }
-    drop(slot);
-    finish::finish(worker, to_finish).await;
+    to_finish
 }
 
 /// Runs the cancel transaction for `waiting` and settles every order,
@@ -97,6 +133,7 @@ pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>, slot: OwnedSem
 /// returned with it, to be split.
 async fn cancel_group(
     worker: &Worker,
+    store: &Store,
     mut waiting: ByOrder,
     to_finish: &mut Vec<Pending>,
 ) -> Option<(ByOrder, Failure)> {
@@ -107,8 +144,8 @@ async fn cancel_group(
         if round > 0 {
             tokio::time::sleep(Duration::from_millis(10 * u64::from(round))).await;
         }
-        match cancel_statement(worker, &waiting).await {
-            Ok(states) => waiting = settle(worker, states, waiting, to_finish).await,
+        match cancel_statement(worker, store, &waiting).await {
+            Ok(states) => waiting = settle(worker, store, states, waiting, to_finish).await,
             Err(failure) if failure.is_permanent() && waiting.len() > 1 => {
                 return Some((waiting, failure));
             }
@@ -136,11 +173,11 @@ fn halves(group: ByOrder) -> (ByOrder, ByOrder) {
 /// Groups jobs by the canonical form of their order id (`00123` and `123`
 /// are one order in an integer id column), apart from ids no row can have
 /// (`abc` for an integer column), which are unknown orders, with the reason.
-fn group_by_order(worker: &Worker, jobs: Vec<Job>) -> (ByOrder, Impossible) {
+fn group_by_order(store: &Store, jobs: Vec<Job>) -> (ByOrder, Impossible) {
     let mut by_order = ByOrder::new();
     let mut impossible = Impossible::new();
     for job in jobs {
-        match worker.ctx.store.canonical(job.order_id()) {
+        match store.canonical(job.order_id()) {
             Ok(id) => by_order.entry(id).or_default().push(job),
             Err(why) => impossible
                 .entry(job.order_id().clone())
@@ -158,12 +195,13 @@ type Impossible = HashMap<OrderId, (IdRejected, Vec<Job>)>;
 /// Step 1: the cancel transaction for every order in `waiting`.
 async fn cancel_statement(
     worker: &Worker,
+    store: &Store,
     waiting: &ByOrder,
 ) -> Result<Vec<(OrderId, OrderState)>, Failure> {
     let ctx = &worker.ctx;
     let ids: Vec<OrderId> = waiting.keys().cloned().collect();
     let started = std::time::Instant::now();
-    let result = ctx.store.cancel_due(&ids, ctx.settings.outbox_lease).await;
+    let result = store.cancel_due(&ids, ctx.settings.outbox_lease).await;
     ctx.metrics.stage(Stage::Db, started.elapsed());
     Ok(result?)
 }
@@ -172,6 +210,7 @@ async fn cancel_statement(
 /// are added to `to_finish`; contended ones are returned, to ask again.
 async fn settle(
     worker: &Worker,
+    store: &Store,
     states: Vec<(OrderId, OrderState)>,
     mut waiting: ByOrder,
     to_finish: &mut Vec<Pending>,
@@ -238,7 +277,7 @@ async fn settle(
                     .wait_again_as(jobs, at, db_now, Outcome::Locked, Outcome::Duplicate)
                     .await;
             }
-            OrderState::Unknown => unknown_order(worker, &id, None, jobs).await,
+            OrderState::Unknown => unknown_order(worker, store, &id, None, jobs).await,
         }
     }
     // An order the statement did not report on: a transient failure, never
@@ -251,12 +290,18 @@ async fn settle(
 
 /// An order id with no row (`why`: no row can have it): parked, or
 /// dropped if the operator said so.
-async fn unknown_order(worker: &Worker, id: &OrderId, why: Option<&IdRejected>, jobs: Vec<Job>) {
+async fn unknown_order(
+    worker: &Worker,
+    store: &Store,
+    id: &OrderId,
+    why: Option<&IdRejected>,
+    jobs: Vec<Job>,
+) {
     let ctx = &worker.ctx;
     for job in jobs {
         match ctx.settings.unknown_order {
             UnknownOrderPolicy::Park => {
-                let table = &ctx.settings.orders.table;
+                let table = &store.timer().table;
                 let error = match why {
                     Some(why) => format!(
                         "unknown order: no row in {table} can have id {:?}: {why}",
@@ -272,6 +317,7 @@ async fn unknown_order(worker: &Worker, id: &OrderId, why: Option<&IdRejected>, 
                     ParkReason::UnknownOrder,
                     Some(id.clone()),
                     attempts,
+                    Some(&store.timer().name),
                 )
                 .await;
             }

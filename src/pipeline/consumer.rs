@@ -3,7 +3,8 @@
 //!
 //! - returned to the queue so often that the queue's delivery limit is near
 //!   → parked at once (`delivery_limit`), before the broker would drop it;
-//! - unparseable → parked at once with the reason;
+//! - unparseable, or for a timer the config does not have → parked at
+//!   once with the reason;
 //! - deadline ≥ 2 s away (a fresh timeout, or one the order row pushed
 //!   back) → sent into the delay cascade, then acked;
 //! - deadline < 2 s away (the cascade works in whole seconds and hands
@@ -28,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use super::context::Context;
 use super::job::Job;
-use super::park::{near_delivery_limit, park, park_near_delivery_limit};
+use super::park::{near_delivery_limit, park, park_near_delivery_limit, park_unknown_timer};
 use crate::broker::headers::Attempts;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
 use crate::message::{MessageError, TimeoutRequest};
@@ -137,6 +138,7 @@ async fn dispatch(
     let span = tracing::info_span!(
         "message",
         order_id = tracing::field::Empty,
+        timer = tracing::field::Empty,
         attempt = attempts.count.saturating_add(1),
         redelivered = delivery.redelivered,
     );
@@ -154,6 +156,9 @@ async fn dispatch(
         }
     };
     span.record("order_id", tracing::field::display(&request.order_id));
+    if !request.timer.is_default() {
+        span.record("timer", tracing::field::display(&request.timer));
+    }
     let job = Job {
         delivery,
         request,
@@ -161,6 +166,14 @@ async fn dispatch(
         in_flight,
         span,
     };
+    if ctx.stores.get(job.timer()).is_none() {
+        // Counted in flight by the job until it is parked.
+        let ctx = ctx.clone();
+        let span = job.span.clone();
+        let park = async move { park_unknown_timer(&ctx, job).await };
+        tracker.spawn(tracing::Instrument::instrument(park, span));
+        return;
+    }
     let now = Utc::now();
     match job.deadline() {
         Some(deadline) if deadline > now => {
@@ -212,6 +225,7 @@ async fn park_bad(ctx: &Context, delivery: Delivery, error: MessageError, attemp
         error.kind(),
         None,
         attempts,
+        None,
     )
     .await;
 }

@@ -1,5 +1,6 @@
 //! What every step of the pipeline shares: the session's [`Context`]
-//! (settings, publisher, store, inventory, retry policy, metrics) and the
+//! (settings, publisher, the timers' stores, inventory, retry policy,
+//! metrics) and the
 //! [`Worker`] handle of a step that settles jobs — plus the one way every
 //! step publishes a message it must not lose ([`Context::publish_patiently`]).
 
@@ -18,7 +19,7 @@ use crate::broker::topology::Layout;
 use crate::inventory::InventoryClient;
 use crate::observe::metrics::{Metrics, Stage};
 use crate::settings::Settings;
-use crate::store::Store;
+use crate::store::Stores;
 
 /// How long a publish the broker refuses (a nack from a full queue with
 /// `reject-publish`, a channel error) is retried in-process, with backoff,
@@ -37,14 +38,17 @@ pub(crate) struct Context {
     pub(crate) layout: Layout,
     /// Confirm-mode publisher (re-schedules, parking, events).
     pub(crate) publisher: Publisher,
-    /// The database.
-    pub(crate) store: Store,
+    /// The database: one store per timer, the default one first.
+    pub(crate) stores: Stores,
     /// The inventory service.
     pub(crate) inventory: InventoryClient,
     /// Retry policy.
     pub(crate) retry: RetryPolicy,
     /// Metrics of this instance.
     pub(crate) metrics: Arc<Metrics>,
+    /// This instance's name among the replicas, as the holder of a
+    /// watch's lease (`pipeline/watch.rs`).
+    pub(crate) instance: Arc<str>,
 }
 
 impl Context {

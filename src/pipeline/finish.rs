@@ -4,7 +4,8 @@
 //!    pending;
 //! 2. [`do_outbox_work`]: per order, concurrently across orders,
 //!    [`release_stock`] (`ReleaseStock`, idempotent by order id) and
-//!    [`publish_cancelled`] (the `order.cancelled` event);
+//!    [`publish_event`] (the timer's event: `order.cancelled` for the
+//!    default one);
 //! 3. [`record_done`]: the outbox rows marked, the failures of failed
 //!    orders recorded on their rows ([`record_failures`]: the next attempt
 //!    put off with backoff, or a release that can never succeed given up),
@@ -13,7 +14,8 @@
 //!    sweeper gave up parked as `release_failed`.
 //!
 //! Used by the cancel path for every batch and by the sweeper, which
-//! finishes work that no delivery will come back for.
+//! finishes work that no delivery will come back for; always for the orders
+//! (rows) of one timer, whose store holds their outbox rows.
 
 use std::collections::HashMap;
 
@@ -26,10 +28,10 @@ use super::job::{Job, ack_all};
 use super::retry::{OUTBOX_MAX_ATTEMPTS, RetryPolicy};
 use crate::broker::headers::Attempts;
 use crate::broker::parked::ParkInfo;
-use crate::broker::publisher::CancelledEvent;
-use crate::message::{OrderId, ParkReason};
+use crate::broker::publisher::TimerEvent;
+use crate::message::{Deadline, OrderId, ParkReason, TimeoutRequest};
 use crate::observe::metrics::{Outcome, Stage};
-use crate::store::{Cancellation, NextAttempt, OrderItem, OutboxFailure};
+use crate::store::{Cancellation, NextAttempt, OrderItem, OutboxFailure, Store};
 
 /// A cancelled order with outbox work to do, and the deliveries (none, for
 /// the sweeper) waiting for it.
@@ -54,16 +56,16 @@ struct Finished {
 type Items = HashMap<String, Vec<OrderItem>>;
 
 /// Releases stock, publishes the events, marks the outbox and settles the
-/// deliveries of `orders`.
-#[tracing::instrument(skip_all, fields(orders = orders.len()))]
-pub(crate) async fn finish(worker: &Worker, orders: Vec<Pending>) {
+/// deliveries of `orders`, all of `store`'s timer.
+#[tracing::instrument(skip_all, fields(orders = orders.len(), timer = %store.timer().name))]
+pub(crate) async fn finish(worker: &Worker, store: &Store, orders: Vec<Pending>) {
     if orders.is_empty() {
         return;
     }
-    let (orders, items) = load_items(worker, orders).await;
-    let done = do_outbox_work(&worker.ctx, orders, &items).await;
-    let (marked, given_up) = record_done(&worker.ctx, &done).await;
-    settle(worker, done, marked, given_up).await;
+    let (orders, items) = load_items(worker, store, orders).await;
+    let done = do_outbox_work(&worker.ctx, store, orders, &items).await;
+    let (marked, given_up) = record_done(&worker.ctx, store, &done).await;
+    settle(worker, store, done, marked, given_up).await;
 }
 
 /// Step 1: the items of the orders whose release is pending, with the
@@ -71,7 +73,7 @@ pub(crate) async fn finish(worker: &Worker, orders: Vec<Pending>) {
 /// retried later — except that a failure waiting cannot fix (a row that
 /// does not decode, say) is looked for order by order, so that only the
 /// orders it belongs to are parked.
-async fn load_items(worker: &Worker, orders: Vec<Pending>) -> (Vec<Pending>, Items) {
+async fn load_items(worker: &Worker, store: &Store, orders: Vec<Pending>) -> (Vec<Pending>, Items) {
     let need: Vec<&OrderId> = orders
         .iter()
         .filter(|o| o.cancellation.release_pending)
@@ -80,7 +82,7 @@ async fn load_items(worker: &Worker, orders: Vec<Pending>) -> (Vec<Pending>, Ite
     if need.is_empty() {
         return (orders, Items::new());
     }
-    let failure = match worker.ctx.store.items(&need).await {
+    let failure = match store.items(&need).await {
         Ok(items) => return (orders, items),
         Err(e) => Failure::from(e),
     };
@@ -98,7 +100,7 @@ async fn load_items(worker: &Worker, orders: Vec<Pending>) -> (Vec<Pending>, Ite
             ok.push(order);
             continue;
         }
-        match worker.ctx.store.items(&[&order.id]).await {
+        match store.items(&[&order.id]).await {
             Ok(found) => {
                 items.extend(found);
                 ok.push(order);
@@ -111,7 +113,12 @@ async fn load_items(worker: &Worker, orders: Vec<Pending>) -> (Vec<Pending>, Ite
 
 /// Step 2: every order's pending release and event, up to
 /// `inventory_concurrency` orders at a time.
-async fn do_outbox_work(ctx: &Context, orders: Vec<Pending>, items: &Items) -> Vec<Finished> {
+async fn do_outbox_work(
+    ctx: &Context,
+    store: &Store,
+    orders: Vec<Pending>,
+    items: &Items,
+) -> Vec<Finished> {
     stream::iter(orders)
         .map(|order| {
             // The message's span, or (the sweeper has no message) a new one.
@@ -124,7 +131,7 @@ async fn do_outbox_work(ctx: &Context, orders: Vec<Pending>, items: &Items) -> V
                 .get(order.id.as_str())
                 .map(Vec::as_slice)
                 .unwrap_or(&[]);
-            tracing::Instrument::instrument(outbox_work(ctx, order, order_items), span)
+            tracing::Instrument::instrument(outbox_work(ctx, store, order, order_items), span)
         })
         .buffer_unordered(ctx.settings.inventory_concurrency.max(1))
         .collect()
@@ -132,7 +139,12 @@ async fn do_outbox_work(ctx: &Context, orders: Vec<Pending>, items: &Items) -> V
 }
 
 /// One order's pending release and event.
-async fn outbox_work(ctx: &Context, order: Pending, items: &[OrderItem]) -> Finished {
+async fn outbox_work(
+    ctx: &Context,
+    store: &Store,
+    order: Pending,
+    items: &[OrderItem],
+) -> Finished {
     let mut failures = Vec::new();
     let mut released = false;
     if order.cancellation.release_pending {
@@ -143,7 +155,7 @@ async fn outbox_work(ctx: &Context, order: Pending, items: &[OrderItem]) -> Fini
     }
     let mut published = false;
     if order.cancellation.event_pending {
-        match publish_cancelled(ctx, &order.id, &order.cancellation).await {
+        match publish_event(ctx, store, &order.id, &order.cancellation).await {
             Ok(()) => published = true,
             Err(e) => failures.push(e),
         }
@@ -183,16 +195,24 @@ async fn release_stock(ctx: &Context, id: &OrderId, items: &[OrderItem]) -> Resu
     }
 }
 
-/// The `order.cancelled` event, confirmed by the broker.
-async fn publish_cancelled(ctx: &Context, id: &OrderId, c: &Cancellation) -> Result<(), Failure> {
-    let event = CancelledEvent {
+/// The timer's event (`order.cancelled` for the default one), confirmed by
+/// the broker.
+async fn publish_event(
+    ctx: &Context,
+    store: &Store,
+    id: &OrderId,
+    c: &Cancellation,
+) -> Result<(), Failure> {
+    let timer = store.timer();
+    let event = TimerEvent {
         order_id: id.as_str().to_owned(),
         expires_at: c.expires_at,
         cancelled_at: c.cancelled_at,
         lateness_ms: lateness_ms(c),
+        timer: timer.name.to_string(),
     };
     let started = std::time::Instant::now();
-    let sent = ctx.publisher.cancelled(&event).await;
+    let sent = ctx.publisher.event(&timer.event, &event).await;
     ctx.metrics.stage(Stage::Publish, started.elapsed());
     Ok(sent?)
 }
@@ -223,13 +243,14 @@ fn next_attempt(retry: &RetryPolicy, f: &OutboxFailure<'_>, attempts: u32) -> Ne
 /// cancelled with its release pending and finishes it. If the broker
 /// refuses the park, the row is put back in the sweeper's hands (retried
 /// after a backoff, given up and parked again).
-async fn park_given_up(ctx: &Context, id: &OrderId, c: &Cancellation, reason: &str) {
+async fn park_given_up(ctx: &Context, store: &Store, id: &OrderId, c: &Cancellation, reason: &str) {
     let now = chrono::Utc::now();
-    let body = serde_json::json!({
-        "order_id": id.as_str(),
-        "cancel_at": c.expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-    })
-    .to_string();
+    let body = TimeoutRequest {
+        order_id: id.clone(),
+        deadline: Deadline::At(c.expires_at),
+        timer: store.timer().name.clone(),
+    }
+    .to_json();
     let properties = lapin::BasicProperties::default()
         .with_content_type("application/json".into())
         .with_message_id(id.as_str().into());
@@ -243,9 +264,7 @@ async fn park_given_up(ctx: &Context, id: &OrderId, c: &Cancellation, reason: &s
         source_routing_key: String::new(),
     };
     let parked = ctx
-        .publish_patiently("park", || {
-            ctx.publisher.park(body.as_bytes(), &properties, &info)
-        })
+        .publish_patiently("park", || ctx.publisher.park(&body, &properties, &info))
         .await;
     match parked {
         Ok(()) => {
@@ -262,7 +281,7 @@ async fn park_given_up(ctx: &Context, id: &OrderId, c: &Cancellation, reason: &s
             }];
             let retry_later =
                 |_: &OutboxFailure<'_>, n: u32| NextAttempt::After(ctx.retry.outbox_delay(n));
-            if let Err(e) = ctx.store.record_failures(&failure, &retry_later).await {
+            if let Err(e) = store.record_failures(&failure, &retry_later).await {
                 tracing::error!(order_id = %id, error = %e, "cannot put the given-up row back either; replay or release it by hand");
             }
         }
@@ -286,7 +305,11 @@ type GivenUp = HashMap<String, String>;
 /// orders whose work failed ([`record_failures`]) and gives back their
 /// leases, so their retries can take them at once. The error, if marking
 /// failed, is every order's error: its work will be redone (idempotently).
-async fn record_done(ctx: &Context, done: &[Finished]) -> (Result<(), Failure>, GivenUp) {
+async fn record_done(
+    ctx: &Context,
+    store: &Store,
+    done: &[Finished],
+) -> (Result<(), Failure>, GivenUp) {
     let released: Vec<&str> = done
         .iter()
         .filter(|f| f.released)
@@ -297,8 +320,7 @@ async fn record_done(ctx: &Context, done: &[Finished]) -> (Result<(), Failure>, 
         .filter(|f| f.published)
         .map(|f| f.order.id.as_str())
         .collect();
-    let marked = ctx
-        .store
+    let marked = store
         .mark_done(&released, &published)
         .await
         .map_err(Failure::from);
@@ -306,7 +328,7 @@ async fn record_done(ctx: &Context, done: &[Finished]) -> (Result<(), Failure>, 
         tracing::warn!(error = %e, "cannot mark outbox rows done; the work will be redone (idempotently)");
     }
     let given_up = if marked.is_ok() {
-        record_failures(ctx, done).await
+        record_failures(ctx, store, done).await
     } else {
         GivenUp::new()
     };
@@ -315,7 +337,7 @@ async fn record_done(ctx: &Context, done: &[Finished]) -> (Result<(), Failure>, 
         .filter(|f| f.order.cancellation.leased && (marked.is_err() || !f.failures.is_empty()))
         .map(|f| f.order.id.as_str())
         .collect();
-    if let Err(e) = ctx.store.release_leases(&failed).await {
+    if let Err(e) = store.release_leases(&failed).await {
         tracing::warn!(error = %e, "cannot give back outbox leases; they will run out");
     }
     (marked, given_up)
@@ -330,7 +352,7 @@ async fn record_done(ctx: &Context, done: &[Finished]) -> (Result<(), Failure>, 
 /// the row is given up (counted, logged with the order and the reason).
 /// Returns the rows given up. Before the leases are given back, so that no
 /// sweep takes a row before its next attempt is planned.
-async fn record_failures(ctx: &Context, done: &[Finished]) -> GivenUp {
+async fn record_failures(ctx: &Context, store: &Store, done: &[Finished]) -> GivenUp {
     let errors: Vec<(String, bool, bool)> = done
         .iter()
         .filter(|f| !f.failures.is_empty())
@@ -355,7 +377,7 @@ async fn record_failures(ctx: &Context, done: &[Finished]) -> GivenUp {
         })
         .collect();
     let plan = |f: &OutboxFailure<'_>, attempts: u32| next_attempt(&ctx.retry, f, attempts);
-    let planned = match ctx.store.record_failures(&failures, &plan).await {
+    let planned = match store.record_failures(&failures, &plan).await {
         Ok(planned) => planned,
         Err(e) => {
             tracing::warn!(error = %e, orders = failures.len(), "cannot record failed outbox work; the sweeper retries it without backoff");
@@ -383,17 +405,19 @@ async fn record_failures(ctx: &Context, done: &[Finished]) -> GivenUp {
 /// cancelled it) and retries those of orders whose work failed.
 async fn settle(
     worker: &Worker,
+    store: &Store,
     done: Vec<Finished>,
     marked: Result<(), Failure>,
     mut given_up: GivenUp,
 ) {
     let ctx = &worker.ctx;
+    let timer = store.timer().name.as_str();
     for f in &done {
         let c = &f.order.cancellation;
         if c.just_now {
             let lateness = c.cancelled_at - c.expires_at;
             ctx.metrics
-                .lateness(lateness.max(chrono::TimeDelta::zero()));
+                .lateness(timer, lateness.max(chrono::TimeDelta::zero()));
         }
     }
     for f in done {
@@ -410,7 +434,7 @@ async fn settle(
             match given_up.remove(id.as_str()) {
                 // The sweeper's: no delivery will bring it back.
                 Some(reason) if jobs.is_empty() => {
-                    park_given_up(ctx, &id, &c, &reason).await;
+                    park_given_up(ctx, store, &id, &c, &reason).await;
                 }
                 _ => worker.retry_later(jobs, failure),
             }
@@ -421,8 +445,9 @@ async fn settle(
             if c.just_now {
                 tracing::debug!(
                     order_id = %id,
+                    timer,
                     lateness_ms = lateness_ms(&c),
-                    "cancelled unpaid order"
+                    "cancelled (flipped) on time"
                 );
                 first.ack(&ctx.metrics, Outcome::Cancelled).await;
             } else {

@@ -15,6 +15,7 @@ use lapin::options::{BasicAckOptions, BasicNackOptions};
 use crate::broker::headers::{Attempts, deadline_header};
 use crate::message::{Deadline, OrderId, TimeoutRequest};
 use crate::observe::metrics::{GaugeGuard, Metrics, Outcome};
+use crate::settings::TimerName;
 
 /// A parsed delivery on its way through the service.
 pub(crate) struct Job {
@@ -39,6 +40,11 @@ impl Job {
         &self.request.order_id
     }
 
+    /// The timer the message is for.
+    pub(crate) fn timer(&self) -> &TimerName {
+        &self.request.timer
+    }
+
     /// When the message wants to be processed: the re-schedule header if we
     /// set one, else the body's deadline; `None` for a bare order id.
     pub(crate) fn deadline(&self) -> Option<DateTime<Utc>> {
@@ -53,7 +59,7 @@ impl Job {
     /// Acks the delivery, recording `outcome`. A failed ack (lost channel)
     /// only means the broker will redeliver, which is safe.
     pub(crate) async fn ack(self, metrics: &Metrics, outcome: Outcome) {
-        metrics.record(outcome);
+        metrics.record(self.request.timer.as_str(), outcome);
         if let Err(e) = self.delivery.ack(BasicAckOptions::default()).await {
             tracing::warn!(order_id = %self.request.order_id, error = %e, "ack failed; the message will be redelivered");
         }

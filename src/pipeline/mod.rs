@@ -9,7 +9,11 @@
 //!                          └──── retry (transient: backoff through the delay store;
 //!                                       used up, or permanent: park)
 //! sweeper ──(orders no message came for)──> cancel statement ──> finish
+//! watch ──(rows of a timer nobody publishes for, due within its window)──> delay store
 //! ```
+//!
+//! Every step works per timer (`cancel_unpaid`, `[[timers]]`): a message
+//! names its timer, and that timer's store flips its rows.
 //!
 //! What the steps share: [`job`] (the job, acked or returned to the queue),
 //! [`context`] (the session's context and the worker handle, the patient
@@ -34,3 +38,4 @@ pub(crate) mod park;
 pub(crate) mod retry;
 pub(crate) mod schedule;
 pub(crate) mod sweeper;
+pub(crate) mod watch;

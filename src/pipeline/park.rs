@@ -15,12 +15,13 @@ use lapin::options::BasicAckOptions;
 use lapin::types::FieldTable;
 
 use super::context::Context;
-use super::job::requeue;
+use super::job::{Job, requeue};
 use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
 use crate::broker::parked::ParkInfo;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
 use crate::message::{OrderId, ParkReason};
-use crate::observe::metrics::Outcome;
+use crate::observe::metrics::{NO_TIMER, Outcome};
+use crate::settings::TimerName;
 
 /// How many returns before the due queue's delivery limit
 /// ([`DELIVERY_LIMIT`]) a delivery is parked instead of handled. Every
@@ -55,14 +56,41 @@ pub(crate) async fn park_near_delivery_limit(ctx: &Context, delivery: Delivery, 
         ParkReason::DeliveryLimit,
         None,
         attempts,
+        None,
     )
     .await;
 }
 
-/// Parks a delivery with its reason, then acks it. A park the broker
-/// refuses is tried again with backoff ([`Context::publish_patiently`]);
-/// if it still fails, the delivery is returned to the queue rather than
-/// lost.
+/// Parks a job whose message names a timer the config does not have
+/// (`unknown_timer`), with the timers it does have: a publisher ahead of the
+/// service's config, or a typo. Replaying it once the timer is configured
+/// runs it.
+pub(crate) async fn park_unknown_timer(ctx: &Context, job: Job) {
+    let known: Vec<String> = ctx.stores.names().iter().map(|n| n.to_string()).collect();
+    let error = format!(
+        "unknown timer {:?}: this service's config has {}",
+        job.timer().as_str(),
+        known.join(", ")
+    );
+    let attempts = job.attempts.failed(Utc::now(), &error);
+    let order_id = Some(job.order_id().clone());
+    park(
+        ctx,
+        job.delivery,
+        error,
+        ParkReason::UnknownTimer,
+        order_id,
+        attempts,
+        None,
+    )
+    .await;
+}
+
+/// Parks a delivery with its reason, then acks it, counted for `timer`
+/// (`None`: not known, the message could not say or named a timer the
+/// config does not have). A park the broker refuses is tried again with
+/// backoff ([`Context::publish_patiently`]); if it still fails, the
+/// delivery is returned to the queue rather than lost.
 pub(crate) async fn park(
     ctx: &Context,
     delivery: Delivery,
@@ -70,6 +98,7 @@ pub(crate) async fn park(
     kind: ParkReason,
     order_id: Option<OrderId>,
     attempts: Attempts,
+    timer: Option<&TimerName>,
 ) {
     let info = ParkInfo {
         error,
@@ -89,7 +118,8 @@ pub(crate) async fn park(
     match parked {
         Ok(()) => {
             tracing::warn!(kind = %info.kind, error = %info.error, order_id = ?info.order_id, "parked a message");
-            ctx.metrics.record(Outcome::Parked);
+            let timer = timer.map_or(NO_TIMER, TimerName::as_str);
+            ctx.metrics.record(timer, Outcome::Parked);
             ctx.metrics.parked(info.kind);
             if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
                 tracing::warn!(error = %e, "ack after parking failed; it may be parked twice");

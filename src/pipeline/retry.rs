@@ -190,7 +190,17 @@ impl Job {
             }
         };
         let order_id = Some(self.order_id().clone());
-        park(ctx, self.delivery, error, reason, order_id, attempts).await;
+        let timer = self.timer().clone();
+        park(
+            ctx,
+            self.delivery,
+            error,
+            reason,
+            order_id,
+            attempts,
+            Some(&timer),
+        )
+        .await;
     }
 }
 

@@ -16,6 +16,9 @@
 //! retried for ever. Finished rows older than `outbox_retention` are
 //! deleted, [`RETENTION_BATCH`] at a time ([`delete_expired`]).
 //!
+//! Every timer is swept (its rows in `from` overdue by more than the
+//! grace, its own outbox rows), one after the other, each by its store.
+//!
 //! It is also **the catch-up after a (re)connect**: for `catch_up_window`
 //! after each broker session starts it sweeps every `catch_up_interval`
 //! with a short grace, because a broker restart can hold timeout messages
@@ -30,7 +33,7 @@ use super::context::Worker;
 use super::finish::{self, Pending};
 use crate::message::OrderId;
 use crate::shutdown::Shutdown;
-use crate::store::{OrderState, StoreError};
+use crate::store::{OrderState, Store, StoreError};
 
 /// Most batches one sweep takes before yielding to the next interval.
 const MAX_BATCHES: usize = 100;
@@ -63,39 +66,53 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.wait() => return,
         }
-        match sweep_once(&worker, grace).await {
-            Ok(0) => tracing::debug!(catching_up, "sweep: nothing overdue"),
-            Ok(n) if catching_up => tracing::warn!(
-                orders = n,
-                "catch-up sweep: settled orders whose timeout messages are late (held up in the broker around a reconnect)"
-            ),
-            Ok(n) => tracing::warn!(
-                orders = n,
-                "sweep: settled orders no timeout message did (dual-write gap or lost work)"
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "sweep failed; next one in {pause:?}")
-            }
+        for store in worker.ctx.stores.iter() {
+            sweep_timer(&worker, store, grace, catching_up, pause).await;
         }
-        if let Err(e) = delete_expired(&worker).await {
-            tracing::warn!(error = %e, "deleting finished outbox rows failed; next try in {pause:?}");
+    }
+}
+
+/// One sweep of one timer (see [`sweep_once`]), logged, then its
+/// retention ([`delete_expired`]).
+async fn sweep_timer(
+    worker: &Worker,
+    store: &Store,
+    grace: std::time::Duration,
+    catching_up: bool,
+    pause: std::time::Duration,
+) {
+    let timer = &store.timer().name;
+    match sweep_once(worker, store, grace).await {
+        Ok(0) => tracing::debug!(catching_up, %timer, "sweep: nothing overdue"),
+        Ok(n) if catching_up => tracing::warn!(
+            orders = n,
+            %timer,
+            "catch-up sweep: settled orders whose timeout messages are late (held up in the broker around a reconnect)"
+        ),
+        Ok(n) => tracing::warn!(
+            orders = n,
+            %timer,
+            "sweep: settled orders no timeout message did (dual-write gap or lost work)"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, %timer, "sweep failed; next one in {pause:?}")
         }
+    }
+    if let Err(e) = delete_expired(worker, store).await {
+        tracing::warn!(error = %e, %timer, "deleting finished outbox rows failed; next try in {pause:?}");
     }
 }
 
 /// Deletes finished outbox rows older than `outbox_retention`, in at most
 /// [`RETENTION_BATCHES`] statements of [`RETENTION_BATCH`] rows; returns
 /// how many. Rows whose work is pending or was given up are kept.
-#[tracing::instrument(skip(worker))]
-pub(crate) async fn delete_expired(worker: &Worker) -> Result<u64, StoreError> {
+#[tracing::instrument(skip_all, fields(timer = %store.timer().name))]
+pub(crate) async fn delete_expired(worker: &Worker, store: &Store) -> Result<u64, StoreError> {
     let ctx = &worker.ctx;
     let retention = ctx.settings.sweeper.outbox_retention;
     let mut deleted = 0;
     for _ in 0..RETENTION_BATCHES {
-        let n = ctx
-            .store
-            .delete_finished(retention, RETENTION_BATCH)
-            .await?;
+        let n = store.delete_finished(retention, RETENTION_BATCH).await?;
         ctx.metrics.outbox_deleted(n);
         deleted += n;
         if n < u64::from(RETENTION_BATCH) {
@@ -112,12 +129,13 @@ pub(crate) async fn delete_expired(worker: &Worker) -> Result<u64, StoreError> {
     Ok(deleted)
 }
 
-/// One sweep over orders overdue by more than `grace` and cancellations
-/// whose stock release is stale; returns how many orders it cancelled or
-/// finished.
-#[tracing::instrument(skip(worker))]
+/// One sweep of `store`'s timer over orders overdue by more than `grace`
+/// and cancellations whose stock release is stale; returns how many orders
+/// it cancelled or finished.
+#[tracing::instrument(skip(worker, store), fields(timer = %store.timer().name))]
 pub(crate) async fn sweep_once(
     worker: &Worker,
+    store: &Store,
     grace: std::time::Duration,
 ) -> Result<u64, StoreError> {
     let ctx = &worker.ctx;
@@ -125,9 +143,9 @@ pub(crate) async fn sweep_once(
     let mut settled = 0u64;
     let mut seen: HashSet<OrderId> = HashSet::new();
     for round in 0..MAX_BATCHES {
-        let mut ids = ctx.store.overdue(grace, s.batch).await?;
+        let mut ids = store.overdue(grace, s.batch).await?;
         if round == 0 {
-            ids.extend(ctx.store.stale_outbox(s.grace, s.batch).await?);
+            ids.extend(store.stale_outbox(s.grace, s.batch).await?);
         }
         // An order that did not settle in this sweep (contended, inventory
         // down) waits for the next one rather than spinning here.
@@ -136,10 +154,7 @@ pub(crate) async fn sweep_once(
             break;
         }
         let full = ids.len() >= s.batch as usize;
-        let states = ctx
-            .store
-            .cancel_due(&ids, ctx.settings.outbox_lease)
-            .await?;
+        let states = store.cancel_due(&ids, ctx.settings.outbox_lease).await?;
         let to_finish: Vec<Pending> = states
             .into_iter()
             .filter_map(|(id, state)| match state {
@@ -152,8 +167,9 @@ pub(crate) async fn sweep_once(
             })
             .collect();
         settled += to_finish.len() as u64;
-        ctx.metrics.swept(to_finish.len() as u64);
-        finish::finish(worker, to_finish).await;
+        ctx.metrics
+            .swept(store.timer().name.as_str(), to_finish.len() as u64);
+        finish::finish(worker, store, to_finish).await;
         if !full {
             break;
         }

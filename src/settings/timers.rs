@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::schema::{ItemsMapping, Release, StatusValue};
+use super::schema::{ItemsMapping, OrdersMapping, Release, StatusValue};
 use super::{ConfigError, Settings};
 
 /// The default timer's name: cancel unpaid orders (`[orders]`).
@@ -152,20 +152,12 @@ pub struct Timer {
 }
 
 impl Timer {
-    /// Whether this is the default timer (`cancel_unpaid`).
-    pub fn is_default(&self) -> bool {
-        self.name.is_default()
-    }
-}
-
-impl Settings {
-    /// Every timer: the default one (`[orders]`, `[items]`, `[inventory]`)
-    /// first, then the `[[timers]]` in file order. Valid settings
-    /// ([`Settings::validate`]) always give a list; the error is for
-    /// settings built in code without validation.
-    pub fn timers(&self) -> Result<Vec<Timer>, ConfigError> {
-        let o = &self.orders;
-        let mut timers = vec![Timer {
+    /// The default timer, `cancel_unpaid`: `[orders]` (unpaid → cancelled,
+    /// `paid` told apart), its items and how its stock goes back, event
+    /// `order.cancelled`, no watch.
+    pub fn cancel_unpaid(orders: &OrdersMapping, items: &ItemsMapping, release: Release) -> Self {
+        let o = orders;
+        Self {
             name: TimerName::default_timer(),
             table: o.table.clone(),
             id: o.id.clone(),
@@ -178,11 +170,110 @@ impl Settings {
             time_zone: o.time_zone.clone(),
             set: o.set.clone(),
             also: o.also.clone(),
-            release: self.inventory.release,
-            items: self.items.clone(),
+            release,
+            items: items.clone(),
             event: CANCELLED_EVENT.to_owned(),
             watch: None,
-        }];
+        }
+    }
+
+    /// Whether this is the default timer (`cancel_unpaid`).
+    pub fn is_default(&self) -> bool {
+        self.name.is_default()
+    }
+
+    /// The config key a problem with `key` of this timer names:
+    /// `[orders].unpaid` for the default timer's `from`, `[[timers]].from`
+    /// for another's (whose name the problem text then gives).
+    pub fn key(&self, key: TimerKey) -> &'static str {
+        use TimerKey as K;
+        if self.is_default() {
+            match key {
+                K::Table => "[orders].table",
+                K::Id => "[orders].id",
+                K::Status => "[orders].status",
+                K::From => "[orders].unpaid",
+                K::To => "[orders].cancelled",
+                K::Paid => "[orders].paid",
+                K::Deadline => "[orders].deadline",
+                K::Guard => "[orders].guard",
+                K::DeadlineGuard => "[orders].deadline / [orders].guard",
+                K::Set => "[orders].set",
+                K::Flip => "[orders].set / [orders].deadline / [orders].guard",
+                K::Also => "[orders].also",
+            }
+        } else {
+            match key {
+                K::Table => "[[timers]].table",
+                K::Id => "[[timers]].id",
+                K::Status => "[[timers]].status",
+                K::From => "[[timers]].from",
+                K::To => "[[timers]].to",
+                K::Paid => "[[timers]].from",
+                K::Deadline => "[[timers]].deadline",
+                K::Guard => "[[timers]].guard",
+                K::DeadlineGuard => "[[timers]].deadline / [[timers]].guard",
+                K::Set => "[[timers]].set",
+                K::Flip => "[[timers]].set / [[timers]].deadline / [[timers]].guard",
+                K::Also => "[[timers]].also",
+            }
+        }
+    }
+
+    /// `problem` about this timer's mapping as a config error's text: as
+    /// it is for the default timer, `timer NAME: problem` for another (its
+    /// key, `[[timers]].x`, does not say which).
+    pub fn problem(&self, problem: impl fmt::Display) -> String {
+        if self.is_default() {
+            problem.to_string()
+        } else {
+            format!("timer {}: {problem}", self.name)
+        }
+    }
+}
+
+/// A key of a timer's mapping, for [`Timer::key`]: the default timer spells
+/// them as `[orders]` does (`unpaid`, `cancelled`), the others as
+/// `[[timers]]` does (`from`, `to`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimerKey {
+    /// The table.
+    Table,
+    /// The id column.
+    Id,
+    /// The status column.
+    Status,
+    /// The status a row must still have.
+    From,
+    /// The status the flip writes.
+    To,
+    /// The default timer's `paid`.
+    Paid,
+    /// The deadline.
+    Deadline,
+    /// The guard.
+    Guard,
+    /// The deadline or the guard (evaluated together).
+    DeadlineGuard,
+    /// The `set` columns.
+    Set,
+    /// The flip statement: `set`, deadline and guard together.
+    Flip,
+    /// The `also` statements.
+    Also,
+}
+
+impl Settings {
+    /// Every timer: the default one (`[orders]`, `[items]`, `[inventory]`)
+    /// first, then the `[[timers]]` in file order. Valid settings
+    /// ([`Settings::validate`]) always give a list; the error is for
+    /// settings built in code without validation.
+    pub fn timers(&self) -> Result<Vec<Timer>, ConfigError> {
+        let mut timers = vec![Timer::cancel_unpaid(
+            &self.orders,
+            &self.items,
+            self.inventory.release,
+        )];
         for t in &self.timers {
             timers.push(self.timer_of(t)?);
         }

@@ -26,7 +26,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::message::OrderId;
-use crate::settings::{ConfigError, ItemsMapping, OrdersMapping, Release, SecretUrl, Settings};
+use crate::settings::{
+    ConfigError, ItemsMapping, OrdersMapping, Release, SecretUrl, Settings, Timer, TimerName,
+};
 
 mod ids;
 mod mysql;
@@ -43,16 +45,24 @@ pub use tls::{mysql_options, pg_options};
 use mysql::MySqlStore;
 use postgres::PgStore;
 
-/// The store as the service holds it: one per instance, shared by every
-/// task.
+/// The store of one timer as the service holds it: shared by every task.
 pub type Store = Arc<dyn OrderStore>;
 
-/// The database operations the service needs, one method per operation.
+/// The database operations the service needs for one timer (a guarded
+/// status flip of rows of one table, [`Timer`]), one method per operation.
 /// Every method is one transaction (or one statement) and safe to repeat:
 /// messages arrive at least once. Order ids passed in are canonical
 /// ([`OrderStore::canonical`]).
+///
+/// The documentation speaks of the default timer, `cancel_unpaid`
+/// ("unpaid", "cancelled"); for another timer read its `from` and `to`
+/// statuses. The outbox rows of each timer are its own (the outbox is
+/// keyed by timer and order id).
 #[async_trait::async_trait]
 pub trait OrderStore: Send + Sync + std::fmt::Debug {
+    /// The timer this store flips rows for.
+    fn timer(&self) -> &Timer;
+
     /// Reads the shop's schema, checks the configured mapping against it
     /// (table, columns, status codes, deadline, guard, `set`, `also`,
     /// items) and renders the statements. Done once; every other operation
@@ -90,10 +100,10 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// oldest first, at most `limit`: what the sweeper cancels.
     async fn overdue(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError>;
 
-    /// Unpaid orders (passing the guard) in id order after `from`
-    /// (exclusive), at most `limit`, with their deadlines: what `backfill`
-    /// schedules.
-    async fn unpaid_page(
+    /// Rows in the `from` status (unpaid orders) passing the guard, in id
+    /// order after `from` (exclusive), at most `limit`, with their
+    /// deadlines: what `backfill` schedules.
+    async fn waiting_page(
         &self,
         from: Option<&OrderId>,
         limit: u32,
@@ -134,10 +144,62 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
 
     /// One round trip to the database, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Takes, or keeps, the lease of this timer's watch
+    /// (`order_timeout_watch`) for `holder`, for `lease`: `Some` with how
+    /// far the scans have covered when `holder` holds it now, `None` when
+    /// another replica does. The first call for a timer starts its scans at
+    /// the database's clock (rows overdue before are the sweeper's).
+    async fn watch_lease(
+        &self,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<WatchMark>, StoreError>;
+
+    /// Rows in the `from` status passing the guard that fall due after
+    /// `after` and not after `until`, in (deadline, id) order, at most
+    /// `limit`: what a watch schedules. `after` is a deadline, or a
+    /// deadline and the last id taken at it (the next page of rows that
+    /// share a deadline).
+    async fn due_between(
+        &self,
+        after: &WatchCursor,
+        until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError>;
+
+    /// Records that every row due up to `until` was scheduled, if `holder`
+    /// still holds the lease (`false`: it lost it; the next holder scans
+    /// the range again). Never moves the mark back.
+    async fn watch_advance(&self, holder: &str, until: DateTime<Utc>) -> Result<bool, StoreError>;
+
+    /// Gives the lease back, if `holder` holds it (a graceful stop), so
+    /// that another replica's next tick takes it over.
+    async fn watch_release(&self, holder: &str) -> Result<(), StoreError>;
 }
 
-/// The shop's schema as the store needs it: `[orders]`, `[items]` and
-/// whether stock is released over gRPC (else the items are never read).
+/// Where a timer's watch stands ([`OrderStore::watch_lease`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchMark {
+    /// Every row due up to this instant has been scheduled.
+    pub scanned_until: DateTime<Utc>,
+    /// The database's clock when the lease was taken.
+    pub db_now: DateTime<Utc>,
+}
+
+/// Where a watch's scan goes on from ([`OrderStore::due_between`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchCursor {
+    /// Rows due after this instant…
+    pub deadline: DateTime<Utc>,
+    /// …or at it, with an id after this one (`None`: none at it).
+    pub id: Option<OrderId>,
+}
+
+/// The default timer's mapping as the sections of the config file give
+/// it: `[orders]`, `[items]` and whether stock is released over gRPC
+/// (else the items are never read). A shorthand for
+/// [`Timer::cancel_unpaid`], for code that knows only the default timer.
 #[derive(Clone, Debug, Default)]
 pub struct ShopSchema {
     /// `[orders]`.
@@ -156,6 +218,49 @@ impl ShopSchema {
             items: settings.items.clone(),
             release: settings.inventory.release,
         }
+    }
+
+    /// The default timer this describes.
+    pub fn timer(&self) -> Timer {
+        Timer::cancel_unpaid(&self.orders, &self.items, self.release)
+    }
+}
+
+/// The stores of every timer of an instance, the default one
+/// (`cancel_unpaid`) first: one per timer, sharing a connection pool per
+/// session time zone. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Stores {
+    stores: Arc<[Store]>,
+}
+
+impl Stores {
+    /// Stores of the timers `stores` (the default one first).
+    pub fn new(stores: Vec<Store>) -> Self {
+        Self {
+            stores: stores.into(),
+        }
+    }
+
+    /// The store of the timer named `name`, if the settings have one.
+    pub fn get(&self, name: &TimerName) -> Option<&Store> {
+        self.stores.iter().find(|s| &s.timer().name == name)
+    }
+
+    /// The default timer's store (`cancel_unpaid`), also the one the
+    /// readiness probe pings.
+    pub fn default_timer(&self) -> &Store {
+        &self.stores[0]
+    }
+
+    /// Every timer's store, the default one first.
+    pub fn iter(&self) -> impl Iterator<Item = &Store> {
+        self.stores.iter()
+    }
+
+    /// The timers' names, in order.
+    pub fn names(&self) -> Vec<TimerName> {
+        self.iter().map(|s| s.timer().name.clone()).collect()
     }
 }
 
@@ -207,10 +312,10 @@ impl PoolSettings {
     }
 }
 
-/// Connects to the database `url` names, with a pool of at most
-/// `max_connections` and the default timeouts, lazily: the first query
-/// opens the first connection, so start-up does not fail on a database
-/// that is still booting.
+/// Connects the default timer's store to the database `url` names, with a
+/// pool of at most `max_connections` and the default timeouts, lazily: the
+/// first query opens the first connection, so start-up does not fail on a
+/// database that is still booting.
 pub fn connect_lazy(
     url: &SecretUrl,
     max_connections: u32,
@@ -225,10 +330,63 @@ pub fn connect_lazy_with(
     pool: PoolSettings,
     schema: &ShopSchema,
 ) -> Result<Store, StoreError> {
+    connect_timer(url, pool, &schema.timer())
+}
+
+/// The store of one timer, on a pool of its own (lazily, as
+/// [`connect_lazy`]).
+pub fn connect_timer(url: &SecretUrl, pool: PoolSettings, timer: &Timer) -> Result<Store, StoreError> {
     Ok(match Dialect::of(url)? {
-        Dialect::Postgres => Arc::new(PgStore::connect_lazy(url, pool, schema)?),
-        Dialect::MySql => Arc::new(MySqlStore::connect_lazy(url, pool, schema)?),
+        Dialect::Postgres => Arc::new(PgStore::connect_lazy(url, pool, timer)?),
+        Dialect::MySql => Arc::new(MySqlStore::connect_lazy(url, pool, timer)?),
     })
+}
+
+/// The stores of every timer of `settings` ([`Settings::timers`]), lazily:
+/// one pool of `pool`'s size per session time zone the timers use (one,
+/// unless a timer sets a `time_zone` of its own), shared by the timers of
+/// that zone.
+pub fn connect_timers(
+    url: &SecretUrl,
+    pool: PoolSettings,
+    timers: &[Timer],
+) -> Result<Stores, StoreError> {
+    fn build<D: sql::SqlDialect>(
+        url: &SecretUrl,
+        pool: PoolSettings,
+        timers: &[Timer],
+    ) -> Result<Vec<Store>, StoreError>
+    where
+        sql::SqlStore<D>: OrderStore,
+    {
+        let also_turn = Arc::default();
+        let mut pools: HashMap<&str, sqlx::Pool<D::Db>> = HashMap::new();
+        let mut stores: Vec<Store> = Vec::with_capacity(timers.len());
+        for timer in timers {
+            let zone = timer.time_zone.as_str();
+            let on = match pools.get(zone) {
+                Some(p) => p.clone(),
+                None => {
+                    let p = sql::SqlStore::<D>::pool(url, pool, zone)?;
+                    pools.insert(zone, p.clone());
+                    p
+                }
+            };
+            let store = sql::SqlStore::<D>::on_pool(on, timer, Arc::clone(&also_turn));
+            stores.push(Arc::new(store));
+        }
+        Ok(stores)
+    }
+    if timers.is_empty() {
+        return Err(StoreError::Schema {
+            key: "[orders]",
+            problem: "no timers to run".into(),
+        });
+    }
+    Ok(Stores::new(match Dialect::of(url)? {
+        Dialect::Postgres => build::<postgres::Postgres>(url, pool, timers)?,
+        Dialect::MySql => build::<mysql::MySql>(url, pool, timers)?,
+    }))
 }
 
 /// Creates the database if it does not exist, then applies the service's

@@ -40,8 +40,8 @@ use super::ids::{IdColumn, IdValue, uuid_text};
 use super::shape::{self, Column, Columns, OrdersColumns};
 use super::sql::{ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
 use super::state::StateRow;
-use super::{Dialect, NextAttempt, PoolSettings, ShopSchema, StoreError};
-use crate::settings::{Release, SecretUrl, StatusValue};
+use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
+use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
 
 /// MySQL and MariaDB, as a [`SqlDialect`].
 #[derive(Debug)]
@@ -241,19 +241,17 @@ pub(crate) struct Sql {
     /// Binds unpaid, grace (µs), limit.
     overdue: String,
     /// Binds unpaid, after id twice, limit.
-    unpaid_page: String,
+    waiting_page: String,
+    /// A watch's scan (only for a timer with a watch): binds from, until
+    /// (UTC), after (UTC) twice, the after id twice, limit.
+    due: Option<String>,
     /// The server's `DECIMAL`, for decimal ids.
     decimal: MySqlTypeInfo,
 }
 
 impl Sql {
-    fn render(
-        schema: &ShopSchema,
-        with_items: bool,
-        decimal: MySqlTypeInfo,
-        skip_locked: bool,
-    ) -> Self {
-        let o = &schema.orders;
+    fn render(timer: &Timer, with_items: bool, decimal: MySqlTypeInfo, skip_locked: bool) -> Self {
+        let o = timer;
         let q = |s: &str| shape::quote(Dialect::MySql, s);
         let (table, id, status) = (q(&o.table), q(&o.id), q(&o.status));
         let deadline = shape::deadline_sql(Dialect::MySql, o);
@@ -292,19 +290,31 @@ impl Sql {
                   WHERE {status} = ? AND {deadline} < NOW(6) - INTERVAL ? MICROSECOND AND {guard} \
                   ORDER BY {deadline} LIMIT ?"
             ),
-            unpaid_page: format!(
+            waiting_page: format!(
                 "SELECT CAST({id} AS CHAR), {deadline_us} FROM {table} \
                   WHERE {status} = ? AND {guard} AND (? IS NULL OR {id} > ?) \
                   ORDER BY {id} LIMIT ?"
             ),
-            items: with_items.then(|| items_statement(schema)),
+            due: timer.watch.map(|_| {
+                // Instants are bound in UTC and compared in the session's
+                // zone, the zone the shop's DATETIMEs are written in.
+                let utc = "CONVERT_TZ(?, '+00:00', @@session.time_zone)";
+                format!(
+                    "SELECT CAST({id} AS CHAR), {deadline_us} FROM {table} \
+                      WHERE {status} = ? AND {guard} AND {deadline} <= {utc} \
+                        AND ({deadline} > {utc} \
+                             OR ({deadline} = {utc} AND ? IS NOT NULL AND {id} > ?)) \
+                      ORDER BY {deadline}, {id} LIMIT ?"
+                )
+            }),
+            items: with_items.then(|| items_statement(timer)),
             decimal,
         }
     }
 }
 
-fn items_statement(schema: &ShopSchema) -> String {
-    let i = &schema.items;
+fn items_statement(timer: &Timer) -> String {
+    let i = &timer.items;
     let q = |s: &str| shape::quote(Dialect::MySql, s);
     format!(
         "SELECT CAST({oid} AS CHAR) AS order_id, CAST({sku} AS CHAR) AS sku, \
@@ -452,11 +462,11 @@ async fn read_orders(
     ids: &[&str],
     sql: &str,
 ) -> Result<HashMap<String, LockedOrder>, StoreError> {
-    let o = &store.schema.orders;
+    let o = &store.timer;
     let statuses = [
-        Arg::Status(&o.cancelled),
+        Arg::Status(&o.to),
         Arg::MaybeStatus(o.paid.as_ref()),
-        Arg::Status(&o.unpaid),
+        Arg::Status(&o.from),
     ];
     let id_values = id_values(prepared, ids)?;
     let id_args = id_values.iter().map(|v| id_arg(v, &prepared.sql));
@@ -479,9 +489,10 @@ fn id_values(prepared: &Prepared<MySql>, ids: &[&str]) -> Result<Vec<IdValue>, S
     ids.iter().map(|id| prepared.id_value(id)).collect()
 }
 
-/// Locks the outbox rows of `ids` and reads them, by order id.
+/// Locks the timer's outbox rows of `ids` and reads them, by order id.
 async fn lock_outbox(
     tx: &mut Tx,
+    timer: &Timer,
     ids: &[&str],
 ) -> Result<HashMap<String, LockedOutbox>, StoreError> {
     let sql = format!(
@@ -489,10 +500,12 @@ async fn lock_outbox(
                 stock_released_at IS NOT NULL AS released, \
                 event_published_at IS NOT NULL AS published, \
                 claimed_until IS NULL OR claimed_until <= UTC_TIMESTAMP(6) AS free \
-           FROM order_timeout_cancel_outbox WHERE order_id IN ({}) FOR UPDATE",
+           FROM order_timeout_cancel_outbox \
+          WHERE timer = ? AND order_id IN ({}) FOR UPDATE",
         marks(ids.len())
     );
-    let values = ids.iter().map(|id| Arg::Text(id));
+    let values =
+        std::iter::once(Arg::Text(timer.name.as_str())).chain(ids.iter().map(|id| Arg::Text(id)));
     let rows: Vec<LockedOutbox> = sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
         .fetch_all(&mut **tx)
         .await?;
@@ -527,13 +540,13 @@ async fn flip(
     eligible: &[&str],
     orders: &mut HashMap<String, LockedOrder>,
 ) -> Result<Vec<String>, StoreError> {
-    let o = &store.schema.orders;
+    let o = &store.timer;
     let sql = &prepared.sql;
     let id_values = id_values(prepared, eligible)?;
     let update = sql.update.replace("{ids}", &marks(eligible.len()));
-    let values = std::iter::once(Arg::Status(&o.cancelled))
+    let values = std::iter::once(Arg::Status(&o.to))
         .chain(id_values.iter().map(|v| id_arg(v, sql)))
-        .chain([Arg::Status(&o.unpaid)]);
+        .chain([Arg::Status(&o.from)]);
     run!(update, values, &mut **tx).await?;
     let after = lock_orders(tx, store, prepared, eligible).await?;
     let flipped = eligible
@@ -559,7 +572,7 @@ async fn record_effects(
     flipped: &[(String, DateTime<Utc>)],
     lease: Duration,
 ) -> Result<(), StoreError> {
-    let o = &store.schema.orders;
+    let o = &store.timer;
     let sql = &prepared.sql;
     for (id, _) in flipped {
         let id = prepared.id_value(id)?;
@@ -569,13 +582,14 @@ async fn record_effects(
         }
     }
     // PLACEHOLDERS_PER_ID per row: the statement with the most per id.
+    // The timer's name is written in: `[a-z0-9_]{1,64}` (TimerName).
     let insert = format!(
         "INSERT INTO order_timeout_cancel_outbox \
-                (order_id, created_at, claimed_until, stock_released_at) VALUES {} \
+                (timer, order_id, created_at, claimed_until, stock_released_at) VALUES {} \
          ON DUPLICATE KEY UPDATE order_id = order_id",
-        vec!["(?, ?, ?, ?)"; flipped.len()].join(", ")
+        vec![format!("('{}', ?, ?, ?, ?)", o.name); flipped.len()].join(", ")
     );
-    let none = store.schema.release == Release::None;
+    let none = o.release == Release::None;
     // The time reported now, so what is reported and what is read back
     // later is one instant.
     let values = flipped.iter().flat_map(|(id, at)| {
@@ -603,6 +617,7 @@ fn lease_end(at: DateTime<Utc>, lease: Duration) -> DateTime<Utc> {
 /// pending; returns their ids.
 async fn take_over(
     tx: &mut Tx,
+    timer: &Timer,
     ids: &[&str],
     outbox: &HashMap<String, LockedOutbox>,
     lease: Duration,
@@ -616,27 +631,30 @@ async fn take_over(
         let take = format!(
             "UPDATE order_timeout_cancel_outbox \
                 SET claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-              WHERE order_id IN ({})",
+              WHERE timer = ? AND order_id IN ({})",
             marks(taken.len())
         );
-        let values =
-            std::iter::once(Arg::Int(micros(lease))).chain(taken.iter().map(|id| Arg::Text(id)));
+        let values = [Arg::Int(micros(lease)), Arg::Text(timer.name.as_str())]
+            .into_iter()
+            .chain(taken.iter().map(|id| Arg::Text(id)));
         run!(take, values, &mut **tx).await?;
     }
     Ok(taken.into_iter().map(str::to_owned).collect())
 }
 
-/// Runs `UPDATE order_timeout_cancel_outbox SET {set} WHERE order_id IN
-/// (ids)` when `ids` is not empty.
+/// Runs `UPDATE order_timeout_cancel_outbox SET {set} WHERE timer = …
+/// AND order_id IN (ids)` when `ids` is not empty.
 async fn update_outbox(store: &MySqlStore, set: &str, ids: &[&str]) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
     let sql = format!(
-        "UPDATE order_timeout_cancel_outbox SET {set} WHERE order_id IN ({})",
+        "UPDATE order_timeout_cancel_outbox SET {set} WHERE timer = ? AND order_id IN ({})",
         marks(ids.len())
     );
-    run!(sql, ids.iter().map(|id| Arg::Text(id)), &store.pool).await?;
+    let values =
+        std::iter::once(Arg::Text(store.timer.name.as_str())).chain(ids.iter().map(|id| Arg::Text(id)));
+    run!(sql, values, &store.pool).await?;
     Ok(())
 }
 
@@ -675,6 +693,7 @@ impl SqlDialect for MySql {
     /// Its statements bind one placeholder per id, the outbox insert four.
     const MAX_BATCH_IDS: usize = PLACEHOLDERS / PLACEHOLDERS_PER_ID;
     const OUTBOX_COLUMNS: &'static [&'static str] = &[
+        "timer",
         "order_id",
         "created_at",
         "stock_released_at",
@@ -763,20 +782,23 @@ impl SqlDialect for MySql {
             tracing::warn!(%version, "this server has no FOR UPDATE SKIP LOCKED (MySQL 8, MariaDB 10.6 have): a row the shop holds makes its whole batch wait, up to db_lock_timeout");
         }
         Ok(Sql::render(
-            &store.schema,
+            &store.timer,
             items.is_some(),
             decimal,
             skip_locked,
         ))
     }
 
-    fn to_check(sql: &Sql) -> Vec<(&'static str, String)> {
+    fn to_check(timer: &Timer, sql: &Sql) -> Vec<(&'static str, String)> {
         let mut checks = vec![(
-            "[orders].set / [orders].deadline / [orders].guard",
+            timer.key(TimerKey::Flip),
             sql.update.replace("{ids}", "?"),
         )];
         if let Some(items) = &sql.items {
             checks.push(("[items]", items.replace("{ids}", "?")));
+        }
+        if let Some(due) = &sql.due {
+            checks.push((timer.key(TimerKey::DeadlineGuard), due.clone()));
         }
         checks
     }
@@ -789,8 +811,8 @@ impl SqlDialect for MySql {
         Ok(sqlx::Statement::parameters(&prepared).map_or(0, |p| p.either(|t| t.len(), |n| n)))
     }
 
-    async fn count_unpaid(store: &MySqlStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
-        let values = args([Arg::Status(&store.schema.orders.unpaid)]);
+    async fn count_waiting(store: &MySqlStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
+        let values = args([Arg::Status(&store.timer.from)]);
         let values = values.map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         sqlx::query_as_with(AssertSqlSafe(sql.count.clone()), values)
             .fetch_one(&store.pool)
@@ -804,7 +826,7 @@ impl SqlDialect for MySql {
         ids: &[&str],
         lease: Duration,
     ) -> Result<Vec<StateRow>, StoreError> {
-        let _turn = match store.schema.orders.also.is_empty() {
+        let _turn = match store.timer.also.is_empty() {
             true => None,
             false => Some(store.also_turn.lock().await),
         };
@@ -827,7 +849,7 @@ impl SqlDialect for MySql {
                 read_orders(&mut tx, store, prepared, &skipped, sql).await?
             }
         };
-        let outbox = lock_outbox(&mut tx, ids).await?;
+        let outbox = lock_outbox(&mut tx, &store.timer, ids).await?;
         // After the locks: a cancel that waited for a row the shop held is
         // timed when it happened, not when it began waiting.
         let db_now = utc_now(&mut tx).await?;
@@ -855,9 +877,9 @@ impl SqlDialect for MySql {
             record_effects(&mut tx, store, prepared, &flipped, lease).await?;
         }
         findings.cancelled = flipped.into_iter().collect();
-        findings.taken = take_over(&mut tx, ids, &findings.outbox, lease).await?;
+        findings.taken = take_over(&mut tx, &store.timer, ids, &findings.outbox, lease).await?;
         tx.commit().await?;
-        let none = store.schema.release == Release::None;
+        let none = store.timer.release == Release::None;
         Ok(ids.iter().map(|id| findings.state_row(id, none)).collect())
     }
 
@@ -887,7 +909,7 @@ impl SqlDialect for MySql {
         limit: u32,
     ) -> Result<Vec<String>, StoreError> {
         let values = [
-            Arg::Status(&store.schema.orders.unpaid),
+            Arg::Status(&store.timer.from),
             Arg::Int(micros(grace)),
             Arg::Int(i64::from(limit)),
         ];
@@ -897,7 +919,7 @@ impl SqlDialect for MySql {
             .await?)
     }
 
-    async fn unpaid_page(
+    async fn waiting_page(
         store: &MySqlStore,
         prepared: &Prepared<Self>,
         from: Option<&str>,
@@ -908,12 +930,12 @@ impl SqlDialect for MySql {
             .as_ref()
             .map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
         let values = [
-            Arg::Status(&store.schema.orders.unpaid),
+            Arg::Status(&store.timer.from),
             after,
             after,
             Arg::Int(i64::from(limit)),
         ];
-        let sql = prepared.sql.unpaid_page.clone();
+        let sql = prepared.sql.waiting_page.clone();
         let rows: Vec<(String, Option<i64>)> =
             sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
                 .fetch_all(&store.pool)
@@ -924,19 +946,126 @@ impl SqlDialect for MySql {
             .collect())
     }
 
-    /// A range of the `(pending, created_at)` index: the pending rows,
-    /// oldest first, never the finished ones.
-    /// A range of the `sweep_at` index: exactly the due rows, the longest
-    /// due first.
+    /// The timer's row is created at the database's clock the first time;
+    /// the lease is then taken if it is free, ran out, or is the holder's,
+    /// and read back.
+    async fn watch_lease(
+        store: &MySqlStore,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<WatchMark>, StoreError> {
+        let timer = Arg::Text(store.timer.name.as_str());
+        run!(
+            "INSERT IGNORE INTO order_timeout_watch (timer, scanned_until) \
+             VALUES (?, UTC_TIMESTAMP(6))",
+            [timer],
+            &store.pool
+        )
+        .await?;
+        run!(
+            "UPDATE order_timeout_watch \
+                SET holder = ?, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+              WHERE timer = ? \
+                AND (holder = ? OR lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6))",
+            [
+                Arg::Text(holder),
+                Arg::Int(micros(lease)),
+                timer,
+                Arg::Text(holder)
+            ],
+            &store.pool
+        )
+        .await?;
+        let row: Option<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as_with(
+            "SELECT scanned_until, UTC_TIMESTAMP(6) FROM order_timeout_watch \
+              WHERE timer = ? AND holder = ?",
+            args([timer, Arg::Text(holder)])?,
+        )
+        .fetch_optional(&store.pool)
+        .await?;
+        Ok(row.map(|(scanned_until, db_now)| WatchMark {
+            scanned_until,
+            db_now,
+        }))
+    }
+
+    async fn due_between(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        after: (DateTime<Utc>, Option<&str>),
+        until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let Some(sql) = &prepared.sql.due else {
+            return Ok(Vec::new());
+        };
+        let after_id = after.1.map(|id| prepared.id_value(id)).transpose()?;
+        let after_id = after_id
+            .as_ref()
+            .map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
+        let values = [
+            Arg::Status(&store.timer.from),
+            Arg::Time(until),
+            Arg::Time(after.0),
+            Arg::Time(after.0),
+            after_id,
+            after_id,
+            Arg::Int(i64::from(limit)),
+        ];
+        let rows: Vec<(String, Option<i64>)> =
+            sqlx::query_as_with(AssertSqlSafe(sql.clone()), args(values)?)
+                .fetch_all(&store.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, us)| (id, from_micros(us)))
+            .collect())
+    }
+
+    async fn watch_advance(
+        store: &MySqlStore,
+        holder: &str,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let done = run!(
+            "UPDATE order_timeout_watch SET scanned_until = GREATEST(scanned_until, ?) \
+              WHERE timer = ? AND holder = ?",
+            [
+                Arg::Time(until),
+                Arg::Text(store.timer.name.as_str()),
+                Arg::Text(holder)
+            ],
+            &store.pool
+        )
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn watch_release(store: &MySqlStore, holder: &str) -> Result<(), StoreError> {
+        run!(
+            "UPDATE order_timeout_watch SET lease_until = NULL WHERE timer = ? AND holder = ?",
+            [Arg::Text(store.timer.name.as_str()), Arg::Text(holder)],
+            &store.pool
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// A range of the `(timer, sweep_at)` index: exactly the timer's due
+    /// rows, the longest due first.
     async fn stale_outbox(
         store: &MySqlStore,
         grace: Duration,
         limit: u32,
     ) -> Result<Vec<String>, StoreError> {
-        let values = [Arg::Int(micros(grace)), Arg::Int(i64::from(limit))];
+        let values = [
+            Arg::Text(store.timer.name.as_str()),
+            Arg::Int(micros(grace)),
+            Arg::Int(i64::from(limit)),
+        ];
         Ok(sqlx::query_scalar_with(
             "SELECT CAST(order_id AS CHAR) FROM order_timeout_cancel_outbox \
-              WHERE sweep_at <= UTC_TIMESTAMP(6) \
+              WHERE timer = ? AND sweep_at <= UTC_TIMESTAMP(6) \
                 AND created_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
                 AND (claimed_until IS NULL OR claimed_until <= UTC_TIMESTAMP(6)) \
               ORDER BY sweep_at LIMIT ?",
@@ -951,23 +1080,24 @@ impl SqlDialect for MySql {
         store: &MySqlStore,
         failures: &[(&str, &str)],
     ) -> Result<Vec<(String, i32)>, StoreError> {
+        let timer = Arg::Text(store.timer.name.as_str());
         for (id, error) in failures {
             run!(
                 "UPDATE order_timeout_cancel_outbox \
-                    SET attempts = attempts + 1, last_error = ? WHERE order_id = ?",
-                [Arg::Text(error), Arg::Text(id)],
+                    SET attempts = attempts + 1, last_error = ? WHERE timer = ? AND order_id = ?",
+                [Arg::Text(error), timer, Arg::Text(id)],
                 &store.pool
             )
             .await?;
         }
         let sql = format!(
             "SELECT CAST(order_id AS CHAR), attempts FROM order_timeout_cancel_outbox \
-              WHERE order_id IN ({})",
+              WHERE timer = ? AND order_id IN ({})",
             marks(failures.len())
         );
         Ok(sqlx::query_as_with(
             AssertSqlSafe(sql),
-            args(failures.iter().map(|(id, _)| Arg::Text(id)))?,
+            args(std::iter::once(timer).chain(failures.iter().map(|(id, _)| Arg::Text(id))))?,
         )
         .fetch_all(&store.pool)
         .await?)
@@ -977,22 +1107,23 @@ impl SqlDialect for MySql {
         store: &MySqlStore,
         plans: &[(&str, &NextAttempt)],
     ) -> Result<(), StoreError> {
+        let timer = Arg::Text(store.timer.name.as_str());
         for (id, plan) in plans {
             match plan {
                 NextAttempt::After(delay) => run!(
                     "UPDATE order_timeout_cancel_outbox \
                         SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
                             gave_up_at = NULL, gave_up_reason = NULL \
-                      WHERE order_id = ?",
-                    [Arg::Int(micros(*delay)), Arg::Text(id)],
+                      WHERE timer = ? AND order_id = ?",
+                    [Arg::Int(micros(*delay)), timer, Arg::Text(id)],
                     &store.pool
                 ),
                 NextAttempt::GiveUp(reason) => run!(
                     "UPDATE order_timeout_cancel_outbox \
                         SET next_attempt_at = NULL, gave_up_at = UTC_TIMESTAMP(6), \
                             gave_up_reason = ? \
-                      WHERE order_id = ?",
-                    [Arg::Text(reason), Arg::Text(id)],
+                      WHERE timer = ? AND order_id = ?",
+                    [Arg::Text(reason), timer, Arg::Text(id)],
                     &store.pool
                 ),
             }
@@ -1010,10 +1141,14 @@ impl SqlDialect for MySql {
     ) -> Result<u64, StoreError> {
         Ok(run!(
             "DELETE FROM order_timeout_cancel_outbox \
-              WHERE pending = 0 \
+              WHERE timer = ? AND pending = 0 \
                 AND created_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
               ORDER BY created_at LIMIT ?",
-            [Arg::Int(micros(older_than)), Arg::Int(i64::from(limit))],
+            [
+                Arg::Text(store.timer.name.as_str()),
+                Arg::Int(micros(older_than)),
+                Arg::Int(i64::from(limit))
+            ],
             &store.pool
         )
         .await?

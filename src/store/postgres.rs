@@ -25,8 +25,8 @@ use super::ids::{IdColumn, IdValue};
 use super::shape::{self, Column, Columns, OrdersColumns};
 use super::sql::{ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
 use super::state::StateRow;
-use super::{Dialect, NextAttempt, PoolSettings, ShopSchema, StoreError};
-use crate::settings::{Release, SecretUrl, StatusValue};
+use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
+use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
 
 /// PostgreSQL, as a [`SqlDialect`].
 #[derive(Debug)]
@@ -97,6 +97,7 @@ impl SqlDialect for Postgres {
     /// The ids travel as one array parameter: no placeholder limit.
     const MAX_BATCH_IDS: usize = usize::MAX;
     const OUTBOX_COLUMNS: &'static [&'static str] = &[
+        "timer",
         "order_id",
         "created_at",
         "stock_released_at",
@@ -184,15 +185,14 @@ impl SqlDialect for Postgres {
         items: Option<&(IdColumn, String)>,
     ) -> Result<Sql, StoreError> {
         let items_base = items.map(|(_, base)| base.as_str());
-        Ok(Sql::render(&store.schema, orders, items_base))
+        Ok(Sql::render(&store.timer, orders, items_base))
     }
 
-    fn to_check(sql: &Sql) -> Vec<(&'static str, String)> {
-        let mut checks = vec![(
-            "[orders].set / [orders].deadline / [orders].guard",
-            sql.cancel.clone(),
-        )];
+    fn to_check(timer: &Timer, sql: &Sql) -> Vec<(&'static str, String)> {
+        let mut checks = vec![(timer.key(TimerKey::Flip), sql.cancel.clone())];
         checks.extend(sql.items.iter().map(|items| ("[items]", items.clone())));
+        let watch = timer.key(TimerKey::DeadlineGuard);
+        checks.extend(sql.due.iter().map(|due| (watch, due.clone())));
         checks
     }
 
@@ -204,9 +204,9 @@ impl SqlDialect for Postgres {
         Ok(sqlx::Statement::parameters(&prepared).map_or(0, |p| p.either(|t| t.len(), |n| n)))
     }
 
-    async fn count_unpaid(store: &PgStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
+    async fn count_waiting(store: &PgStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
         sqlx::query_as(AssertSqlSafe(sql.count.clone()))
-            .bind(text(&store.schema.orders.unpaid))
+            .bind(text(&store.timer.from))
             .fetch_one(&store.pool)
             .await
     }
@@ -219,14 +219,15 @@ impl SqlDialect for Postgres {
         ids: &[&str],
         lease: Duration,
     ) -> Result<Vec<StateRow>, StoreError> {
-        let o = &store.schema.orders;
+        let o = &store.timer;
         let query = sqlx::query_as::<_, StateRow>(AssertSqlSafe(prepared.sql.cancel.clone()))
             .bind(ids)
-            .bind(text(&o.cancelled))
-            .bind(text(&o.unpaid))
+            .bind(text(&o.to))
+            .bind(text(&o.from))
             .bind(o.paid.as_ref().map(text))
             .bind(lease)
-            .bind(store.schema.release == Release::None);
+            .bind(o.release == Release::None)
+            .bind(o.name.as_str());
         if o.also.is_empty() {
             return Ok(query.fetch_all(&store.pool).await?);
         }
@@ -268,7 +269,7 @@ impl SqlDialect for Postgres {
     ) -> Result<Vec<String>, StoreError> {
         Ok(
             sqlx::query_scalar(AssertSqlSafe(prepared.sql.overdue.clone()))
-                .bind(text(&store.schema.orders.unpaid))
+                .bind(text(&store.timer.from))
                 .bind(grace)
                 .bind(i64::from(limit))
                 .fetch_all(&store.pool)
@@ -276,20 +277,101 @@ impl SqlDialect for Postgres {
         )
     }
 
-    async fn unpaid_page(
+    async fn waiting_page(
         store: &PgStore,
         prepared: &Prepared<Self>,
         from: Option<&str>,
         limit: u32,
     ) -> Result<Vec<PageRow>, StoreError> {
         Ok(
-            sqlx::query_as(AssertSqlSafe(prepared.sql.unpaid_page.clone()))
-                .bind(text(&store.schema.orders.unpaid))
+            sqlx::query_as(AssertSqlSafe(prepared.sql.waiting_page.clone()))
+                .bind(text(&store.timer.from))
                 .bind(from)
                 .bind(i64::from(limit))
                 .fetch_all(&store.pool)
                 .await?,
         )
+    }
+
+    /// The timer's row is created at the database's clock the first time;
+    /// the lease is then taken if it is free, ran out, or is the holder's.
+    async fn watch_lease(
+        store: &PgStore,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<WatchMark>, StoreError> {
+        let timer = store.timer.name.as_str();
+        sqlx::query(
+            "INSERT INTO order_timeout_watch (timer, scanned_until) VALUES ($1, now()) \
+             ON CONFLICT (timer) DO NOTHING",
+        )
+        .bind(timer)
+        .execute(&store.pool)
+        .await?;
+        let row: Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> =
+            sqlx::query_as(
+                "UPDATE order_timeout_watch SET holder = $2, lease_until = now() + $3 \
+                  WHERE timer = $1 \
+                    AND (holder = $2 OR lease_until IS NULL OR lease_until <= now()) \
+                 RETURNING scanned_until, now()",
+            )
+            .bind(timer)
+            .bind(holder)
+            .bind(lease)
+            .fetch_optional(&store.pool)
+            .await?;
+        Ok(row.map(|(scanned_until, db_now)| WatchMark {
+            scanned_until,
+            db_now,
+        }))
+    }
+
+    async fn due_between(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        after: (chrono::DateTime<chrono::Utc>, Option<&str>),
+        until: chrono::DateTime<chrono::Utc>,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let Some(sql) = &prepared.sql.due else {
+            return Ok(Vec::new());
+        };
+        Ok(sqlx::query_as(AssertSqlSafe(sql.clone()))
+            .bind(text(&store.timer.from))
+            .bind(after.0)
+            .bind(after.1)
+            .bind(until)
+            .bind(i64::from(limit))
+            .fetch_all(&store.pool)
+            .await?)
+    }
+
+    async fn watch_advance(
+        store: &PgStore,
+        holder: &str,
+        until: chrono::DateTime<chrono::Utc>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE order_timeout_watch SET scanned_until = greatest(scanned_until, $3) \
+              WHERE timer = $1 AND holder = $2",
+        )
+        .bind(store.timer.name.as_str())
+        .bind(holder)
+        .bind(until)
+        .execute(&store.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn watch_release(store: &PgStore, holder: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE order_timeout_watch SET lease_until = NULL WHERE timer = $1 AND holder = $2",
+        )
+        .bind(store.timer.name.as_str())
+        .bind(holder)
+        .execute(&store.pool)
+        .await?;
+        Ok(())
     }
 
     /// A scan of the partial index of due rows
@@ -302,7 +384,8 @@ impl SqlDialect for Postgres {
         Ok(sqlx::query_scalar(
             r#"
             SELECT order_id FROM order_timeout_cancel_outbox
-             WHERE (stock_released_at IS NULL OR event_published_at IS NULL)
+             WHERE timer = $3
+               AND (stock_released_at IS NULL OR event_published_at IS NULL)
                AND gave_up_at IS NULL
                AND coalesce(next_attempt_at, created_at) <= now()
                AND created_at < now() - $1
@@ -313,6 +396,7 @@ impl SqlDialect for Postgres {
         )
         .bind(grace)
         .bind(i64::from(limit))
+        .bind(store.timer.name.as_str())
         .fetch_all(&store.pool)
         .await?)
     }
@@ -327,12 +411,13 @@ impl SqlDialect for Postgres {
             UPDATE order_timeout_cancel_outbox o
                SET attempts = o.attempts + 1, last_error = f.error
               FROM unnest($1::text[], $2::text[]) AS f(id, error)
-             WHERE o.order_id = f.id
+             WHERE o.timer = $3 AND o.order_id = f.id
             RETURNING o.order_id, o.attempts
             "#,
         )
         .bind(ids)
         .bind(errors)
+        .bind(store.timer.name.as_str())
         .fetch_all(&store.pool)
         .await?)
     }
@@ -364,12 +449,13 @@ impl SqlDialect for Postgres {
                    gave_up_at      = CASE WHEN p.reason IS NULL THEN NULL ELSE now() END,
                    gave_up_reason  = p.reason
               FROM unnest($1::text[], $2::bigint[], $3::text[]) AS p(id, delay_us, reason)
-             WHERE o.order_id = p.id
+             WHERE o.timer = $4 AND o.order_id = p.id
             "#,
         )
         .bind(ids)
         .bind(delays)
         .bind(reasons)
+        .bind(store.timer.name.as_str())
         .execute(&store.pool)
         .await?;
         Ok(())
@@ -389,9 +475,11 @@ impl SqlDialect for Postgres {
         Ok(sqlx::query(
             r#"
             DELETE FROM order_timeout_cancel_outbox
-             WHERE order_id = ANY(ARRAY(
+             WHERE timer = $3
+               AND order_id = ANY(ARRAY(
                    SELECT order_id FROM order_timeout_cancel_outbox
-                    WHERE stock_released_at IS NOT NULL
+                    WHERE timer = $3
+                      AND stock_released_at IS NOT NULL
                       AND event_published_at IS NOT NULL
                       AND created_at < now() - $1
                     ORDER BY created_at
@@ -401,6 +489,7 @@ impl SqlDialect for Postgres {
         )
         .bind(older_than)
         .bind(i64::from(limit))
+        .bind(store.timer.name.as_str())
         .execute(&store.pool)
         .await?
         .rows_affected())
@@ -408,9 +497,11 @@ impl SqlDialect for Postgres {
 
     async fn release_leases(store: &PgStore, ids: &[&str]) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE order_timeout_cancel_outbox SET claimed_until = NULL WHERE order_id = ANY($1)",
+            "UPDATE order_timeout_cancel_outbox SET claimed_until = NULL \
+              WHERE timer = $2 AND order_id = ANY($1)",
         )
         .bind(ids)
+        .bind(store.timer.name.as_str())
         .execute(&store.pool)
         .await?;
         Ok(())
@@ -435,11 +526,12 @@ impl SqlDialect for Postgres {
                                              THEN NULL ELSE gave_up_at END,
                    gave_up_reason     = CASE WHEN order_id = ANY($1)
                                              THEN NULL ELSE gave_up_reason END
-             WHERE order_id = ANY($1) OR order_id = ANY($2)
+             WHERE timer = $3 AND (order_id = ANY($1) OR order_id = ANY($2))
             "#,
         )
         .bind(released)
         .bind(published)
+        .bind(store.timer.name.as_str())
         .execute(&store.pool)
         .await?;
         Ok(())
@@ -449,17 +541,22 @@ impl SqlDialect for Postgres {
 /// The statements, rendered from the mapping.
 #[derive(Debug)]
 pub(crate) struct Sql {
-    /// `$1` ids (text[]), `$2` cancelled, `$3` unpaid, `$4` paid (text,
-    /// nullable), `$5` lease (interval), `$6` nothing to release (bool).
+    /// `$1` ids (text[]), `$2` to (cancelled), `$3` from (unpaid), `$4`
+    /// paid (text, nullable), `$5` lease (interval), `$6` nothing to
+    /// release (bool), `$7` the timer's name (its outbox rows).
     cancel: String,
-    /// `$1` unpaid: unpaid rows passing the guard, and how many are due.
+    /// `$1` from: rows in it passing the guard, and how many are due.
     count: String,
     /// `$1` ids (text[]) → order id, sku, quantity.
     items: Option<String>,
-    /// `$1` unpaid, `$2` grace (interval), `$3` limit.
+    /// `$1` from, `$2` grace (interval), `$3` limit.
     overdue: String,
-    /// `$1` unpaid, `$2` after id (text, nullable), `$3` limit.
-    unpaid_page: String,
+    /// `$1` from, `$2` after id (text, nullable), `$3` limit.
+    waiting_page: String,
+    /// A watch's scan: `$1` from, `$2` after deadline, `$3` after id at
+    /// that deadline (text, nullable), `$4` until, `$5` limit. Only for a
+    /// timer with a watch.
+    due: Option<String>,
 }
 
 /// The pieces of the mapping every statement is rendered from.
@@ -475,8 +572,8 @@ struct Parts {
 }
 
 impl Parts {
-    fn of(schema: &ShopSchema, orders: &OrdersColumns) -> Self {
-        let o = &schema.orders;
+    fn of(timer: &Timer, orders: &OrdersColumns) -> Self {
+        let o = timer;
         let q = |s: &str| shape::quote(Dialect::Postgres, s);
         Self {
             table: q(&o.table),
@@ -508,23 +605,24 @@ impl Parts {
 }
 
 impl Sql {
-    fn render(schema: &ShopSchema, orders: &OrdersColumns, items_base: Option<&str>) -> Self {
-        let p = Parts::of(schema, orders);
+    fn render(timer: &Timer, orders: &OrdersColumns, items_base: Option<&str>) -> Self {
+        let p = Parts::of(timer, orders);
         Self {
-            cancel: cancel_statement(&p, schema),
+            cancel: cancel_statement(&p, timer),
             count: count_statement(&p),
-            items: items_base.map(|base| items_statement(schema, base)),
+            items: items_base.map(|base| items_statement(timer, base)),
             overdue: overdue_statement(&p),
-            unpaid_page: unpaid_page_statement(&p),
+            waiting_page: waiting_page_statement(&p),
+            due: timer.watch.map(|_| due_statement(&p)),
         }
     }
 }
 
 /// The cancel statement: the CTEs that change rows, then the report.
-fn cancel_statement(p: &Parts, schema: &ShopSchema) -> String {
+fn cancel_statement(p: &Parts, timer: &Timer) -> String {
     format!(
         "{changes}{report}",
-        changes = cancel_changes(p, schema),
+        changes = cancel_changes(p, timer),
         report = cancel_report(p)
     )
 }
@@ -538,7 +636,7 @@ fn cancel_statement(p: &Parts, schema: &ShopSchema) -> String {
 /// statement), each timed when it was updated; `outbox`: an outbox row
 /// leased to this caller per order it flipped; `leased`: expired leases of
 /// earlier cancellations with work pending, taken over.
-fn cancel_changes(p: &Parts, schema: &ShopSchema) -> String {
+fn cancel_changes(p: &Parts, timer: &Timer) -> String {
     let Parts {
         table,
         id,
@@ -547,8 +645,7 @@ fn cancel_changes(p: &Parts, schema: &ShopSchema) -> String {
         guard,
         ..
     } = p;
-    let set: String = schema
-        .orders
+    let set: String = timer
         .set
         .iter()
         .map(|(column, value)| format!(", {} = {value}", shape::quote(Dialect::Postgres, column)))
@@ -572,14 +669,14 @@ fn cancel_changes(p: &Parts, schema: &ShopSchema) -> String {
                       clock_timestamp() AS cancelled_at
         ), outbox AS (
             INSERT INTO order_timeout_cancel_outbox
-                   (order_id, created_at, claimed_until, stock_released_at)
-            SELECT id, cancelled_at, cancelled_at + $5, CASE WHEN $6 THEN cancelled_at END
+                   (timer, order_id, created_at, claimed_until, stock_released_at)
+            SELECT $7, id, cancelled_at, cancelled_at + $5, CASE WHEN $6 THEN cancelled_at END
               FROM cancelled
-            ON CONFLICT (order_id) DO NOTHING
+            ON CONFLICT (timer, order_id) DO NOTHING
         ), leased AS (
             UPDATE order_timeout_cancel_outbox
                SET claimed_until = now() + $5
-             WHERE order_id = ANY($1)
+             WHERE timer = $7 AND order_id = ANY($1)
                AND (stock_released_at IS NULL OR event_published_at IS NULL)
                AND (claimed_until IS NULL OR claimed_until <= now())
             RETURNING order_id
@@ -636,7 +733,7 @@ fn cancel_report(p: &Parts) -> String {
           FROM unnest($1::text[]) AS req(id)
           LEFT JOIN ord ON ord.id = req.id
           LEFT JOIN cancelled c ON c.id = req.id
-          LEFT JOIN order_timeout_cancel_outbox ob ON ob.order_id = req.id
+          LEFT JOIN order_timeout_cancel_outbox ob ON ob.timer = $7 AND ob.order_id = req.id
           LEFT JOIN leased l ON l.order_id = req.id
         "#
     )
@@ -674,7 +771,33 @@ fn overdue_statement(p: &Parts) -> String {
     )
 }
 
-fn unpaid_page_statement(p: &Parts) -> String {
+/// The rows a watch schedules, in (deadline, id) order: keyset pages, so
+/// that any number of rows sharing one deadline (a coupon campaign ending
+/// at midnight) are all taken. With an index on `(status, deadline)` (the
+/// deadline expression itself, for an expression), a range scan.
+fn due_statement(p: &Parts) -> String {
+    let Parts {
+        table,
+        id,
+        status,
+        deadline,
+        guard,
+        id_base,
+        ..
+    } = p;
+    let from = p.code(1);
+    format!(
+        "SELECT o.{id}::text, ({deadline})::timestamptz FROM {table} AS o \
+          WHERE o.{status} = {from} AND {guard} \
+            AND {deadline} <= $4 \
+            AND ({deadline} > $2 \
+                 OR ({deadline} = $2 AND $3::text IS NOT NULL \
+                     AND o.{id} > CAST($3::text AS {id_base}))) \
+          ORDER BY {deadline}, o.{id} LIMIT $5"
+    )
+}
+
+fn waiting_page_statement(p: &Parts) -> String {
     let Parts {
         table,
         id,
@@ -693,8 +816,8 @@ fn unpaid_page_statement(p: &Parts) -> String {
     )
 }
 
-fn items_statement(schema: &ShopSchema, order_id_base: &str) -> String {
-    let i = &schema.items;
+fn items_statement(timer: &Timer, order_id_base: &str) -> String {
+    let i = &timer.items;
     let q = |s: &str| shape::quote(Dialect::Postgres, s);
     format!(
         "SELECT {oid}::text AS order_id, {sku}::text AS sku, {qty}::int8 AS quantity \

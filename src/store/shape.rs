@@ -8,9 +8,9 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 
 use super::ids::IdColumn;
-use super::{Dialect, ShopSchema, StoreError};
+use super::{Dialect, StoreError};
 use crate::message::OrderId;
-use crate::settings::{ItemsMapping, OrdersMapping, Release, StatusValue, is_identifier};
+use crate::settings::{ItemsMapping, Release, StatusValue, Timer, TimerKey, is_identifier};
 
 /// The type of the shop's order id column, which decides what an order id
 /// from a message can be.
@@ -157,20 +157,20 @@ pub(crate) fn quote(dialect: Dialect, path: &str) -> String {
 }
 
 /// The deadline as SQL: a quoted column, or the operator's expression.
-pub(crate) fn deadline_sql(dialect: Dialect, orders: &OrdersMapping) -> String {
-    if is_identifier(&orders.deadline) {
-        quote(dialect, &orders.deadline)
+pub(crate) fn deadline_sql(dialect: Dialect, timer: &Timer) -> String {
+    if is_identifier(&timer.deadline) {
+        quote(dialect, &timer.deadline)
     } else {
-        format!("({})", orders.deadline)
+        format!("({})", timer.deadline)
     }
 }
 
 /// The guard as SQL (`TRUE` when none is configured).
-pub(crate) fn guard_sql(orders: &OrdersMapping) -> String {
-    if orders.guard.trim().is_empty() {
+pub(crate) fn guard_sql(timer: &Timer) -> String {
+    if timer.guard.trim().is_empty() {
         "TRUE".into()
     } else {
-        format!("({})", orders.guard)
+        format!("({})", timer.guard)
     }
 }
 
@@ -187,52 +187,56 @@ pub(crate) struct OrdersColumns {
     pub(crate) status_type: String,
 }
 
-/// Checks that the mapping's table and column names are plain identifiers.
-pub(crate) fn check_orders_identifiers(o: &OrdersMapping) -> Result<(), StoreError> {
-    check_identifiers(&[("[orders].table", &o.table)], true)?;
+/// Checks that the timer's table and column names are plain identifiers.
+pub(crate) fn check_orders_identifiers(t: &Timer) -> Result<(), StoreError> {
+    check_identifiers(&[(t.key(TimerKey::Table), &t.table)], true)?;
     check_identifiers(
-        &[("[orders].id", &o.id), ("[orders].status", &o.status)],
+        &[
+            (t.key(TimerKey::Id), &t.id),
+            (t.key(TimerKey::Status), &t.status),
+        ],
         false,
     )?;
-    for column in o.set.keys() {
-        check_identifiers(&[("[orders].set", column)], false)?;
+    for column in t.set.keys() {
+        check_identifiers(&[(t.key(TimerKey::Set), column)], false)?;
     }
     Ok(())
 }
 
-/// Checks `[orders]` against the orders table's columns: the table
-/// exists, the id, status and `set` columns exist, the status codes fit
-/// the status column, and the id column can hold order ids exactly.
+/// Checks a timer's mapping (`[orders]` for the default one) against its
+/// table's columns: the table exists, the id, status and `set` columns
+/// exist, the status codes fit the status column, and the id column can
+/// hold order ids exactly.
 pub(crate) fn check_orders_columns(
-    o: &OrdersMapping,
+    t: &Timer,
     columns: &Columns,
 ) -> Result<OrdersColumns, StoreError> {
     if columns.is_empty() {
         return Err(StoreError::Schema {
-            key: "[orders].table",
-            problem: format!("no table {:?} (or it has no columns)", o.table),
+            key: t.key(TimerKey::Table),
+            problem: format!("no table {:?} (or it has no columns)", t.table),
         });
     }
     let column = |key: &'static str, name: &str| {
         columns.get(name).ok_or_else(|| StoreError::Schema {
             key,
-            problem: format!("table {:?} has no column {name:?}", o.table),
+            problem: format!("table {:?} has no column {name:?}", t.table),
         })
     };
-    let id = column("[orders].id", &o.id)?;
-    let status = column("[orders].status", &o.status)?;
-    for name in o.set.keys() {
-        column("[orders].set", name)?;
+    let id = column(t.key(TimerKey::Id), &t.id)?;
+    let status = column(t.key(TimerKey::Status), &t.status)?;
+    for name in t.set.keys() {
+        column(t.key(TimerKey::Set), name)?;
     }
     let class = TypeClass::of(&status.type_name);
     let shown = &status.shown;
-    check_status("[orders].unpaid", &o.unpaid, &o.status, class, shown)?;
-    check_status("[orders].cancelled", &o.cancelled, &o.status, class, shown)?;
-    if let Some(paid) = &o.paid {
-        check_status("[orders].paid", paid, &o.status, class, shown)?;
+    check_status(t.key(TimerKey::From), &t.from, &t.status, class, shown)?;
+    check_status(t.key(TimerKey::To), &t.to, &t.status, class, shown)?;
+    if let Some(paid) = &t.paid {
+        check_status(t.key(TimerKey::Paid), paid, &t.status, class, shown)?;
     }
     Ok(OrdersColumns {
-        id: IdColumn::of("[orders].id", id)?,
+        id: IdColumn::of(t.key(TimerKey::Id), id)?,
         id_type: id.shown.clone(),
         id_base: id.base.clone(),
         status_type: status.shown.clone(),
@@ -311,13 +315,17 @@ pub(crate) fn check_outbox_columns(columns: &Columns, needed: &[&str]) -> Result
 /// The service's own outbox table.
 pub(crate) const OUTBOX: &str = "order_timeout_cancel_outbox";
 
-/// What [`super::OrderStore::prepare`] found: the shop's schema as the
+/// What [`super::OrderStore::prepare`] found: one timer's table as the
 /// store uses it, for `schema check` and the start-up log.
 #[derive(Clone, Debug)]
 pub struct SchemaReport {
     /// The dialect.
     pub dialect: Dialect,
-    /// The orders table, as configured.
+    /// The timer (`cancel_unpaid` for `[orders]`).
+    pub timer: String,
+    /// The status a row must have to be flipped, and the one it gets.
+    pub flip: (StatusValue, StatusValue),
+    /// The table, as configured.
     pub table: String,
     /// The id column's type.
     pub id_type: String,
@@ -329,9 +337,9 @@ pub struct SchemaReport {
     pub deadline: String,
     /// The guard, as configured (empty: none).
     pub guard: String,
-    /// Unpaid rows passing the guard when checked, and how many of them
-    /// are overdue.
-    pub unpaid: (i64, i64),
+    /// Rows in the `from` status (unpaid orders) passing the guard when
+    /// checked, and how many of them are overdue.
+    pub waiting: (i64, i64),
     /// `also` statements prepared.
     pub also: usize,
     /// How stock goes back, and the items table when it is read.
@@ -344,33 +352,36 @@ impl SchemaReport {
     /// The report of a successful check.
     pub(crate) fn new(
         dialect: Dialect,
-        schema: &ShopSchema,
+        timer: &Timer,
         columns: OrdersColumns,
-        unpaid: (i64, i64),
+        waiting: (i64, i64),
     ) -> Self {
-        let o = &schema.orders;
+        let o = timer;
         Self {
             dialect,
+            timer: timer.name.to_string(),
+            flip: (timer.from.clone(), timer.to.clone()),
             table: o.table.clone(),
             id_kind: columns.id.kind(),
             id_type: columns.id_type,
             status_type: columns.status_type,
             deadline: o.deadline.clone(),
             guard: o.guard.clone(),
-            unpaid,
+            waiting,
             also: o.also.len(),
-            release: schema.release,
-            items: (schema.release == Release::Grpc).then(|| schema.items.table.clone()),
+            release: timer.release,
+            items: (timer.release == Release::Grpc).then(|| timer.items.table.clone()),
         }
     }
 }
 
 impl fmt::Display for SchemaReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "timer:    {} ({} -> {})", self.timer, self.flip.0, self.flip.1)?;
         writeln!(f, "dialect:  {:?}", self.dialect)?;
         writeln!(
             f,
-            "orders:   {} (id {}: {:?} ids; status {})",
+            "table:    {} (id {}: {:?} ids; status {})",
             self.table, self.id_type, self.id_kind, self.status_type
         )?;
         writeln!(f, "deadline: {}", self.deadline)?;
@@ -379,8 +390,8 @@ impl fmt::Display for SchemaReport {
         }
         writeln!(
             f,
-            "unpaid:   {} orders, {} of them overdue",
-            self.unpaid.0, self.unpaid.1
+            "waiting:  {} rows in status {}, {} of them overdue",
+            self.waiting.0, self.flip.0, self.waiting.1
         )?;
         writeln!(f, "also:     {} statement(s) prepared", self.also)?;
         match (&self.release, &self.items) {
@@ -416,7 +427,7 @@ pub(crate) fn page(rows: Vec<(String, Option<DateTime<Utc>>)>) -> Vec<(OrderId, 
                 None
             }
             (Ok(_), None) => {
-                tracing::warn!(order_id = ?id, "skipping an unpaid order whose deadline is NULL");
+                tracing::warn!(order_id = ?id, "skipping a row whose deadline is NULL");
                 None
             }
         })

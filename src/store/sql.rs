@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,11 +23,11 @@ use super::ids::{IdColumn, IdRejected, IdValue};
 use super::shape::{self, Columns, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
-    Dialect, NextAttempt, OrderItem, OrderState, OrderStore, OutboxFailure, PoolSettings, ShopSchema,
-    StoreError,
+    Dialect, NextAttempt, OrderItem, OrderState, OrderStore, OutboxFailure, PoolSettings,
+    StoreError, WatchCursor, WatchMark,
 };
 use crate::message::OrderId;
-use crate::settings::{Release, SecretUrl};
+use crate::settings::{Release, SecretUrl, Timer, TimerKey};
 
 /// What one SQL dialect does its own way. Its methods are the dialect's
 /// statements; everything around them is [`SqlStore`]'s.
@@ -76,8 +77,8 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<Self::Statements, StoreError>> + Send;
 
     /// The rendered statements to prepare during the check, each with the
-    /// config keys a failure names.
-    fn to_check(sql: &Self::Statements) -> Vec<(&'static str, String)>;
+    /// config keys (of `timer`) a failure names.
+    fn to_check(timer: &Timer, sql: &Self::Statements) -> Vec<(&'static str, String)>;
 
     /// Prepares `statement`, returning how many parameters it takes.
     fn parameters(
@@ -85,8 +86,9 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         statement: &str,
     ) -> impl Future<Output = Result<usize, sqlx::Error>> + Send;
 
-    /// Unpaid orders passing the guard, and how many of them are overdue.
-    fn count_unpaid(
+    /// Rows in the `from` status passing the guard, and how many of them
+    /// are overdue.
+    fn count_waiting(
         store: &SqlStore<Self>,
         sql: &Self::Statements,
     ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
@@ -108,7 +110,8 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         ids: &[&str],
     ) -> impl Future<Output = Result<Vec<ItemRow>, StoreError>> + Send;
 
-    /// Ids of unpaid orders overdue by more than `grace`, oldest first.
+    /// Ids of rows in the `from` status overdue by more than `grace`,
+    /// oldest first.
     fn overdue(
         store: &SqlStore<Self>,
         prepared: &Prepared<Self>,
@@ -116,8 +119,9 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
 
-    /// `(id, deadline)` of unpaid orders after `from`, in id order.
-    fn unpaid_page(
+    /// `(id, deadline)` of rows in the `from` status after `from`, in id
+    /// order.
+    fn waiting_page(
         store: &SqlStore<Self>,
         prepared: &Prepared<Self>,
         from: Option<&str>,
@@ -160,6 +164,37 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         ids: &[&str],
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// See [`OrderStore::watch_lease`].
+    fn watch_lease(
+        store: &SqlStore<Self>,
+        holder: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<WatchMark>, StoreError>> + Send;
+
+    /// `(id, deadline)` of rows in the `from` status due after `after` (a
+    /// deadline, and an id at it) and not after `until`, in (deadline, id)
+    /// order. Only for timers with a watch.
+    fn due_between(
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+        after: (DateTime<Utc>, Option<&str>),
+        until: DateTime<Utc>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
+
+    /// See [`OrderStore::watch_advance`].
+    fn watch_advance(
+        store: &SqlStore<Self>,
+        holder: &str,
+        until: DateTime<Utc>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// See [`OrderStore::watch_release`].
+    fn watch_release(
+        store: &SqlStore<Self>,
+        holder: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Marks outbox work done (one of the lists is not empty).
     fn mark_done(
         store: &SqlStore<Self>,
@@ -168,8 +203,8 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-/// An unpaid order's id and deadline (NULL: none), as a page of
-/// [`SqlDialect::unpaid_page`] reads it.
+/// A waiting row's id and deadline (NULL: none), as a page of
+/// [`SqlDialect::waiting_page`] reads it.
 pub(crate) type PageRow = (String, Option<DateTime<Utc>>);
 
 /// One line of an order as the items query reads it.
@@ -183,19 +218,21 @@ pub(crate) struct ItemRow {
     pub(crate) quantity: i64,
 }
 
-/// The store on one SQL dialect: a connection pool, the mapping, and what
-/// the schema check found (once).
+/// The store of one timer on one SQL dialect: a connection pool (shared
+/// with the other timers of the same session time zone), the timer's
+/// mapping, and what the schema check found (once).
 #[derive(Debug)]
 pub(crate) struct SqlStore<D: SqlDialect> {
     pub(super) pool: Pool<D::Db>,
-    pub(super) schema: ShopSchema,
+    pub(super) timer: Timer,
     prepared: OnceCell<Prepared<D>>,
     /// Taken by cancel transactions that run `also` statements: they
     /// update the shop's hot rows (stock), and concurrent ones deadlocked
     /// (`bench --stock also` on MariaDB: p50 lateness 1 s, p99 16 s with
     /// four at a time, deadlock retries included); one at a time per
-    /// instance, they do not wait on each other.
-    pub(super) also_turn: tokio::sync::Mutex<()>,
+    /// instance (shared by every timer's store), they do not wait on
+    /// each other.
+    pub(super) also_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The statements rendered from the mapping, and what the check found.
@@ -203,8 +240,10 @@ pub(crate) struct SqlStore<D: SqlDialect> {
 pub(crate) struct Prepared<D: SqlDialect> {
     /// The dialect's statements.
     pub(crate) sql: D::Statements,
-    /// The orders table's id column.
+    /// The table's id column.
     pub(crate) id: IdColumn,
+    /// The config key that names it (`[orders].id`, `[[timers]].id`).
+    pub(crate) id_key: &'static str,
     /// The items table's order id column, when the items are read.
     pub(crate) items_id: Option<IdColumn>,
     /// How many parameters each `also` statement has (each is bound the
@@ -221,14 +260,35 @@ impl<D: SqlDialect> SqlStore<D> {
     pub(crate) fn connect_lazy(
         url: &SecretUrl,
         pool: PoolSettings,
-        schema: &ShopSchema,
+        timer: &Timer,
     ) -> Result<Self, StoreError> {
-        Ok(Self {
-            pool: D::pool(url, pool, &schema.orders.time_zone)?,
-            schema: schema.clone(),
+        let pool = D::pool(url, pool, &timer.time_zone)?;
+        Ok(Self::on_pool(pool, timer, Arc::default()))
+    }
+
+    /// The store of `timer` on an existing pool (whose sessions read
+    /// zone-less times in the timer's time zone), taking turns for `also`
+    /// statements with the other stores of `also_turn`.
+    pub(crate) fn on_pool(
+        pool: Pool<D::Db>,
+        timer: &Timer,
+        also_turn: Arc<tokio::sync::Mutex<()>>,
+    ) -> Self {
+        Self {
+            pool,
+            timer: timer.clone(),
             prepared: OnceCell::new(),
-            also_turn: tokio::sync::Mutex::new(()),
-        })
+            also_turn,
+        }
+    }
+
+    /// A pool on `url` for the timers of `time_zone`.
+    pub(crate) fn pool(
+        url: &SecretUrl,
+        pool: PoolSettings,
+        time_zone: &str,
+    ) -> Result<Pool<D::Db>, StoreError> {
+        D::pool(url, pool, time_zone)
     }
 
     /// Creates the database if it does not exist, then applies the
@@ -240,53 +300,70 @@ impl<D: SqlDialect> SqlStore<D> {
     }
 
     async fn prepared(&self) -> Result<&Prepared<D>, StoreError> {
-        self.prepared.get_or_try_init(|| self.check()).await
+        self.prepared
+            .get_or_try_init(|| async {
+                // A mapping error of another timer than the default one
+                // says which: its keys (`[[timers]].deadline`) do not.
+                self.check().await.map_err(|e| match e {
+                    StoreError::Schema { key, problem } => StoreError::Schema {
+                        key,
+                        problem: self.timer.problem(problem),
+                    },
+                    other => other,
+                })
+            })
+            .await
     }
 
     /// Reads the service's outbox and the shop's tables, checks the
     /// mapping, renders and prepares every statement.
     #[tracing::instrument(skip_all)]
     async fn check(&self) -> Result<Prepared<D>, StoreError> {
-        let o = &self.schema.orders;
-        shape::check_orders_identifiers(o)?;
+        let t = &self.timer;
+        shape::check_orders_identifiers(t)?;
         let outbox = D::columns(self, shape::OUTBOX).await?;
         shape::check_outbox_columns(&outbox, D::OUTBOX_COLUMNS)?;
-        let orders = shape::check_orders_columns(o, &D::columns(self, &o.table).await?)?;
-        let items = match self.schema.release {
+        let orders = shape::check_orders_columns(t, &D::columns(self, &t.table).await?)?;
+        let items = match t.release {
             Release::Grpc => Some(self.check_items().await?),
             Release::None => None,
         };
         let sql = D::statements(self, &orders, items.as_ref()).await?;
-        let unpaid = self.count_unpaid(&sql).await?;
+        let unpaid = self.count_waiting(&sql).await?;
         let also_params = self.check_statements(&sql).await?;
         Ok(Prepared {
             sql,
             id: orders.id.clone(),
+            id_key: self.timer.key(TimerKey::Id),
             items_id: items.map(|(column, _)| column),
             also_params,
-            report: SchemaReport::new(D::DIALECT, &self.schema, orders, unpaid),
+            report: SchemaReport::new(D::DIALECT, &self.timer, orders, unpaid),
         })
     }
 
     /// The items table's order id column and its type without modifiers.
     async fn check_items(&self) -> Result<(IdColumn, String), StoreError> {
-        let i = &self.schema.items;
+        let i = &self.timer.items;
         shape::check_items_identifiers(i)?;
         shape::check_items_columns(i, &D::columns(self, &i.table).await?)
     }
 
-    /// Evaluates the deadline and the guard over the unpaid rows, so that
+    /// Evaluates the deadline and the guard over the rows in the timer's
+    /// `from` status (the unpaid orders), so that
     /// a mistake in either is reported now, with its key, and not on the
     /// first order due. A failure waiting can fix (the connection, a lock
     /// or statement timeout) is not a mistake in the mapping and stays
     /// transient.
-    async fn count_unpaid(&self, sql: &D::Statements) -> Result<(i64, i64), StoreError> {
-        D::count_unpaid(self, sql).await.map_err(|e| {
-            let problem = format!("evaluating them over the unpaid orders failed: {e}");
+    async fn count_waiting(&self, sql: &D::Statements) -> Result<(i64, i64), StoreError> {
+        D::count_waiting(self, sql).await.map_err(|e| {
+            let problem = format!(
+                "evaluating them over the rows in status {} failed: {e}",
+                self.timer.from
+            );
             match StoreError::Sql(e) {
                 error if !error.is_permanent() => error,
                 _ => StoreError::Schema {
-                    key: "[orders].deadline / [orders].guard",
+                    key: self.timer.key(TimerKey::DeadlineGuard),
                     problem,
                 },
             }
@@ -305,13 +382,13 @@ impl<D: SqlDialect> SqlStore<D> {
                     problem: format!("{e}: {statement}"),
                 })
         };
-        let mut checks = D::to_check(sql).into_iter();
+        let mut checks = D::to_check(&self.timer, sql).into_iter();
         if let Some((key, statement)) = checks.next() {
             prepare(key, &statement).await?;
         }
         let mut also_params = Vec::new();
-        for statement in &self.schema.orders.also {
-            also_params.push(prepare("[orders].also", statement).await?);
+        for statement in &self.timer.also {
+            also_params.push(prepare(self.timer.key(TimerKey::Also), statement).await?);
         }
         for (key, statement) in checks {
             prepare(key, &statement).await?;
@@ -325,7 +402,7 @@ impl<D: SqlDialect> Prepared<D> {
     /// answered) as a value of the id column's type.
     pub(crate) fn id_value(&self, id: &str) -> Result<IdValue, StoreError> {
         self.id.value(id).map_err(|rejected| StoreError::Schema {
-            key: "[orders].id",
+            key: self.id_key,
             problem: format!("order id {id:?} does not fit the id column: {rejected}"),
         })
     }
@@ -343,6 +420,10 @@ impl<D: SqlDialect> Prepared<D> {
 
 #[async_trait::async_trait]
 impl<D: SqlDialect> OrderStore for SqlStore<D> {
+    fn timer(&self) -> &Timer {
+        &self.timer
+    }
+
     async fn prepare(&self) -> Result<SchemaReport, StoreError> {
         Ok(self.prepared().await?.report.clone())
     }
@@ -436,7 +517,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     }
 
     #[tracing::instrument(skip(self))]
-    async fn unpaid_page(
+    async fn waiting_page(
         &self,
         from: Option<&OrderId>,
         limit: u32,
@@ -444,7 +525,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         let prepared = self.prepared().await?;
         let from = from.map(OrderId::as_str);
         Ok(shape::page(
-            D::unpaid_page(self, prepared, from, limit).await?,
+            D::waiting_page(self, prepared, from, limit).await?,
         ))
     }
 
@@ -507,5 +588,38 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     async fn ping(&self) -> Result<(), StoreError> {
         self.pool.acquire().await?.ping().await?;
         Ok(())
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn watch_lease(
+        &self,
+        holder: &str,
+        lease: Duration,
+    ) -> Result<Option<WatchMark>, StoreError> {
+        D::watch_lease(self, holder, lease).await
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn due_between(
+        &self,
+        after: &WatchCursor,
+        until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError> {
+        let prepared = self.prepared().await?;
+        let after = (after.deadline, after.id.as_ref().map(OrderId::as_str));
+        Ok(shape::page(
+            D::due_between(self, prepared, after, until, limit).await?,
+        ))
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn watch_advance(&self, holder: &str, until: DateTime<Utc>) -> Result<bool, StoreError> {
+        D::watch_advance(self, holder, until).await
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn watch_release(&self, holder: &str) -> Result<(), StoreError> {
+        D::watch_release(self, holder).await
     }
 }

@@ -172,10 +172,10 @@ async fn schedule_wave(
                     .create_order(&format!("{}{i:04}", plan.prefix), timeout, &[(i % SKUS, 1)])
                     .await;
                 publisher
-                    .schedule(&TimeoutRequest {
-                        order_id: OrderId::parse(&order.id).unwrap(),
-                        deadline: Deadline::At(order.expires_at),
-                    })
+                    .schedule(&TimeoutRequest::new(
+                        OrderId::parse(&order.id).unwrap(),
+                        Deadline::At(order.expires_at),
+                    ))
                     .await
                     .unwrap();
             }

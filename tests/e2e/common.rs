@@ -479,7 +479,7 @@ impl TestEnv {
         consumer: &mut lapin::Consumer,
         n: usize,
         timeout: Duration,
-    ) -> Vec<order_timeout::broker::publisher::CancelledEvent> {
+    ) -> Vec<order_timeout::broker::publisher::TimerEvent> {
         let mut events = Vec::new();
         let _ = tokio::time::timeout(timeout, async {
             while events.len() < n {

@@ -661,11 +661,14 @@ async fn metrics_health_and_readiness_are_served() {
     let (status, body) = http_get(addr, "/metrics").await;
     assert_eq!(status, 200);
     for expected in [
-        "order_timeout_messages_total{result=\"cancelled\"} 1",
-        "order_timeout_messages_total{result=\"parked\"} 1",
+        "order_timeout_messages_total{result=\"cancelled\",timer=\"cancel_unpaid\"} 1",
+        // Unparseable: no timer known.
+        "order_timeout_messages_total{result=\"parked\",timer=\"\"} 1",
         "order_timeout_parked_total{reason=\"not_json\"} 1",
-        "order_timeout_cancel_lateness_seconds_count 1",
-        "order_timeout_cancel_lateness_seconds_bucket{le=",
+        "order_timeout_cancel_lateness_seconds_count{timer=\"cancel_unpaid\"} 1",
+        "order_timeout_cancel_lateness_seconds_bucket{le=\"+Inf\",timer=\"cancel_unpaid\"} 1",
+        "order_timeout_sweeper_orders_total{timer=\"cancel_unpaid\"} 0",
+        "order_timeout_watch_scheduled_total{timer=\"cancel_unpaid\"} 0",
         "order_timeout_stage_duration_seconds_count{stage=\"db\"}",
         "order_timeout_stage_duration_seconds_count{stage=\"inventory\"}",
         "order_timeout_in_flight_messages",

@@ -571,7 +571,7 @@ mod cases {
         let plan = if my {
             f.texts(
                 "EXPLAIN FORMAT=JSON SELECT CAST(order_id AS CHAR) FROM order_timeout_cancel_outbox \
-                  WHERE sweep_at <= UTC_TIMESTAMP(6) \
+                  WHERE timer = 'cancel_unpaid' AND sweep_at <= UTC_TIMESTAMP(6) \
                     AND created_at < UTC_TIMESTAMP(6) - INTERVAL 60000000 MICROSECOND \
                     AND (claimed_until IS NULL OR claimed_until <= UTC_TIMESTAMP(6)) \
                   ORDER BY sweep_at LIMIT 100",
@@ -580,7 +580,8 @@ mod cases {
         } else {
             f.texts(
                 "EXPLAIN SELECT order_id FROM order_timeout_cancel_outbox \
-                  WHERE (stock_released_at IS NULL OR event_published_at IS NULL) \
+                  WHERE timer = 'cancel_unpaid' \
+                    AND (stock_released_at IS NULL OR event_published_at IS NULL) \
                     AND gave_up_at IS NULL \
                     AND coalesce(next_attempt_at, created_at) <= now() \
                     AND created_at < now() - interval '60 seconds' \
@@ -691,7 +692,11 @@ mod cases {
         other.sort();
         assert_eq!(
             other,
-            ["order_timeout_cancel_outbox", "order_timeout_migrations"]
+            [
+                "order_timeout_cancel_outbox",
+                "order_timeout_migrations",
+                "order_timeout_watch"
+            ]
         );
     }
 }

@@ -266,10 +266,10 @@ impl World {
             .await
             .context("inserting order")?;
         self.publisher
-            .schedule(&TimeoutRequest {
-                order_id: OrderId::parse(&order.id)?,
-                deadline: Deadline::At(order.expires_at),
-            })
+            .schedule(&TimeoutRequest::new(
+                OrderId::parse(&order.id)?,
+                Deadline::At(order.expires_at),
+            ))
             .await?;
         if will_pay {
             // Pay somewhere in the window, at least 300 ms before the deadline.

@@ -19,6 +19,8 @@ use crate::ops::pending::PendingReport;
 const MESSAGES: &str = "order_timeout_messages_total";
 const PARKED: &str = "order_timeout_parked_total";
 const LATENESS: &str = "order_timeout_cancel_lateness_seconds";
+const SWEPT: &str = "order_timeout_sweeper_orders_total";
+const WATCHED: &str = "order_timeout_watch_scheduled_total";
 
 fn result_is(names: &'static [&'static str]) -> impl Fn(&Series) -> bool {
     move |s| s.label("result").is_some_and(|r| names.contains(&r))
@@ -59,6 +61,7 @@ pub(super) async fn overview(State(console): State<Arc<Console>>, headers: Heade
         up(readiness.inventory)
     );
     waiting_summary(&mut body, console.board.latest().as_ref());
+    timers_table(&mut body, &five);
     outcomes_table(&mut body, &minute);
     Page {
         title: "Overview",
@@ -118,14 +121,67 @@ fn waiting_summary(body: &mut String, report: Option<&PendingReport>) {
     );
 }
 
+/// Per timer (cancel_unpaid and the `[[timers]]`): flips over the last
+/// minutes and since start, their lateness, and what the sweeper and the
+/// watch did.
+fn timers_table(body: &mut String, five: &Change) {
+    let mut timers: Vec<&str> = five
+        .now
+        .iter()
+        .filter(|s| s.name == MESSAGES)
+        .filter_map(|s| s.label("timer"))
+        .filter(|t| !t.is_empty())
+        .collect();
+    timers.sort_unstable();
+    timers.dedup();
+    let _ = write!(
+        body,
+        "<h2>Timers</h2><table><tr><th>timer</th><th>flipped /min</th><th>flipped since start</th>\
+         <th>p99 lateness, last {:.0} s</th><th>swept since start</th><th>watch scheduled since start</th></tr>",
+        five.seconds
+    );
+    for timer in timers {
+        let of_timer = |s: &Series| s.label("timer") == Some(timer);
+        let flipped = |s: &Series| of_timer(s) && s.label("result") == Some("cancelled");
+        let total = |name: &str, keep: &dyn Fn(&Series) -> bool| -> f64 {
+            five.now
+                .iter()
+                .filter(|s| s.name == name && keep(s))
+                .map(|s| s.value)
+                .sum()
+        };
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+             <td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            esc(timer),
+            rate(five.per_minute(MESSAGES, &flipped)),
+            total(MESSAGES, &flipped),
+            millis(five.quantile_of(LATENESS, 0.99, &of_timer)),
+            total(SWEPT, &of_timer),
+            total(WATCHED, &of_timer),
+        );
+    }
+    body.push_str(
+        "</table><p class=\"muted\">flipped: cancelled, for cancel_unpaid; moved from the timer's \
+         <code>from</code> to its <code>to</code> status, for the others.</p>",
+    );
+}
+
 fn outcomes_table(body: &mut String, minute: &Change) {
-    let mut results: Vec<&str> = minute
+    // Several series per result (one per timer): each result once, in the
+    // order the exposition first shows it.
+    let mut results: Vec<&str> = Vec::new();
+    for result in minute
         .now
         .iter()
         .filter(|s| s.name == MESSAGES)
         .filter_map(|s| s.label("result"))
-        .collect();
-    results.dedup();
+    {
+        if !results.contains(&result) {
+            results.push(result);
+        }
+    }
     body.push_str(
         "<h2>Messages by result</h2><table><tr><th>result</th><th>per minute</th><th>since start</th></tr>",
     );

@@ -237,11 +237,7 @@ async fn publish_batch(channel: &Channel, route: Route, orders: &[Order]) -> u64
             failed += 1;
             continue;
         };
-        let body = TimeoutRequest {
-            order_id,
-            deadline: Deadline::At(o.expires_at),
-        }
-        .to_json();
+        let body = TimeoutRequest::new(order_id, Deadline::At(o.expires_at)).to_json();
         let props = BasicProperties::default()
             .with_delivery_mode(2)
             .with_content_type("application/json".into());

@@ -1,0 +1,192 @@
+//! Watches: timers nobody publishes for. A shop's shipping service does not
+//! publish "received in 15 days" messages; a timer with `watch = "1m"` has
+//! the service find, every minute, the rows that fall due within the next
+//! minute and schedule them itself, through the same delay store as a
+//! published message, so that they are flipped on time to the millisecond
+//! with no change to any other service.
+//!
+//! Per tick of a watched timer ([`tick`]):
+//!
+//! 1. the lease of the timer's watch (`order_timeout_watch`) is taken or
+//!    kept: one replica scans at a time, the others' ticks find it held and
+//!    do nothing; a replica that dies loses it when it runs out
+//!    ([`lease_for`]), and a graceful stop gives it back;
+//! 2. the rows in the timer's `from` status due after the mark the last
+//!    scan left (`scanned_until`) and no later than the database's clock
+//!    plus the window are read in (deadline, id) pages ([`PAGE`]);
+//! 3. each is scheduled for its deadline (confirmed): into the lane or
+//!    cascade level it fits, or, due within the consumer's hold window,
+//!    through the entry exchange;
+//! 4. the mark moves to the end of the window.
+//!
+//! A crash or a lost lease between 2 and 4 leaves the mark where it was,
+//! and the next holder schedules the range again: duplicates are harmless,
+//! the row is the truth (a row already flipped is left alone). Rows that
+//! enter the `from` status with a deadline inside a window already scanned,
+//! and rows already overdue when the watch starts, are the sweeper's.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::{StreamExt, TryStreamExt, stream};
+
+use super::context::{Context, Worker};
+use super::failure::Failure;
+use super::schedule::HOLD_BELOW;
+use crate::broker::headers::Attempts;
+use crate::message::{Deadline, OrderId, TimeoutRequest};
+use crate::shutdown::Shutdown;
+use crate::store::{Store, WatchCursor};
+
+/// Rows read per statement of a scan (and published before the next).
+pub(crate) const PAGE: u32 = 1_000;
+
+/// Confirmed publishes in flight while a page is scheduled.
+const PUBLISHES_IN_FLIGHT: usize = 64;
+
+/// How long a replica holds a timer's watch after each tick (or page): two
+/// windows, and at least 10 s, so that a holder a little late for its
+/// next tick keeps it, and one that died is replaced within about two
+/// windows (its range is then scanned by the next holder).
+pub(crate) fn lease_for(window: Duration) -> Duration {
+    (window * 2).max(Duration::from_secs(10))
+}
+
+/// Runs the watch of every timer that has one until `stop` fires, then
+/// gives their leases back.
+pub(crate) async fn run(worker: Worker, stop: Shutdown) {
+    let watched: Vec<(Store, Duration)> = worker
+        .ctx
+        .stores
+        .iter()
+        .filter_map(|store| Some((store.clone(), store.timer().watch?)))
+        .collect();
+    let watches = watched
+        .into_iter()
+        .map(|(store, window)| watch_timer(&worker, store, window, &stop));
+    futures_util::future::join_all(watches).await;
+}
+
+/// One timer's watch: a tick every `window` until `stop` fires.
+#[tracing::instrument(skip_all, fields(timer = %store.timer().name, ?window))]
+async fn watch_timer(worker: &Worker, store: Store, window: Duration, stop: &Shutdown) {
+    let mut ticks = tokio::time::interval(window);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.wait() => break,
+        }
+        match tick(&worker.ctx, &store, window).await {
+            Ok(Some(0)) => tracing::debug!("watch: nothing falls due within the window"),
+            Ok(Some(rows)) => {
+                tracing::info!(
+                    rows,
+                    "watch: scheduled the rows falling due within the window"
+                );
+            }
+            Ok(None) => tracing::debug!("watch: another replica holds the lease"),
+            Err(e) => tracing::warn!(error = %e, "watch failed; next tick in {window:?}"),
+        }
+    }
+    if let Err(e) = store.watch_release(&worker.ctx.instance).await {
+        tracing::debug!(error = %e, "cannot give the watch's lease back; it runs out");
+    }
+}
+
+/// One tick (see the module docs): `Some(rows scheduled)` when this
+/// replica holds the lease, `None` when another one does.
+pub(crate) async fn tick(
+    ctx: &Context,
+    store: &Store,
+    window: Duration,
+) -> Result<Option<u64>, Failure> {
+    let holder = ctx.instance.as_ref();
+    let lease = lease_for(window);
+    let Some(mark) = store.watch_lease(holder, lease).await? else {
+        return Ok(None);
+    };
+    let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
+    let until = mark
+        .db_now
+        .checked_add_signed(window)
+        .unwrap_or(DateTime::<Utc>::MAX_UTC);
+    let mut cursor = WatchCursor {
+        deadline: mark.scanned_until,
+        id: None,
+    };
+    let mut scheduled = 0u64;
+    loop {
+        let page = store.due_between(&cursor, until, PAGE).await?;
+        let full = page.len() >= PAGE as usize;
+        if let Some((id, deadline)) = page.last() {
+            cursor = WatchCursor {
+                deadline: *deadline,
+                id: Some(id.clone()),
+            };
+        }
+        let rows = page.len() as u64;
+        schedule_page(ctx, store, page).await?;
+        scheduled += rows;
+        ctx.metrics.watched(store.timer().name.as_str(), rows);
+        if !full {
+            break;
+        }
+        // A long scan keeps the lease; a lost one leaves the rest of the
+        // range to the next holder (from the old mark: duplicates only).
+        if store.watch_lease(holder, lease).await?.is_none() {
+            return Ok(Some(scheduled));
+        }
+    }
+    if !store.watch_advance(holder, until).await? {
+        tracing::warn!(
+            "watch: the lease ran out during the scan; the next holder schedules the range again"
+        );
+    }
+    Ok(Some(scheduled))
+}
+
+/// Schedules each row of `page` for its deadline, confirmed: into the delay
+/// store, or, due within the consumer's hold window, through the entry
+/// exchange (the consumer holds it to the millisecond).
+async fn schedule_page(
+    ctx: &Context,
+    store: &Store,
+    page: Vec<(OrderId, DateTime<Utc>)>,
+) -> Result<(), Failure> {
+    let timer = &store.timer().name;
+    stream::iter(page)
+        .map(|(order_id, deadline)| async move {
+            let request = TimeoutRequest {
+                order_id,
+                deadline: Deadline::At(deadline),
+                timer: timer.clone(),
+            };
+            let body = request.to_json();
+            let now = Utc::now();
+            let remaining = (deadline - now).to_std().unwrap_or_default();
+            let attempts = Attempts::default();
+            let published = if remaining < HOLD_BELOW {
+                ctx.publish_patiently("watch", || ctx.publisher.schedule(&request))
+                    .await
+            } else {
+                ctx.publish_patiently("watch", || {
+                    ctx.publisher.delay(
+                        &body,
+                        &request.order_id,
+                        deadline,
+                        now,
+                        &attempts,
+                        &ctx.layout,
+                    )
+                })
+                .await
+                .map(drop)
+            };
+            published.map_err(Failure::from)
+        })
+        .buffer_unordered(PUBLISHES_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
