@@ -25,6 +25,7 @@ use super::headers::{
     H_SOURCE_ROUTING_KEY, header_int, header_str,
 };
 use crate::message::{OrderId, ParkReason, format_instant};
+use crate::settings::DEFAULT_TIMER;
 
 /// The headers this service writes on a parked message: the park record.
 /// A replay removes them all, so the message starts over with a fresh
@@ -182,6 +183,10 @@ pub fn kept_properties(original: &BasicProperties) -> BasicProperties {
 pub struct ParkedMessage {
     /// The order id (`x-order-id`, else the body's `order_id` if valid).
     pub order_id: Option<String>,
+    /// The timer the body is for: its `"timer"` field, `cancel_unpaid`
+    /// for a body without one (or a bare id); `None` when the body is not
+    /// a timeout message at all.
+    pub timer: Option<String>,
     /// Short reason (`x-error-kind`), e.g. `unknown_order`.
     pub error_kind: Option<String>,
     /// Human-readable reason (`x-error`).
@@ -227,6 +232,7 @@ impl ParkedMessage {
         let order_id = text(H_ORDER_ID).or_else(|| order_id_from_body(&body));
         Self {
             order_id,
+            timer: timer_from_body(&body),
             error_kind: text(H_ERROR_KIND),
             error: text(H_ERROR),
             attempts: int(H_ATTEMPTS),
@@ -304,6 +310,7 @@ impl ParkedMessage {
         };
         ParkedJson {
             order_id: self.order_id.clone(),
+            timer: self.timer.clone(),
             error_kind: self.error_kind.clone(),
             error: self.error.clone(),
             attempts: self.attempts,
@@ -332,6 +339,9 @@ impl ParkedMessage {
 pub struct ParkedJson {
     /// See [`ParkedMessage::order_id`].
     pub order_id: Option<String>,
+    /// See [`ParkedMessage::timer`].
+    #[serde(default)]
+    pub timer: Option<String>,
     /// See [`ParkedMessage::error_kind`].
     pub error_kind: Option<String>,
     /// See [`ParkedMessage::error`].
@@ -361,6 +371,22 @@ pub struct ParkedJson {
     /// The body in base64, when it is not valid UTF-8.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub body_base64: Option<String>,
+}
+
+/// The timer a body names (`"timer"`, as written), the default one for a
+/// JSON object without it or a bare id; `None` for anything else.
+fn timer_from_body(body: &[u8]) -> Option<String> {
+    match serde_json::from_slice::<serde_json::Value>(body).ok()? {
+        serde_json::Value::Object(fields) => match fields.get("timer") {
+            None | Some(serde_json::Value::Null) => Some(DEFAULT_TIMER.to_owned()),
+            Some(serde_json::Value::String(name)) => Some(name.clone()),
+            Some(_) => None,
+        },
+        serde_json::Value::String(_) | serde_json::Value::Number(_) => {
+            Some(DEFAULT_TIMER.to_owned())
+        }
+        _ => None,
+    }
 }
 
 /// The body's `order_id`, when the body is JSON with a valid one (bad

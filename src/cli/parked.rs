@@ -44,7 +44,7 @@ pub struct ListArgs {
 
 /// Arguments of `parked replay`.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["all", "order_id"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["all", "order_id", "timer"])))]
 pub struct ReplayArgs {
     /// Replay every message that is parked when the command starts.
     #[arg(long)]
@@ -52,6 +52,10 @@ pub struct ReplayArgs {
     /// Replay only the messages of this order (x-order-id, or the body's order_id).
     #[arg(long, value_name = "ID")]
     pub order_id: Option<String>,
+    /// Replay only the messages of this timer (the body's "timer";
+    /// cancel_unpaid for a body without one).
+    #[arg(long, value_name = "NAME")]
+    pub timer: Option<String>,
 }
 
 /// Arguments of `parked purge`.
@@ -125,11 +129,12 @@ fn write_table(
         t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
             .unwrap_or_else(|| "-".into())
     };
-    let rows: Vec<[String; 6]> = messages
+    let rows: Vec<[String; 7]> = messages
         .iter()
         .map(|m| {
             [
                 clip(m.order_id.as_deref().unwrap_or("-"), 32),
+                clip(m.timer.as_deref().unwrap_or("-"), 32),
                 m.attempts.map_or("-".into(), |a| a.to_string()),
                 time(m.first_failure),
                 time(m.last_failure),
@@ -142,6 +147,7 @@ fn write_table(
         .collect();
     let header = [
         "ORDER ID",
+        "TIMER",
         "ATTEMPTS",
         "FIRST FAILURE (UTC)",
         "LAST FAILURE (UTC)",
@@ -154,7 +160,7 @@ fn write_table(
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |out: &mut dyn Write, cells: [&str; 6]| -> std::io::Result<()> {
+    let line = |out: &mut dyn Write, cells: [&str; 7]| -> std::io::Result<()> {
         for (i, cell) in cells.iter().enumerate() {
             if i + 1 == cells.len() {
                 writeln!(out, "{cell}")?;
@@ -172,9 +178,10 @@ fn write_table(
 }
 
 async fn replay(conn: &Connection, args: ReplayArgs) -> anyhow::Result<ExitCode> {
-    let selection = match args.order_id {
-        Some(id) => Selection::OrderId(id),
-        None => Selection::All,
+    let selection = match (args.order_id, args.timer) {
+        (Some(id), _) => Selection::OrderId(id),
+        (None, Some(timer)) => Selection::Timer(timer),
+        (None, None) => Selection::All,
     };
     let report = parked::replay(conn, &selection).await?;
     println!(

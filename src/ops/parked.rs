@@ -262,6 +262,9 @@ pub enum Selection {
     All,
     /// Those whose order id (header, or body) is this one.
     OrderId(String),
+    /// Those for this timer (the body's `"timer"`, `cancel_unpaid` when
+    /// it names none).
+    Timer(String),
     /// Those parked (`x-parked-at`) at or before this instant; a message
     /// without a readable `x-parked-at` is not selected.
     ParkedBefore(DateTime<Utc>),
@@ -275,6 +278,7 @@ impl Selection {
         match self {
             Self::All => true,
             Self::OrderId(id) => msg.order_id.as_deref() == Some(id.as_str()),
+            Self::Timer(name) => msg.timer.as_deref() == Some(name.as_str()),
             Self::ParkedBefore(cutoff) => msg.parked_at.is_some_and(|at| at <= *cutoff),
             Self::Keys(keys) => keys.contains(&msg.key()),
         }
@@ -458,6 +462,28 @@ mod tests {
         assert!(Selection::All.matches(&m));
         assert!(Selection::OrderId("x".into()).matches(&m));
         assert!(!Selection::OrderId("y".into()).matches(&m));
+    }
+
+    #[test]
+    fn selection_by_timer() {
+        let parked =
+            |body: &[u8]| ParkedMessage::from_parts(BasicProperties::default(), body.to_vec());
+        let receive = parked(br#"{"order_id":"x","timer":"auto_receive"}"#);
+        let cancel = parked(br#"{"order_id":"x"}"#);
+        let bare = parked(b"12345");
+        let junk = parked(b"not json");
+        let by = |name: &str| Selection::Timer(name.into());
+        assert!(by("auto_receive").matches(&receive));
+        assert!(!by("auto_receive").matches(&cancel));
+        assert!(by("cancel_unpaid").matches(&cancel));
+        assert!(by("cancel_unpaid").matches(&bare));
+        assert!(!by("cancel_unpaid").matches(&junk));
+        assert_eq!(receive.timer.as_deref(), Some("auto_receive"));
+        assert_eq!(junk.timer, None);
+        assert_eq!(
+            receive.to_json(chrono::Utc::now()).timer.as_deref(),
+            Some("auto_receive")
+        );
     }
 
     #[test]

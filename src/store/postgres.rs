@@ -789,9 +789,9 @@ fn due_statement(p: &Parts) -> String {
     format!(
         "SELECT o.{id}::text, ({deadline})::timestamptz FROM {table} AS o \
           WHERE o.{status} = {from} AND {guard} \
-            AND {deadline} <= $4 \
-            AND ({deadline} > $2 \
-                 OR ({deadline} = $2 AND $3::text IS NOT NULL \
+            AND {deadline} <= $4::timestamptz \
+            AND ({deadline} > $2::timestamptz \
+                 OR ({deadline} = $2::timestamptz AND $3::text IS NOT NULL \
                      AND o.{id} > CAST($3::text AS {id_base}))) \
           ORDER BY {deadline}, o.{id} LIMIT $5"
     )

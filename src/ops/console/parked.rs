@@ -194,7 +194,7 @@ fn row(body: &mut String, m: &ParkedMessage, admin: bool, now: chrono::DateTime<
         body,
         "<td>{}</td><td><b>{}</b><br>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
          <td>{}<br><span class=\"muted\">{} ago</span></td><td>{body_cell}</td>",
-        esc(m.order_id.as_deref().unwrap_or("–")),
+        timer_note(m),
         esc(m.error_kind.as_deref().unwrap_or("–")),
         esc(m.error.as_deref().unwrap_or("")),
         m.attempts.map_or("–".into(), |a| a.to_string()),
@@ -337,4 +337,15 @@ fn confirm_purge(access: &Access, keys: &BTreeSet<String>) -> Response {
         body,
     }
     .ok()
+}
+
+/// The order id, and the timer under it when it is not the default one.
+fn timer_note(m: &ParkedMessage) -> String {
+    let id = esc(m.order_id.as_deref().unwrap_or("–"));
+    match m.timer.as_deref() {
+        Some(timer) if timer != crate::settings::DEFAULT_TIMER => {
+            format!("{id}<br><span class=\"muted\">timer {}</span>", esc(timer))
+        }
+        _ => id,
+    }
 }
