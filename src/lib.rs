@@ -9,7 +9,7 @@
 //! cli, ops, app        the commands, operator tooling, wiring and reconnects
 //!    │
 //! pipeline             consumer → batcher → cancel → finish; schedule, retry,
-//!                      park; sweeper
+//!                      park; sweeper, watch
 //!    │
 //! store, broker,       the SQL dialects; topology, cascade, lanes, headers, publisher;
 //! inventory, message,  the gRPC client; the accepted message forms;
@@ -27,6 +27,11 @@
 //!   `broker/topology.rs` (the queues and bindings it addresses); **lanes**
 //!   (one fixed-TTL hop for a shared payment window) and the choice between
 //!   a lane and the cascade: `broker/lanes.rs`;
+//! - **timers**: `settings/timers.rs` turns `[orders]` (the default timer,
+//!   `cancel_unpaid`) and each `[[timers]]` into one list of `Timer`s; the
+//!   store is built once per timer (`store::Stores`), and every step below
+//!   works on one timer's rows; `pipeline/watch.rs` schedules the rows of a
+//!   timer nobody publishes for;
 //! - **the cancel transaction**, per dialect: `store/postgres.rs` (one CTE)
 //!   and `store/mysql.rs` (`SELECT … FOR UPDATE`, conditional `UPDATE`),
 //!   behind `store/mod.rs`'s `OrderStore`; what a row means in either:
