@@ -18,3 +18,4 @@ mod secrets;
 mod service;
 mod store;
 mod tls;
+mod worked_configs;

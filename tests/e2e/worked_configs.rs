@@ -1,0 +1,1376 @@
+//! The worked configurations of `config/examples/` run end to end, each
+//! loaded from its file as a deployment loads it (the URLs from the
+//! environment), against a schema shaped like the real project's tables
+//! (the columns the config uses, typed as the project types them) and the
+//! schema changes the file's comments document:
+//!
+//! - `mall-timers-mysql.toml` on MariaDB: macrozheng/mall's `oms_order` and
+//!   friends (`document/sql/mall.sql`) plus the two columns and the
+//!   "settle the past" statement the file documents;
+//! - `yudao-timers-postgres.toml` on PostgreSQL: YunaiV/ruoyi-vue-pro's
+//!   trade, product, promotion, member and pay tables as its PostgreSQL
+//!   scripts type them (ids from `<table>_seq` sequences), in `+08:00`.
+//!
+//! In each, the shop publishes its unpaid orders' ids (as the shop does)
+//! and nobody publishes for the other timers: their watches find the rows.
+//! Every timer must flip exactly its rows, once, never before the deadline,
+//! with its `set` columns and `also` effects, and leave alone the rows that
+//! moved on meanwhile or fail its guard; one event per flip, on the timer's
+//! routing key.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use order_timeout::broker::publisher::TimerEvent;
+use order_timeout::broker::topology;
+use order_timeout::observe::metrics::{Metrics, Outcome};
+use order_timeout::settings::{SecretUrl, Settings, Timer};
+use order_timeout_tools::scratch;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, MySqlPool, PgPool};
+
+use crate::common::TestEnv;
+use crate::store::mysql_base;
+
+const MALL: &str = include_str!("../../config/examples/mall-timers-mysql.toml");
+const YUDAO: &str = include_str!("../../config/examples/yudao-timers-postgres.toml");
+
+/// How long a test waits for the flips it expects (the last deadline is
+/// 14 s after the rows are written).
+const FLIPS: Duration = Duration::from_secs(40);
+
+/// The settings a deployment gets from a worked config file: the file as
+/// written, then the environment variables (here: this test's vhost, the
+/// shop's database, the test's inventory server, a free port), and the
+/// cascade shards this test's vhost was declared with.
+fn from_worked_config(text: &str, env: &TestEnv, database_url: &SecretUrl) -> Settings {
+    let mut settings: Settings = toml::from_str(text).expect("the worked config parses");
+    let vars = [
+        ("AMQP_URL", env.settings.amqp_url.expose().to_owned()),
+        ("DATABASE_URL", database_url.expose().to_owned()),
+        (
+            "INVENTORY_URL",
+            env.settings.inventory_url.expose().to_owned(),
+        ),
+        ("HTTP_ADDR", env.settings.http_addr.to_string()),
+    ];
+    settings
+        .apply_env(|name| {
+            vars.iter()
+                .find(|(var, _)| *var == name)
+                .map(|(_, value)| value.clone())
+        })
+        .unwrap();
+    settings.cascade_shards = env.settings.cascade_shards;
+    settings.validate().expect("the worked config validates");
+    settings
+}
+
+/// The SQL a config file's comments document: the comment lines from the
+/// one whose SQL starts with `first` up to the next empty comment line,
+/// without their `#`.
+fn documented_sql(text: &str, first: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .skip_while(|line| !line.trim_start_matches('#').trim_start().starts_with(first))
+        .take_while(|line| line.trim() != "#")
+        .map(|line| line.strip_prefix('#').expect("a comment line"))
+        .collect();
+    assert!(!lines.is_empty(), "the file documents {first:?}");
+    lines.join("\n")
+}
+
+/// The timer called `name`.
+fn timer<'a>(timers: &'a [Timer], name: &str) -> &'a Timer {
+    timers
+        .iter()
+        .find(|t| t.name.as_str() == name)
+        .unwrap_or_else(|| panic!("no timer {name}"))
+}
+
+/// An exclusive queue bound to every event on `order-timeout.events`.
+async fn subscribe_every_event(env: &TestEnv) -> lapin::Consumer {
+    let channel = env.amqp.create_channel().await.unwrap();
+    let queue = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.name().clone(),
+            topology::EVENTS_EXCHANGE.into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .basic_consume(
+            queue.name().clone(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+}
+
+/// Up to `n` events within `timeout`, each with its routing key.
+async fn read_events(
+    consumer: &mut lapin::Consumer,
+    n: usize,
+    timeout: Duration,
+) -> Vec<(String, TimerEvent)> {
+    let mut events = Vec::new();
+    let _ = tokio::time::timeout(timeout, async {
+        while events.len() < n {
+            let Some(Ok(delivery)) = consumer.next().await else {
+                break;
+            };
+            let event = serde_json::from_slice(&delivery.data).expect("event is JSON");
+            events.push((delivery.routing_key.to_string(), event));
+        }
+    })
+    .await;
+    events
+}
+
+/// `(routing key, timer, order id)` of each event, checking that none is
+/// early: flipped at or after its deadline.
+fn keyed(events: &[(String, TimerEvent)]) -> Vec<(String, String, String)> {
+    for (key, e) in events {
+        assert!(
+            e.lateness_ms >= 0 && e.cancelled_at >= e.expires_at,
+            "never early: {key} {e:?}"
+        );
+    }
+    let mut keys: Vec<_> = events
+        .iter()
+        .map(|(key, e)| (key.clone(), e.timer.clone(), e.order_id.clone()))
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn expected_events(list: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    let mut keys: Vec<_> = list
+        .iter()
+        .map(|(k, t, id)| (k.to_string(), t.to_string(), id.to_string()))
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// Waits until the service has counted at least `n` messages of `timer`
+/// with `outcome`: the message of a row that moved on or fails the guard
+/// was answered, so checking that the row was left alone means something.
+async fn wait_outcome(env: &TestEnv, metrics: &Metrics, timer: &str, outcome: Outcome, n: u64) {
+    env.eventually(
+        FLIPS,
+        &format!("{n} {outcome:?} message(s) of {timer}"),
+        || async { metrics.count_of(timer, outcome) >= n },
+    )
+    .await;
+}
+
+/// The watches' first tick (at the service's start) scheduled exactly the
+/// rows of each timer falling due within the next minute.
+async fn wait_watched(env: &TestEnv, metrics: &Metrics, expected: &[(&str, u64)]) {
+    env.eventually(FLIPS, "the watches' first scans", || async {
+        expected
+            .iter()
+            .all(|(timer, n)| metrics.watched_of(timer) >= *n)
+    })
+    .await;
+    for (timer, n) in expected {
+        assert_eq!(
+            metrics.watched_of(timer),
+            *n,
+            "rows the watch of {timer} found"
+        );
+    }
+}
+
+// ---- mall on MariaDB ----
+
+/// A fresh MariaDB database for the mall shop, in the shop's zone
+/// (`+08:00`), dropped afterwards.
+struct MallDb {
+    name: String,
+    url: SecretUrl,
+    pool: MySqlPool,
+}
+
+impl MallDb {
+    async fn new() -> Self {
+        let name = format!("ot_mall_timers_{}", uuid::Uuid::new_v4().simple());
+        let url = scratch::with_path(&mysql_base(), &name).unwrap();
+        order_timeout::store::migrate(&url).await.unwrap();
+        let options: MySqlConnectOptions = url.expose().parse().unwrap();
+        let pool = MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect_with(
+                options
+                    .timezone(Some("+08:00".into()))
+                    .disable_statement_logging(),
+            )
+            .await
+            .unwrap();
+        Self { name, url, pool }
+    }
+
+    async fn run(&self, sql: &str) {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}: {sql}"));
+    }
+
+    /// How many of `ids` match `condition` (SQL over `oms_order`).
+    async fn count(&self, ids: &[i64], condition: &str) -> i64 {
+        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+        sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT COUNT(*) FROM oms_order WHERE id IN ({}) AND ({condition})",
+            ids.join(", ")
+        )))
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+impl Drop for MallDb {
+    fn drop(&mut self) {
+        let _ = scratch::drop_database_blocking(&mysql_base(), &self.name);
+    }
+}
+
+/// mall's tables as `document/sql/mall.sql` creates them, with the columns
+/// the worked config and this test use (types, nullability and defaults as
+/// mall has them).
+const MALL_SCHEMA: &str = r#"
+CREATE TABLE oms_order (
+    id               BIGINT(20)  NOT NULL AUTO_INCREMENT,
+    member_id        BIGINT(20)  NOT NULL,
+    coupon_id        BIGINT(20)  NULL DEFAULT NULL,
+    create_time      DATETIME    NULL DEFAULT NULL,
+    member_username  VARCHAR(64) NULL DEFAULT NULL,
+    status           INT(1)      NULL DEFAULT NULL,
+    auto_confirm_day INT(11)     NULL DEFAULT NULL,
+    confirm_status   INT(1)      NULL DEFAULT NULL,
+    delete_status    INT(1)      NOT NULL DEFAULT 0,
+    use_integration  INT(11)     NULL DEFAULT NULL,
+    delivery_time    DATETIME    NULL DEFAULT NULL,
+    receive_time     DATETIME    NULL DEFAULT NULL,
+    comment_time     DATETIME    NULL DEFAULT NULL,
+    modify_time      DATETIME    NULL DEFAULT NULL,
+    PRIMARY KEY (id)
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
+CREATE TABLE oms_order_item (
+    id               BIGINT(20)   NOT NULL AUTO_INCREMENT,
+    order_id         BIGINT(20)   NULL DEFAULT NULL,
+    product_id       BIGINT(20)   NULL DEFAULT NULL,
+    product_name     VARCHAR(200) NULL DEFAULT NULL,
+    product_quantity INT(11)      NULL DEFAULT NULL,
+    product_sku_id   BIGINT(20)   NULL DEFAULT NULL,
+    product_attr     VARCHAR(500) NULL DEFAULT NULL,
+    PRIMARY KEY (id)
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
+CREATE TABLE oms_order_setting (
+    id                    BIGINT(20) NOT NULL AUTO_INCREMENT,
+    flash_order_overtime  INT(11)    NULL DEFAULT NULL,
+    normal_order_overtime INT(11)    NULL DEFAULT NULL,
+    confirm_overtime      INT(11)    NULL DEFAULT NULL,
+    finish_overtime       INT(11)    NULL DEFAULT NULL,
+    comment_overtime      INT(11)    NULL DEFAULT NULL,
+    PRIMARY KEY (id)
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
+CREATE TABLE pms_sku_stock (
+    id         BIGINT(20) NOT NULL AUTO_INCREMENT,
+    stock      INT(11)    NULL DEFAULT 0,
+    lock_stock INT(11)    NULL DEFAULT 0,
+    PRIMARY KEY (id)
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
+CREATE TABLE sms_coupon_history (
+    id         BIGINT(20) NOT NULL AUTO_INCREMENT,
+    coupon_id  BIGINT(20) NULL DEFAULT NULL,
+    member_id  BIGINT(20) NULL DEFAULT NULL,
+    use_status INT(1)     NULL DEFAULT NULL,
+    use_time   DATETIME   NULL DEFAULT NULL,
+    PRIMARY KEY (id),
+    INDEX idx_member_id (member_id),
+    INDEX idx_coupon_id (coupon_id)
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
+CREATE TABLE ums_member (
+    id          BIGINT(20)   NOT NULL AUTO_INCREMENT,
+    nickname    VARCHAR(64)  NULL DEFAULT NULL,
+    icon        VARCHAR(500) NULL DEFAULT NULL,
+    integration INT(11)      NULL DEFAULT NULL,
+    PRIMARY KEY (id)
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
+CREATE TABLE pms_comment (
+    id                BIGINT(20)   NOT NULL AUTO_INCREMENT,
+    product_id        BIGINT(20)   NULL DEFAULT NULL,
+    member_nick_name  VARCHAR(255) NULL DEFAULT NULL,
+    product_name      VARCHAR(255) NULL DEFAULT NULL,
+    star              INT(3)       NULL DEFAULT NULL,
+    create_time       DATETIME     NULL DEFAULT NULL,
+    show_status       INT(1)       NULL DEFAULT NULL,
+    product_attribute VARCHAR(255) NULL DEFAULT NULL,
+    content           TEXT         NULL,
+    member_icon       VARCHAR(255) NULL DEFAULT NULL,
+    PRIMARY KEY (id)
+) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
+INSERT INTO oms_order_setting VALUES (1, 60, 120, 15, 7, 7);
+"#;
+
+/// The shop before the migration the config documents: two orders
+/// received long ago (30 days: both windows closed long since) and lately
+/// (3 days: both still open).
+const MALL_PAST: &str = r#"
+INSERT INTO oms_order (id, member_id, member_username, status, confirm_status,
+                       create_time, delivery_time, receive_time)
+VALUES (401, 1, 'windy', 3, 1, NOW() - INTERVAL 40 DAY, NOW() - INTERVAL 35 DAY,
+        NOW() - INTERVAL 30 DAY),
+       (402, 1, 'windy', 3, 1, NOW() - INTERVAL 10 DAY, NOW() - INTERVAL 5 DAY,
+        NOW() - INTERVAL 3 DAY);
+INSERT INTO oms_order_item (order_id, product_id, product_name, product_quantity, product_sku_id)
+VALUES (401, 26, 'HUAWEI P20', 1, 1), (402, 26, 'HUAWEI P20', 1, 1);
+"#;
+
+/// Members, stock, coupons and orders, written after the migration. Every
+/// deadline is relative to now: due 8 to 14 s from now, or much later.
+const MALL_ROWS: &str = r#"
+INSERT INTO ums_member (id, nickname, icon, integration)
+VALUES (1, 'windy', 'https://example.com/icon/windy.png', 500),
+       (2, NULL, NULL, 50),
+       (3, 'lily', NULL, 30);
+INSERT INTO pms_sku_stock (id, stock, lock_stock) VALUES (1, 100, 15), (2, 100, 17), (3, 100, 14);
+INSERT INTO sms_coupon_history (id, coupon_id, member_id, use_status, use_time)
+VALUES (1, 7, 1, 0, NULL),
+       (2, 7, 1, 1, NOW() - INTERVAL 1 HOUR),
+       (3, 7, 1, 1, NOW() - INTERVAL 1 HOUR),
+       (4, 7, 2, 1, NOW() - INTERVAL 1 HOUR),
+       (5, 8, 1, 1, NOW() - INTERVAL 1 HOUR);
+
+-- cancel_unpaid: created normal_order_overtime (120) minutes before the deadline.
+-- 101: a coupon and 100 points used, two lines of SKU 1 and one of SKU 2;
+-- 102: no coupon, no points; 103: paid already; 104: deleted by the member;
+-- 105: due in two hours; 106: paid by the member while the test runs.
+INSERT INTO oms_order (id, member_id, coupon_id, member_username, status, confirm_status,
+                       delete_status, use_integration, create_time)
+VALUES (101, 1, 7,    'windy', 0, 0, 0, 100, NOW() - INTERVAL 120 MINUTE + INTERVAL 8 SECOND),
+       (102, 2, NULL, 'test',  0, 0, 0, 0,   NOW() - INTERVAL 120 MINUTE + INTERVAL 9 SECOND),
+       (103, 3, NULL, 'lily',  1, 0, 0, 30,  NOW() - INTERVAL 120 MINUTE + INTERVAL 8 SECOND),
+       (104, 1, 8,    'windy', 0, 0, 1, 20,  NOW() - INTERVAL 120 MINUTE + INTERVAL 8 SECOND),
+       (105, 2, NULL, 'test',  0, 0, 0, 0,   NOW()),
+       (106, 3, NULL, 'lily',  0, 0, 0, 30,  NOW() - INTERVAL 120 MINUTE + INTERVAL 14 SECOND);
+
+-- auto_receive: shipped, auto_confirm_day days before the deadline (NULL: the
+-- setting's 15). 204: deleted; 205: due in 10 days; 206: received by hand
+-- while the test runs.
+INSERT INTO oms_order (id, member_id, member_username, status, confirm_status, delete_status,
+                       auto_confirm_day, create_time, delivery_time)
+VALUES (201, 1, 'windy', 2, 0, 0, 15,   NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 15 DAY + INTERVAL 10 SECOND),
+       (202, 2, 'test',  2, 0, 0, NULL, NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 15 DAY + INTERVAL 11 SECOND),
+       (203, 3, 'lily',  2, 0, 0, 3,    NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 3 DAY + INTERVAL 12 SECOND),
+       (204, 1, 'windy', 2, 0, 1, 15,   NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 15 DAY + INTERVAL 10 SECOND),
+       (205, 1, 'windy', 2, 0, 0, 15,   NOW() - INTERVAL 20 DAY, NOW() - INTERVAL 5 DAY),
+       (206, 1, 'windy', 2, 0, 0, 15,   NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 15 DAY + INTERVAL 14 SECOND);
+
+-- auto_complete and default_review: received 7 days before the deadline.
+-- 301: both open; 302: reviewed by the member already; 303: after-sale
+-- window closed already; 304: closed order (status 4); 305: due tomorrow;
+-- 308: reviewed by the member while the test runs.
+INSERT INTO oms_order (id, member_id, member_username, status, confirm_status,
+                       finish_status, comment_status, create_time, receive_time)
+VALUES (301, 1, 'windy', 3, 1, 0, 0, NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 7 DAY + INTERVAL 10 SECOND),
+       (302, 1, 'windy', 3, 1, 0, 1, NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 7 DAY + INTERVAL 11 SECOND),
+       (303, 2, 'test',  3, 1, 1, 0, NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 7 DAY + INTERVAL 12 SECOND),
+       (304, 1, 'windy', 4, 1, 0, 0, NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 7 DAY + INTERVAL 10 SECOND),
+       (305, 1, 'windy', 3, 1, 0, 0, NOW() - INTERVAL 20 DAY, NOW() - INTERVAL 6 DAY),
+       (308, 3, 'lily',  3, 1, 0, 0, NOW() - INTERVAL 20 DAY,
+        NOW() - INTERVAL 7 DAY + INTERVAL 14 SECOND);
+
+INSERT INTO oms_order_item (order_id, product_id, product_name, product_quantity,
+                            product_sku_id, product_attr)
+VALUES (101, 26, 'HUAWEI P20', 2, 1, '[{"key":"颜色","value":"金色"}]'),
+       (101, 26, 'HUAWEI P20', 3, 1, '[{"key":"颜色","value":"金色"}]'),
+       (101, 27, '小米8', 1, 2, '[{"key":"容量","value":"64G"}]'),
+       (102, 27, '小米8', 4, 2, '[{"key":"容量","value":"64G"}]'),
+       (103, 28, '苹果 iPhone 8', 2, 3, NULL),
+       (104, 28, '苹果 iPhone 8', 1, 3, NULL),
+       (105, 28, '苹果 iPhone 8', 1, 3, NULL),
+       (106, 27, '小米8', 2, 2, '[{"key":"容量","value":"64G"}]'),
+       (301, 26, 'HUAWEI P20', 1, 1, '[{"key":"颜色","value":"金色"}]'),
+       (301, 27, '小米8', 1, 2, '[{"key":"容量","value":"64G"}]'),
+       (302, 26, 'HUAWEI P20', 1, 1, NULL),
+       (303, 28, '苹果 iPhone 8', 1, 3, '[{"key":"颜色","value":"银色"}]'),
+       (308, 27, '小米8', 1, 2, NULL);
+"#;
+
+/// `config/examples/mall-timers-mysql.toml` on MariaDB, as written: the
+/// shop publishes bare order ids for `cancel_unpaid`; `auto_receive`,
+/// `auto_complete` and `default_review` are found by their watches. Each
+/// timer flips exactly the rows due and still in its `from` status and
+/// passing its guard, at or after the deadline (the `set` columns say
+/// when), gives back lock_stock (summed per SKU), the coupon and the points
+/// once, writes one default review per line, and publishes one event per
+/// flip on its routing key; the columns the file documents adding, and its
+/// "settle the past" statement, keep old orders out of the new windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mall_timers_on_mariadb() {
+    let env = TestEnv::new().await;
+    let db = MallDb::new().await;
+    db.run(MALL_SCHEMA).await;
+    db.run(MALL_PAST).await;
+    // The migration the file documents: the two columns, the indexes, and
+    // the past settled.
+    db.run(&documented_sql(MALL, "ALTER TABLE oms_order")).await;
+    db.run(MALL_ROWS).await;
+
+    let settings = from_worked_config(MALL, &env, &db.url);
+    let timers = settings.timers().unwrap();
+    let mut events = subscribe_every_event(&env).await;
+    let service = env.service_with(settings).await;
+    let metrics = service.metrics.clone();
+    // The order service publishes each order id when it creates the order.
+    for id in 101..=106 {
+        env.publish_raw(id.to_string().as_bytes()).await;
+    }
+    wait_watched(
+        &env,
+        &metrics,
+        &[
+            ("auto_receive", 4),
+            ("auto_complete", 3),
+            ("default_review", 3),
+        ],
+    )
+    .await;
+
+    // While the test runs, before their deadlines: a member pays 106,
+    // another confirms receipt of 206, a third reviews 308.
+    for (what, sql) in [
+        (
+            "106 paid",
+            "UPDATE oms_order SET status = 1 WHERE id = 106 AND status = 0 \
+               AND create_time + INTERVAL 120 MINUTE > NOW()",
+        ),
+        (
+            "206 received",
+            "UPDATE oms_order SET status = 3, confirm_status = 1, receive_time = NOW() \
+              WHERE id = 206 AND status = 2 AND delivery_time + INTERVAL 15 DAY > NOW()",
+        ),
+        (
+            "308 reviewed",
+            "UPDATE oms_order SET comment_status = 1, comment_time = NOW() \
+              WHERE id = 308 AND comment_status = 0 AND receive_time + INTERVAL 7 DAY > NOW()",
+        ),
+    ] {
+        let done = sqlx::query(sql).execute(&db.pool).await.unwrap();
+        assert_eq!(done.rows_affected(), 1, "{what} before its deadline");
+    }
+
+    // The messages of the rows that moved on or fail the guard answered:
+    // paid (103, 106), deleted (104), and already in the timer's `to` status
+    // by the member's hand (206, 308).
+    wait_outcome(&env, &metrics, "cancel_unpaid", Outcome::AlreadyPaid, 2).await;
+    wait_outcome(&env, &metrics, "cancel_unpaid", Outcome::LeftAlone, 1).await;
+    wait_outcome(&env, &metrics, "auto_receive", Outcome::AlreadyCancelled, 1).await;
+    wait_outcome(
+        &env,
+        &metrics,
+        "default_review",
+        Outcome::AlreadyCancelled,
+        1,
+    )
+    .await;
+    env.eventually(FLIPS, "every due row flipped", || async {
+        db.count(&[101, 102], "status = 4").await == 2
+            && db.count(&[201, 202, 203], "status = 3").await == 3
+            && db.count(&[301, 302, 308], "finish_status = 1").await == 3
+            && db.count(&[301, 303], "comment_status = 1").await == 2
+    })
+    .await;
+
+    // One event per flip, on the timer's routing key, none early.
+    let got = read_events(&mut events, 10, Duration::from_secs(20)).await;
+    assert_eq!(
+        keyed(&got),
+        expected_events(&[
+            ("order.cancelled", "cancel_unpaid", "101"),
+            ("order.cancelled", "cancel_unpaid", "102"),
+            ("order.received", "auto_receive", "201"),
+            ("order.received", "auto_receive", "202"),
+            ("order.received", "auto_receive", "203"),
+            ("order.completed", "auto_complete", "301"),
+            ("order.completed", "auto_complete", "302"),
+            ("order.completed", "auto_complete", "308"),
+            ("order.reviewed", "default_review", "301"),
+            ("order.reviewed", "default_review", "303"),
+        ]),
+    );
+    // Each event's deadline is the row's, read in the shop's zone.
+    for (_, e) in &got {
+        let t = timer(&timers, &e.timer);
+        let deadline: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT CAST(UNIX_TIMESTAMP({}) AS SIGNED) FROM oms_order WHERE id = ?",
+            t.deadline
+        )))
+        .bind(e.order_id.parse::<i64>().unwrap())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(e.expires_at.timestamp(), deadline, "{e:?}");
+    }
+
+    // Never early, by the rows themselves: each `set` time at or after the
+    // timer's deadline.
+    for (name, column, ids) in [
+        ("cancel_unpaid", "modify_time", &[101, 102][..]),
+        ("auto_receive", "receive_time", &[201, 202, 203][..]),
+        ("auto_complete", "modify_time", &[301, 302, 308][..]),
+        ("default_review", "comment_time", &[301, 303][..]),
+    ] {
+        let deadline = &timer(&timers, name).deadline;
+        let on_time = db.count(ids, &format!("{column} >= {deadline}")).await;
+        assert_eq!(on_time, ids.len() as i64, "{name}: {column} >= deadline");
+    }
+
+    // Nothing else happens afterwards: no second flip, no further event.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let more = read_events(&mut events, 1, Duration::from_secs(1)).await;
+    assert!(more.is_empty(), "no further events: {more:?}");
+
+    // Every order: (id, status, confirm_status, finish_status,
+    // comment_status, modify_time set, comment_time set).
+    type Order = (i64, Option<i32>, Option<i32>, i32, i32, i64, i64);
+    let orders: Vec<Order> = sqlx::query_as(
+        "SELECT id, status, confirm_status, finish_status, comment_status, \
+                CAST(modify_time IS NOT NULL AS SIGNED), CAST(comment_time IS NOT NULL AS SIGNED) \
+           FROM oms_order ORDER BY id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let s = Some;
+    assert_eq!(
+        orders,
+        [
+            (101, s(4), s(0), 0, 0, 1, 0),
+            (102, s(4), s(0), 0, 0, 1, 0),
+            (103, s(1), s(0), 0, 0, 0, 0),
+            (104, s(0), s(0), 0, 0, 0, 0),
+            (105, s(0), s(0), 0, 0, 0, 0),
+            (106, s(1), s(0), 0, 0, 0, 0),
+            (201, s(3), s(1), 0, 0, 0, 0),
+            (202, s(3), s(1), 0, 0, 0, 0),
+            (203, s(3), s(1), 0, 0, 0, 0),
+            (204, s(2), s(0), 0, 0, 0, 0),
+            (205, s(2), s(0), 0, 0, 0, 0),
+            (206, s(3), s(1), 0, 0, 0, 0),
+            (301, s(3), s(1), 1, 1, 1, 1),
+            (302, s(3), s(1), 1, 1, 1, 0),
+            (303, s(3), s(1), 1, 1, 0, 1),
+            (304, s(4), s(1), 0, 0, 0, 0),
+            (305, s(3), s(1), 0, 0, 0, 0),
+            (308, s(3), s(1), 1, 1, 1, 1),
+            // Settled by the migration; its windows stay closed.
+            (401, s(3), s(1), 1, 1, 0, 0),
+            (402, s(3), s(1), 0, 0, 0, 0),
+        ]
+    );
+
+    // cancel_unpaid's `also`: lock_stock back for 101 (SKU 1: 2 + 3, SKU 2:
+    // 1) and 102 (SKU 2: 4), once; the paid, deleted and later orders' stays.
+    let locked: Vec<(i64, Option<i32>)> =
+        sqlx::query_as("SELECT id, lock_stock FROM pms_sku_stock ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(locked, [(1, s(10)), (2, s(12)), (3, s(14))]);
+    // The coupon back: member 1's first used history row of coupon 7 only.
+    let coupons: Vec<(i64, Option<i32>)> =
+        sqlx::query_as("SELECT id, use_status FROM sms_coupon_history ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        coupons,
+        [(1, s(0)), (2, s(0)), (3, s(1)), (4, s(1)), (5, s(1))]
+    );
+    // The points back: 100 to member 1; nobody else's change.
+    let points: Vec<(i64, Option<i32>)> =
+        sqlx::query_as("SELECT id, integration FROM ums_member ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(points, [(1, s(600)), (2, s(50)), (3, s(30))]);
+
+    // default_review's `also`: one 5-star review per line of 301 and 303,
+    // named after the member (or the order's username when the member has
+    // no nickname), none for 302 and 308 (reviewed by their members) or the
+    // settled 401.
+    type Review = (
+        Option<i64>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<i32>,
+        Option<i32>,
+        Option<String>,
+        Option<String>,
+    );
+    let reviews: Vec<Review> = sqlx::query_as(
+        "SELECT product_id, member_nick_name, member_icon, product_name, star, show_status, \
+                product_attribute, content \
+           FROM pms_comment ORDER BY product_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let text = |s: &str| Some(s.to_owned());
+    let icon = text("https://example.com/icon/windy.png");
+    assert_eq!(
+        reviews,
+        [
+            (
+                Some(26),
+                text("windy"),
+                icon.clone(),
+                text("HUAWEI P20"),
+                s(5),
+                s(1),
+                text(r#"[{"key":"颜色","value":"金色"}]"#),
+                text("系统默认好评"),
+            ),
+            (
+                Some(27),
+                text("windy"),
+                icon,
+                text("小米8"),
+                s(5),
+                s(1),
+                text(r#"[{"key":"容量","value":"64G"}]"#),
+                text("系统默认好评"),
+            ),
+            (
+                Some(28),
+                text("test"),
+                None,
+                text("苹果 iPhone 8"),
+                s(5),
+                s(1),
+                text(r#"[{"key":"颜色","value":"银色"}]"#),
+                text("系统默认好评"),
+            ),
+        ]
+    );
+    let late_reviews = sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM pms_comment c WHERE c.create_time < (SELECT MIN(o.receive_time) \
+           + INTERVAL 7 DAY FROM oms_order o WHERE o.id IN (301, 303))",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(late_reviews, 0, "no review before the deadline");
+
+    // One outbox row per flip, keyed by timer and order.
+    let outbox: Vec<(String, String)> = sqlx::query_as(
+        "SELECT CAST(timer AS CHAR), CAST(order_id AS CHAR) FROM order_timeout_cancel_outbox \
+          ORDER BY 1, 2",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let outbox: BTreeSet<(String, String)> = outbox.into_iter().collect();
+    let want: BTreeSet<(String, String)> = got
+        .iter()
+        .map(|(_, e)| (e.timer.clone(), e.order_id.clone()))
+        .collect();
+    assert_eq!(outbox, want);
+    assert!(env.drain_parked().await.is_empty(), "nothing parked");
+    service.stop().await.unwrap();
+}
+
+// ---- yudao on PostgreSQL ----
+
+/// yudao's tables as its PostgreSQL scripts type them (converted from the
+/// MySQL DDL by `sql/tools/convertor.py`: `bigint` -> int8, `int` -> int4,
+/// `tinyint` -> int2, `bit(1)` -> bool except `deleted` -> int2,
+/// `datetime` -> timestamp; ids without defaults, from `<table>_seq`
+/// sequences), with the columns the worked config and this test use.
+const YUDAO_SCHEMA: &str = r#"
+CREATE TABLE trade_order (
+    id            int8      NOT NULL,
+    type          int4      NOT NULL DEFAULT 0,
+    user_id       int8      NOT NULL,
+    status        int4      NOT NULL DEFAULT 0,
+    cancel_type   int4      NULL DEFAULT NULL,
+    comment_status bool     NOT NULL DEFAULT '0',
+    pay_order_id  int8      NULL DEFAULT NULL,
+    finish_time   timestamp NULL DEFAULT NULL,
+    cancel_time   timestamp NULL DEFAULT NULL,
+    delivery_time timestamp NULL DEFAULT NULL,
+    receive_time  timestamp NULL DEFAULT NULL,
+    coupon_id     int8      NULL DEFAULT NULL,
+    create_time   timestamp NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    update_time   timestamp NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    deleted       int2      NOT NULL DEFAULT 0,
+    tenant_id     int8      NOT NULL DEFAULT 0
+);
+ALTER TABLE trade_order ADD CONSTRAINT pk_trade_order PRIMARY KEY (id);
+CREATE TABLE trade_order_item (
+    id                int8         NOT NULL,
+    user_id           int8         NOT NULL,
+    order_id          int8         NOT NULL,
+    spu_id            int8         NOT NULL,
+    spu_name          varchar(255) NOT NULL DEFAULT '',
+    sku_id            int8         NOT NULL,
+    count             int4         NOT NULL,
+    comment_status    bool         NOT NULL DEFAULT '0',
+    use_point         int4         NOT NULL DEFAULT 0,
+    after_sale_status int4         NOT NULL DEFAULT 0,
+    create_time       timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    update_time       timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    deleted           int2         NOT NULL DEFAULT 0,
+    tenant_id         int8         NOT NULL DEFAULT 0
+);
+ALTER TABLE trade_order_item ADD CONSTRAINT pk_trade_order_item PRIMARY KEY (id);
+CREATE TABLE trade_order_log (
+    id            int8          NOT NULL,
+    user_id       int8          NOT NULL,
+    user_type     int4          NOT NULL DEFAULT 0,
+    order_id      int8          NOT NULL,
+    before_status int4          NULL DEFAULT NULL,
+    after_status  int4          NULL DEFAULT NULL,
+    operate_type  int4          NOT NULL DEFAULT 0,
+    content       varchar(2000) NOT NULL,
+    creator       varchar(64)   NULL DEFAULT '',
+    create_time   timestamp     NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    updater       varchar(64)   NULL DEFAULT '',
+    update_time   timestamp     NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    deleted       int2          NOT NULL DEFAULT 0,
+    tenant_id     int8          NOT NULL DEFAULT 0
+);
+ALTER TABLE trade_order_log ADD CONSTRAINT pk_trade_order_log PRIMARY KEY (id);
+CREATE SEQUENCE trade_order_log_seq START 100;
+CREATE TABLE product_spu (
+    id          int8         NOT NULL,
+    name        varchar(128) NOT NULL,
+    stock       int4         NOT NULL DEFAULT 0,
+    sales_count int4         NULL DEFAULT 0,
+    deleted     int2         NOT NULL DEFAULT 0,
+    tenant_id   int8         NOT NULL DEFAULT 0
+);
+ALTER TABLE product_spu ADD CONSTRAINT pk_product_spu PRIMARY KEY (id);
+CREATE TABLE product_sku (
+    id          int8          NOT NULL,
+    spu_id      int8          NOT NULL,
+    properties  varchar(512)  NULL DEFAULT NULL,
+    pic_url     varchar(256)  NOT NULL,
+    stock       int4          NULL DEFAULT NULL,
+    sales_count int4          NULL DEFAULT NULL,
+    deleted     int2          NOT NULL DEFAULT 0,
+    tenant_id   int8          NOT NULL DEFAULT 0
+);
+ALTER TABLE product_sku ADD CONSTRAINT pk_product_sku PRIMARY KEY (id);
+CREATE TABLE product_comment (
+    id                 int8          NOT NULL,
+    user_id            int8          NULL DEFAULT NULL,
+    user_nickname      varchar(255)  NULL DEFAULT NULL,
+    user_avatar        varchar(1024) NULL DEFAULT NULL,
+    anonymous          bool          NULL DEFAULT NULL,
+    order_id           int8          NULL DEFAULT NULL,
+    order_item_id      int8          NULL DEFAULT NULL,
+    spu_id             int8          NOT NULL,
+    spu_name           varchar(255)  NOT NULL,
+    sku_id             int8          NOT NULL,
+    sku_pic_url        varchar(256)  NOT NULL,
+    sku_properties     varchar(512)  NULL DEFAULT NULL,
+    visible            bool          NULL DEFAULT NULL,
+    scores             int4          NULL DEFAULT NULL,
+    description_scores int4          NULL DEFAULT NULL,
+    benefit_scores     int4          NULL DEFAULT NULL,
+    content            varchar(1024) NULL DEFAULT NULL,
+    create_time        timestamp     NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    update_time        timestamp     NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    deleted            int2          NOT NULL DEFAULT 0,
+    tenant_id          int8          NOT NULL DEFAULT 0
+);
+ALTER TABLE product_comment ADD CONSTRAINT pk_product_comment PRIMARY KEY (id);
+CREATE SEQUENCE product_comment_seq START 100;
+CREATE TABLE promotion_coupon (
+    id               int8         NOT NULL,
+    name             varchar(32)  NOT NULL,
+    status           int4         NOT NULL,
+    user_id          int8         NOT NULL,
+    valid_start_time timestamp    NOT NULL,
+    valid_end_time   timestamp    NOT NULL,
+    use_order_id     int8         NULL DEFAULT NULL,
+    use_time         timestamp    NULL DEFAULT NULL,
+    create_time      timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    update_time      timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    deleted          int2         NOT NULL DEFAULT 0,
+    tenant_id        int8         NOT NULL DEFAULT 0
+);
+ALTER TABLE promotion_coupon ADD CONSTRAINT pk_promotion_coupon PRIMARY KEY (id);
+CREATE TABLE member_user (
+    id        int8         NOT NULL,
+    nickname  varchar(30)  NOT NULL DEFAULT '',
+    avatar    varchar(255) NOT NULL DEFAULT '',
+    point     int4         NOT NULL DEFAULT 0,
+    deleted   int2         NOT NULL DEFAULT 0,
+    tenant_id int8         NOT NULL DEFAULT 0
+);
+ALTER TABLE member_user ADD CONSTRAINT pk_member_user PRIMARY KEY (id);
+CREATE TABLE member_point_record (
+    id          int8         NOT NULL,
+    user_id     int8         NOT NULL,
+    biz_id      varchar(255) NOT NULL,
+    biz_type    int4         NOT NULL,
+    title       varchar(255) NOT NULL,
+    description varchar(5000) NOT NULL,
+    point       int4         NOT NULL,
+    total_point int4         NOT NULL,
+    creator     varchar(64)  NULL DEFAULT '',
+    create_time timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    updater     varchar(64)  NULL DEFAULT '',
+    update_time timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    deleted     int2         NOT NULL DEFAULT 0,
+    tenant_id   int8         NOT NULL DEFAULT 0
+);
+ALTER TABLE member_point_record ADD CONSTRAINT pk_member_point_record PRIMARY KEY (id);
+CREATE SEQUENCE member_point_record_seq START 100;
+CREATE TABLE pay_order (
+    id     int8 NOT NULL,
+    status int2 NOT NULL
+);
+ALTER TABLE pay_order ADD CONSTRAINT pk_pay_order PRIMARY KEY (id);
+"#;
+
+/// The shop's rows, written in its zone (`+08:00`, as yudao writes them).
+/// Every deadline is relative to now: due 8 to 14 s from now, or later.
+const YUDAO_ROWS: &str = r#"
+INSERT INTO member_user (id, nickname, avatar, point, tenant_id)
+VALUES (1, '芋艿', 'https://example.com/avatar/1.png', 200, 1),
+       (2, '小王', '', 100, 2),
+       (3, '小李', '', 0, 1);
+INSERT INTO product_spu (id, name, stock, sales_count, tenant_id)
+VALUES (21, 'iPhone 15', 150, 15, 1), (22, 'AirPods', 20, 3, 1);
+INSERT INTO product_sku (id, spu_id, properties, pic_url, stock, sales_count, tenant_id)
+VALUES (11, 21, '[{"propertyId":1,"propertyName":"颜色","valueId":2,"valueName":"黑色"}]',
+        'https://example.com/sku/11.png', 100, 10, 1),
+       (12, 21, '[{"propertyId":1,"propertyName":"颜色","valueId":3,"valueName":"白色"}]',
+        'https://example.com/sku/12.png', 50, 5, 1),
+       (13, 22, NULL, 'https://example.com/sku/13.png', 20, 3, 1);
+INSERT INTO pay_order (id, status) VALUES (9001, 0), (9002, 0), (9004, 10);
+INSERT INTO promotion_coupon (id, name, status, user_id, valid_start_time, valid_end_time,
+                              deleted, tenant_id)
+VALUES
+    -- Used by the unpaid orders: 501 valid for a month, 502 expired yesterday.
+    (501, '满100减10', 2, 1, localtimestamp - interval '1 day', localtimestamp + interval '30 days', 0, 1),
+    (502, '满100减10', 2, 2, localtimestamp - interval '9 days', localtimestamp - interval '1 day', 0, 2),
+    (503, '满100减10', 2, 1, localtimestamp - interval '1 day', localtimestamp + interval '30 days', 0, 1),
+    -- coupon_expiry: 601 due; 602 deleted; 603 used; 604 due tomorrow;
+    -- 605 used by its member while the test runs.
+    (601, '新人券', 1, 1, localtimestamp - interval '7 days', localtimestamp + interval '9 seconds', 0, 1),
+    (602, '新人券', 1, 1, localtimestamp - interval '7 days', localtimestamp + interval '9 seconds', 1, 1),
+    (603, '新人券', 2, 1, localtimestamp - interval '7 days', localtimestamp + interval '9 seconds', 0, 1),
+    (604, '新人券', 1, 1, localtimestamp - interval '7 days', localtimestamp + interval '1 day', 0, 1),
+    (605, '新人券', 1, 3, localtimestamp - interval '7 days', localtimestamp + interval '14 seconds', 0, 1);
+
+-- cancel_unpaid: created 2 hours before the deadline. 1001: a coupon, 50
+-- points over two lines of SKU 11, and a line of SKU 12 in after-sale;
+-- 1002: another tenant's, its coupon expired meanwhile, no points; 1003: a
+-- seckill order (type 1, the job's); 1004: its pay order succeeded (a late
+-- callback); 1005: paid; 1006: deleted; 1007: paid by the member while the
+-- test runs; 1008: due in two hours.
+INSERT INTO trade_order (id, type, user_id, status, pay_order_id, coupon_id, deleted,
+                         tenant_id, create_time)
+VALUES (1001, 0, 1, 0,  9001, 501,  0, 1, localtimestamp - interval '2 hours' + interval '8 seconds'),
+       (1002, 3, 2, 0,  9002, 502,  0, 2, localtimestamp - interval '2 hours' + interval '9 seconds'),
+       (1003, 1, 1, 0,  NULL, 503,  0, 1, localtimestamp - interval '2 hours' + interval '8 seconds'),
+       (1004, 0, 1, 0,  9004, NULL, 0, 1, localtimestamp - interval '2 hours' + interval '8 seconds'),
+       (1005, 0, 1, 10, NULL, NULL, 0, 1, localtimestamp - interval '2 hours' + interval '8 seconds'),
+       (1006, 0, 1, 0,  NULL, NULL, 1, 1, localtimestamp - interval '2 hours' + interval '8 seconds'),
+       (1007, 0, 3, 0,  NULL, NULL, 0, 1, localtimestamp - interval '2 hours' + interval '14 seconds'),
+       (1008, 0, 3, 0,  NULL, NULL, 0, 1, localtimestamp);
+
+-- auto_receive: delivered 14 days before the deadline. 2003: deleted;
+-- 2004: received by hand while the test runs; 2005: due in two days.
+INSERT INTO trade_order (id, user_id, status, deleted, tenant_id, create_time, delivery_time)
+VALUES (2001, 1, 20, 0, 1, localtimestamp - interval '20 days', localtimestamp - interval '14 days' + interval '10 seconds'),
+       (2002, 2, 20, 0, 2, localtimestamp - interval '20 days', localtimestamp - interval '14 days' + interval '11 seconds'),
+       (2003, 1, 20, 1, 1, localtimestamp - interval '20 days', localtimestamp - interval '14 days' + interval '10 seconds'),
+       (2004, 1, 20, 0, 1, localtimestamp - interval '20 days', localtimestamp - interval '14 days' + interval '14 seconds'),
+       (2005, 1, 20, 0, 1, localtimestamp - interval '20 days', localtimestamp - interval '12 days');
+
+-- auto_comment: received 7 days before the deadline. 3001: two lines (and
+-- a deleted one); 3002: another tenant's, one line reviewed already;
+-- 3003: reviewed already; 3004: cancelled after receipt (status 40);
+-- 3005: reviewed by its member while the test runs; 3006: due tomorrow.
+INSERT INTO trade_order (id, user_id, status, comment_status, deleted, tenant_id, create_time,
+                         receive_time)
+VALUES (3001, 1, 30, false, 0, 1, localtimestamp - interval '20 days', localtimestamp - interval '7 days' + interval '10 seconds'),
+       (3002, 2, 30, false, 0, 2, localtimestamp - interval '20 days', localtimestamp - interval '7 days' + interval '12 seconds'),
+       (3003, 1, 30, true,  0, 1, localtimestamp - interval '20 days', localtimestamp - interval '7 days' + interval '10 seconds'),
+       (3004, 1, 40, false, 0, 1, localtimestamp - interval '20 days', localtimestamp - interval '7 days' + interval '10 seconds'),
+       (3005, 3, 30, false, 0, 1, localtimestamp - interval '20 days', localtimestamp - interval '7 days' + interval '14 seconds'),
+       (3006, 1, 30, false, 0, 1, localtimestamp - interval '20 days', localtimestamp - interval '6 days');
+
+INSERT INTO trade_order_item (id, user_id, order_id, spu_id, spu_name, sku_id, count, use_point,
+                              after_sale_status, comment_status, deleted, tenant_id)
+VALUES (1,  1, 1001, 21, 'iPhone 15', 11, 2, 30, 0,  false, 0, 1),
+       (2,  1, 1001, 21, 'iPhone 15', 11, 1, 20, 0,  false, 0, 1),
+       (3,  1, 1001, 21, 'iPhone 15', 12, 5, 40, 10, false, 0, 1),
+       (4,  2, 1002, 22, 'AirPods',   13, 1, 0,  0,  false, 0, 2),
+       (5,  1, 1003, 22, 'AirPods',   13, 4, 0,  0,  false, 0, 1),
+       (6,  1, 1004, 21, 'iPhone 15', 11, 1, 10, 0,  false, 0, 1),
+       (7,  3, 1007, 21, 'iPhone 15', 12, 1, 5,  0,  false, 0, 1),
+       (31, 1, 3001, 21, 'iPhone 15', 11, 1, 0,  0,  false, 0, 1),
+       (32, 1, 3001, 22, 'AirPods',   13, 2, 0,  0,  false, 0, 1),
+       (37, 1, 3001, 21, 'iPhone 15', 12, 1, 0,  0,  false, 1, 1),
+       (33, 2, 3002, 21, 'iPhone 15', 12, 1, 0,  0,  true,  0, 2),
+       (34, 2, 3002, 21, 'iPhone 15', 11, 1, 0,  0,  false, 0, 2),
+       (35, 1, 3004, 21, 'iPhone 15', 11, 1, 0,  0,  false, 0, 1),
+       (36, 3, 3005, 22, 'AirPods',   13, 1, 0,  0,  false, 0, 1);
+"#;
+
+/// A pool on the test's database whose sessions are in yudao's zone.
+async fn yudao_pool(env: &TestEnv) -> PgPool {
+    let options: PgConnectOptions = env.settings.database_url.expose().parse().unwrap();
+    PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(
+            options
+                .options([("TimeZone", "Asia/Shanghai")])
+                .disable_statement_logging(),
+        )
+        .await
+        .unwrap()
+}
+
+/// How many of `ids` of `table` match `condition`.
+async fn pg_count(pool: &PgPool, table: &str, ids: &[i64], condition: &str) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {table} WHERE id = ANY($1) AND ({condition})"
+    )))
+    .bind(ids)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// `config/examples/yudao-timers-postgres.toml` on PostgreSQL, as written:
+/// the shop publishes `{"order_id": …}` for `cancel_unpaid`;
+/// `auto_receive`, `auto_comment` and `coupon_expiry` are found by their
+/// watches. Each timer flips exactly the rows due, still in its `from`
+/// status and passing its guard (seckill orders, orders whose payment
+/// succeeded, deleted rows are left alone), at or after the deadline, once:
+/// SKU and SPU stock back for the lines not in after-sale, the coupon back
+/// (or expired), the points back with their record, one product review
+/// per unreviewed line, one trade_order_log row per flip, each row the
+/// service inserts with an id from yudao's sequence and the order's
+/// tenant; one event per flip on the timer's routing key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yudao_timers_on_postgres() {
+    let env = TestEnv::new().await;
+    let shop = yudao_pool(&env).await;
+    sqlx::raw_sql(YUDAO_SCHEMA).execute(&shop).await.unwrap();
+    // The indexes the file documents.
+    let indexes = documented_sql(YUDAO, "CREATE INDEX");
+    sqlx::raw_sql(AssertSqlSafe(indexes))
+        .execute(&shop)
+        .await
+        .unwrap();
+    sqlx::raw_sql(YUDAO_ROWS).execute(&shop).await.unwrap();
+
+    let settings = from_worked_config(YUDAO, &env, &env.settings.database_url);
+    let timers = settings.timers().unwrap();
+    let mut events = subscribe_every_event(&env).await;
+    let service = env.service_with(settings).await;
+    let metrics = service.metrics.clone();
+    // The order service publishes each order when it creates it.
+    for id in 1001..=1008 {
+        env.publish_raw(format!(r#"{{"order_id": {id}}}"#).as_bytes())
+            .await;
+    }
+    wait_watched(
+        &env,
+        &metrics,
+        &[
+            ("auto_receive", 3),
+            ("auto_comment", 3),
+            ("coupon_expiry", 2),
+        ],
+    )
+    .await;
+
+    // While the test runs, before their deadlines: a member pays 1007,
+    // another confirms receipt of 2004, reviews 3005, uses coupon 605.
+    for (what, sql) in [
+        (
+            "1007 paid",
+            "UPDATE trade_order SET status = 10 WHERE id = 1007 AND status = 0 \
+               AND create_time + interval '2 hours' > localtimestamp",
+        ),
+        (
+            "2004 received",
+            "UPDATE trade_order SET status = 30, receive_time = localtimestamp \
+              WHERE id = 2004 AND status = 20 \
+                AND delivery_time + interval '14 days' > localtimestamp",
+        ),
+        (
+            "3005 reviewed",
+            "UPDATE trade_order SET comment_status = true WHERE id = 3005 \
+               AND NOT comment_status AND receive_time + interval '7 days' > localtimestamp",
+        ),
+        (
+            "605 used",
+            "UPDATE promotion_coupon SET status = 2, use_time = localtimestamp \
+              WHERE id = 605 AND status = 1 AND valid_end_time > localtimestamp",
+        ),
+    ] {
+        let done = sqlx::query(sql).execute(&shop).await.unwrap();
+        assert_eq!(done.rows_affected(), 1, "{what} before its deadline");
+    }
+
+    // The messages of the rows that moved on or fail the guard answered:
+    // paid (1005, 1007), failing the guard (1003, 1004, 1006), already in
+    // the timer's `to` status by the member's hand (2004, 3005), used (605).
+    wait_outcome(&env, &metrics, "cancel_unpaid", Outcome::AlreadyPaid, 2).await;
+    wait_outcome(&env, &metrics, "cancel_unpaid", Outcome::LeftAlone, 3).await;
+    wait_outcome(&env, &metrics, "auto_receive", Outcome::AlreadyCancelled, 1).await;
+    wait_outcome(&env, &metrics, "auto_comment", Outcome::AlreadyCancelled, 1).await;
+    wait_outcome(&env, &metrics, "coupon_expiry", Outcome::LeftAlone, 1).await;
+    env.eventually(FLIPS, "every due row flipped", || async {
+        pg_count(&shop, "trade_order", &[1001, 1002], "status = 40").await == 2
+            && pg_count(&shop, "trade_order", &[2001, 2002], "status = 30").await == 2
+            && pg_count(&shop, "trade_order", &[3001, 3002], "comment_status").await == 2
+            && pg_count(&shop, "promotion_coupon", &[601], "status = 3").await == 1
+    })
+    .await;
+
+    let got = read_events(&mut events, 7, Duration::from_secs(20)).await;
+    assert_eq!(
+        keyed(&got),
+        expected_events(&[
+            ("order.cancelled", "cancel_unpaid", "1001"),
+            ("order.cancelled", "cancel_unpaid", "1002"),
+            ("order.received", "auto_receive", "2001"),
+            ("order.received", "auto_receive", "2002"),
+            ("order.reviewed", "auto_comment", "3001"),
+            ("order.reviewed", "auto_comment", "3002"),
+            ("coupon.expired", "coupon_expiry", "601"),
+        ]),
+    );
+    // Each event's deadline is the row's, read in the shop's zone.
+    for (_, e) in &got {
+        let t = timer(&timers, &e.timer);
+        let deadline: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT ({})::timestamptz FROM {} WHERE id = $1",
+            t.deadline, t.table
+        )))
+        .bind(e.order_id.parse::<i64>().unwrap())
+        .fetch_one(&shop)
+        .await
+        .unwrap();
+        assert_eq!(e.expires_at, deadline, "{e:?}");
+    }
+
+    // Never early, by the rows themselves: each `set` time at or after the
+    // timer's deadline.
+    for (name, columns, ids) in [
+        (
+            "cancel_unpaid",
+            &["cancel_time", "update_time"][..],
+            &[1001, 1002][..],
+        ),
+        (
+            "auto_receive",
+            &["receive_time", "update_time"][..],
+            &[2001, 2002][..],
+        ),
+        (
+            "auto_comment",
+            &["finish_time", "update_time"][..],
+            &[3001, 3002][..],
+        ),
+        ("coupon_expiry", &["update_time"][..], &[601][..]),
+    ] {
+        let t = timer(&timers, name);
+        for column in columns {
+            let condition = format!("{column} >= {}", t.deadline);
+            let on_time = pg_count(&shop, &t.table, ids, &condition).await;
+            assert_eq!(on_time, ids.len() as i64, "{name}: {condition}");
+        }
+    }
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let more = read_events(&mut events, 1, Duration::from_secs(1)).await;
+    assert!(more.is_empty(), "no further events: {more:?}");
+
+    // Every order: (id, status, cancel_type, comment_status, cancel_time
+    // set, receive_time set, finish_time set).
+    type Order = (i64, i32, Option<i32>, bool, bool, bool, bool);
+    let orders: Vec<Order> = sqlx::query_as(
+        "SELECT id, status, cancel_type, comment_status, cancel_time IS NOT NULL, \
+                receive_time IS NOT NULL, finish_time IS NOT NULL \
+           FROM trade_order ORDER BY id",
+    )
+    .fetch_all(&shop)
+    .await
+    .unwrap();
+    let (t, f) = (true, false);
+    assert_eq!(
+        orders,
+        [
+            (1001, 40, Some(10), f, t, f, f),
+            (1002, 40, Some(10), f, t, f, f),
+            (1003, 0, None, f, f, f, f),
+            (1004, 0, None, f, f, f, f),
+            (1005, 10, None, f, f, f, f),
+            (1006, 0, None, f, f, f, f),
+            (1007, 10, None, f, f, f, f),
+            (1008, 0, None, f, f, f, f),
+            (2001, 30, None, f, f, t, f),
+            (2002, 30, None, f, f, t, f),
+            (2003, 20, None, f, f, f, f),
+            (2004, 30, None, f, f, t, f),
+            (2005, 20, None, f, f, f, f),
+            (3001, 30, None, t, f, t, t),
+            (3002, 30, None, t, f, t, t),
+            (3003, 30, None, t, f, t, f),
+            (3004, 40, None, f, f, t, f),
+            (3005, 30, None, t, f, t, f),
+            (3006, 30, None, f, f, t, f),
+        ]
+    );
+
+    // Stock back for 1001's lines not in after-sale (SKU 11: 2 + 1) and
+    // 1002's (SKU 13: 1), on the SKUs and their SPUs, once.
+    let skus: Vec<(i64, Option<i32>, Option<i32>)> =
+        sqlx::query_as("SELECT id, stock, sales_count FROM product_sku ORDER BY id")
+            .fetch_all(&shop)
+            .await
+            .unwrap();
+    assert_eq!(
+        skus,
+        [
+            (11, Some(103), Some(7)),
+            (12, Some(50), Some(5)),
+            (13, Some(21), Some(2))
+        ]
+    );
+    let spus: Vec<(i64, i32, Option<i32>)> =
+        sqlx::query_as("SELECT id, stock, sales_count FROM product_spu ORDER BY id")
+            .fetch_all(&shop)
+            .await
+            .unwrap();
+    assert_eq!(spus, [(21, 153, Some(12)), (22, 21, Some(2))]);
+    // Coupons: 501 back to unused, 502 expired (its validity ended), 601
+    // expired by coupon_expiry; the others as they were or as their member
+    // left them.
+    let coupons: Vec<(i64, i32)> =
+        sqlx::query_as("SELECT id, status FROM promotion_coupon ORDER BY id")
+            .fetch_all(&shop)
+            .await
+            .unwrap();
+    assert_eq!(
+        coupons,
+        [
+            (501, 1),
+            (502, 3),
+            (503, 2),
+            (601, 3),
+            (602, 1),
+            (603, 2),
+            (604, 1),
+            (605, 2)
+        ]
+    );
+    // Points: 50 back to member 1 (the after-sale line's 40 not), with
+    // their record; nobody else's change.
+    let points: Vec<(i64, i32)> = sqlx::query_as("SELECT id, point FROM member_user ORDER BY id")
+        .fetch_all(&shop)
+        .await
+        .unwrap();
+    assert_eq!(points, [(1, 250), (2, 100), (3, 0)]);
+    type Record = (bool, i64, String, i32, String, i32, i32, i64);
+    let records: Vec<Record> = sqlx::query_as(
+        "SELECT id >= 100, user_id, biz_id, biz_type, description, point, total_point, \
+                tenant_id \
+           FROM member_point_record ORDER BY id",
+    )
+    .fetch_all(&shop)
+    .await
+    .unwrap();
+    // (id from member_point_record_seq, user, biz id, biz type, description,
+    // points, balance after, tenant)
+    assert_eq!(
+        records,
+        [(
+            true,
+            1,
+            "1001".to_owned(),
+            12,
+            "订单取消，退还 50 积分".to_owned(),
+            50,
+            250,
+            1
+        )]
+    );
+
+    // One review per unreviewed, undeleted line of 3001 and 3002, with the
+    // member's name and avatar, the SPU's name, the SKU's picture and
+    // properties, and the order's tenant.
+    type Review = (
+        i64,
+        i64,
+        i64,
+        Option<String>,
+        Option<String>,
+        String,
+        String,
+        Option<String>,
+        Option<i32>,
+        i64,
+    );
+    let reviews: Vec<Review> = sqlx::query_as(
+        "SELECT order_id, order_item_id, sku_id, user_nickname, user_avatar, spu_name, \
+                sku_pic_url, sku_properties, scores, tenant_id \
+           FROM product_comment ORDER BY order_item_id",
+    )
+    .fetch_all(&shop)
+    .await
+    .unwrap();
+    let text = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        reviews,
+        [
+            (
+                3001,
+                31,
+                11,
+                text("芋艿"),
+                text("https://example.com/avatar/1.png"),
+                "iPhone 15".to_owned(),
+                "https://example.com/sku/11.png".to_owned(),
+                text(r#"[{"propertyId":1,"propertyName":"颜色","valueId":2,"valueName":"黑色"}]"#),
+                Some(5),
+                1
+            ),
+            (
+                3001,
+                32,
+                13,
+                text("芋艿"),
+                text("https://example.com/avatar/1.png"),
+                "AirPods".to_owned(),
+                "https://example.com/sku/13.png".to_owned(),
+                None,
+                Some(5),
+                1
+            ),
+            (
+                3002,
+                34,
+                11,
+                text("小王"),
+                text(""),
+                "iPhone 15".to_owned(),
+                "https://example.com/sku/11.png".to_owned(),
+                text(r#"[{"propertyId":1,"propertyName":"颜色","valueId":2,"valueName":"黑色"}]"#),
+                Some(5),
+                2
+            ),
+        ]
+    );
+    let comment_ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM product_comment ORDER BY id")
+        .fetch_all(&shop)
+        .await
+        .unwrap();
+    assert!(
+        comment_ids.iter().all(|id| *id >= 100),
+        "ids from product_comment_seq: {comment_ids:?}"
+    );
+    // The lines reviewed: 3001's and 3002's, not the deleted one (37).
+    let reviewed: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM trade_order_item WHERE comment_status ORDER BY id")
+            .fetch_all(&shop)
+            .await
+            .unwrap();
+    assert_eq!(reviewed, [31, 32, 33, 34]);
+
+    // One log row per flip, ids from trade_order_log_seq, the order's tenant.
+    let logs: Vec<(i64, i32, i32, i32, i64)> = sqlx::query_as(
+        "SELECT order_id, before_status, after_status, operate_type, tenant_id \
+           FROM trade_order_log ORDER BY order_id",
+    )
+    .fetch_all(&shop)
+    .await
+    .unwrap();
+    assert_eq!(
+        logs,
+        [
+            (1001, 0, 40, 41, 1),
+            (1002, 0, 40, 41, 2),
+            (2001, 20, 30, 31, 1),
+            (2002, 20, 30, 31, 2),
+            (3001, 30, 30, 34, 1),
+            (3002, 30, 30, 34, 2),
+        ]
+    );
+    let log_ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM trade_order_log ORDER BY id")
+        .fetch_all(&shop)
+        .await
+        .unwrap();
+    assert!(
+        log_ids.len() == 6 && log_ids.iter().all(|id| *id >= 100),
+        "ids from trade_order_log_seq: {log_ids:?}"
+    );
+
+    // One outbox row per flip, keyed by timer and order.
+    let outbox: BTreeSet<(String, String)> = sqlx::query_as::<_, (String, String)>(
+        "SELECT timer, order_id FROM order_timeout_cancel_outbox",
+    )
+    .fetch_all(&shop)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let want: BTreeSet<(String, String)> = got
+        .iter()
+        .map(|(_, e)| (e.timer.clone(), e.order_id.clone()))
+        .collect();
+    assert_eq!(outbox, want);
+    assert!(env.drain_parked().await.is_empty(), "nothing parked");
+    service.stop().await.unwrap();
+}
