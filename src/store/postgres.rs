@@ -658,6 +658,8 @@ fn cancel_changes(p: &Parts, timer: &Timer) -> String {
               FROM {table} AS o
              WHERE {matches} AND o.{status} = {unpaid}
                AND {deadline} <= now() AND {guard}
+               AND NOT EXISTS (SELECT 1 FROM order_timeout_cancel_outbox AS x
+                                WHERE x.timer = $7 AND x.order_id = o.{id}::text)
                FOR UPDATE OF o SKIP LOCKED
         ), cancelled AS (
             UPDATE {table} AS o
@@ -774,7 +776,11 @@ fn overdue_statement(p: &Parts) -> String {
 /// The rows a watch schedules, in (deadline, id) order: keyset pages, so
 /// that any number of rows sharing one deadline (a coupon campaign ending
 /// at midnight) are all taken. With an index on `(status, deadline)` (the
-/// deadline expression itself, for an expression), a range scan.
+/// deadline expression itself, for an expression), a range scan: the
+/// plain `>= $2` bound is what the planner turns into the range's start
+/// (the keyset `OR` alone only filters, and every page would re-read the
+/// rows of the pages before it: `bench-watch` measured page k reading
+/// k × 1,000 rows).
 fn due_statement(p: &Parts) -> String {
     let Parts {
         table,
@@ -789,7 +795,7 @@ fn due_statement(p: &Parts) -> String {
     format!(
         "SELECT o.{id}::text, ({deadline})::timestamptz FROM {table} AS o \
           WHERE o.{status} = {from} AND {guard} \
-            AND {deadline} <= $4::timestamptz \
+            AND {deadline} >= $2::timestamptz AND {deadline} <= $4::timestamptz \
             AND ({deadline} > $2::timestamptz \
                  OR ({deadline} = $2::timestamptz AND $3::text IS NOT NULL \
                      AND o.{id} > CAST($3::text AS {id_base}))) \

@@ -59,6 +59,12 @@ impl StateRow {
         if self.is_paid {
             return OrderState::Paid;
         }
+        // Back in the `from` status after this timer flipped it (the
+        // shop reopened it): a timer flips a row at most once while its
+        // outbox row is kept, so its effects never run twice.
+        if self.has_outbox {
+            return OrderState::LeftAlone;
+        }
         match self.expires_at {
             Some(_) if !self.is_unpaid || !self.guard_ok => OrderState::LeftAlone,
             None => OrderState::LeftAlone,
