@@ -17,5 +17,6 @@ mod process;
 mod secrets;
 mod service;
 mod store;
+mod timers;
 mod tls;
 mod worked_configs;

@@ -93,7 +93,7 @@ fn timer<'a>(timers: &'a [Timer], name: &str) -> &'a Timer {
 }
 
 /// An exclusive queue bound to every event on `order-timeout.events`.
-async fn subscribe_every_event(env: &TestEnv) -> lapin::Consumer {
+pub(crate) async fn subscribe_every_event(env: &TestEnv) -> lapin::Consumer {
     let channel = env.amqp.create_channel().await.unwrap();
     let queue = channel
         .queue_declare(
@@ -132,7 +132,7 @@ async fn subscribe_every_event(env: &TestEnv) -> lapin::Consumer {
 }
 
 /// Up to `n` events within `timeout`, each with its routing key.
-async fn read_events(
+pub(crate) async fn read_events(
     consumer: &mut lapin::Consumer,
     n: usize,
     timeout: Duration,
@@ -153,7 +153,7 @@ async fn read_events(
 
 /// `(routing key, timer, order id)` of each event, checking that none is
 /// early: flipped at or after its deadline.
-fn keyed(events: &[(String, TimerEvent)]) -> Vec<(String, String, String)> {
+pub(crate) fn keyed(events: &[(String, TimerEvent)]) -> Vec<(String, String, String)> {
     for (key, e) in events {
         assert!(
             e.lateness_ms >= 0 && e.cancelled_at >= e.expires_at,
