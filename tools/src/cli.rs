@@ -38,6 +38,12 @@ pub enum Command {
     /// CPU per order; compare with the seed design, the single-queue design
     /// and the broker's one-hop ceiling (see docs/BENCHMARKS.md).
     Bench(Box<crate::bench::BenchArgs>),
+    /// Measure a timer's `watch`: the cost of its scan on a big table
+    /// (`--part query`: 1,000,000 rows, windows of 0, ~1,000 and ~60,000
+    /// rows, with the plan) and the lateness of its flips at 1,000 rows/s
+    /// coming due with nobody publishing (`--part lateness`), on
+    /// PostgreSQL or MariaDB (see docs/BENCHMARKS.md).
+    BenchWatch(Box<crate::bench::watch::WatchArgs>),
     /// Run the reference gRPC inventory service (stock in `inventory.stock`
     /// of DATABASE_URL's database).
     InventoryServer {
@@ -61,7 +67,7 @@ impl Command {
     /// through their progress bars and summaries.
     pub fn default_log_filter(&self) -> &'static str {
         match self {
-            Command::Demo(_) | Command::Bench(_) => "warn",
+            Command::Demo(_) | Command::Bench(_) | Command::BenchWatch(_) => "warn",
             _ => "info",
         }
     }
@@ -73,6 +79,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Demo(args) => crate::demo::run(settings, args).await,
         Command::Bench(args) => crate::bench::run(settings, cli.config, *args).await,
+        Command::BenchWatch(args) => crate::bench::watch::run(settings, cli.config, *args).await,
         Command::InventoryServer { addr } => {
             let pool = shop::prepare_database(&settings.database_url, 10).await?;
             ReferenceInventory::new(pool)

@@ -37,6 +37,7 @@ pub mod report;
 pub mod seed;
 mod summary;
 pub mod sys;
+pub mod watch;
 pub mod workload;
 
 use std::collections::BTreeMap;
