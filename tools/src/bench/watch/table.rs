@@ -312,6 +312,7 @@ pub fn due_sql_literal(
         ShopDb::Postgres(_) => format!(
             "SELECT o.\"id\"::text, (\"expires_at\")::timestamptz FROM \"watched_orders\" AS o \
               WHERE o.\"status\" = CAST('{from}'::text AS text) AND TRUE \
+                AND \"expires_at\" >= {after}::timestamptz \
                 AND \"expires_at\" <= {until}::timestamptz \
                 AND (\"expires_at\" > {after}::timestamptz \
                      OR (\"expires_at\" = {after}::timestamptz AND {id}::text IS NOT NULL \
