@@ -13,11 +13,11 @@ use order_timeout::settings::{
 };
 use order_timeout::store::OrderItem;
 use order_timeout_tools::scratch;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{ConnectOptions, Connection, MySqlPool};
+use sqlx::mysql::MySqlConnectOptions;
+use sqlx::{Connection, MySqlPool};
 
 use crate::common::TestEnv;
-use crate::store::mysql_base;
+use crate::store::{mysql_base, mysql_pool};
 
 /// A fresh MariaDB database with the service's migrations and a schema
 /// shaped like macrozheng/mall's, dropped afterwards.
@@ -51,16 +51,7 @@ impl MallDb {
                 .await
                 .unwrap();
         }
-        let options: MySqlConnectOptions = url.expose().parse().unwrap();
-        let pool = MySqlPoolOptions::new()
-            .max_connections(4)
-            .connect_with(
-                options
-                    .timezone(Some("+08:00".into()))
-                    .disable_statement_logging(),
-            )
-            .await
-            .unwrap();
+        let pool = mysql_pool(&url, "+08:00", 4).await;
         sqlx::raw_sql(
             r#"
             CREATE TABLE oms_order (

@@ -293,6 +293,13 @@ impl TestEnv {
 
     /// An exclusive queue bound to the `order.cancelled` events.
     pub async fn subscribe_events(&self) -> lapin::Consumer {
+        self.subscribe_events_on(topology::CANCELLED_ROUTING_KEY)
+            .await
+    }
+
+    /// An exclusive queue bound to the events whose routing key matches
+    /// `binding` (`#`: every timer's).
+    pub async fn subscribe_events_on(&self, binding: &str) -> lapin::Consumer {
         let channel = self.amqp.create_channel().await.unwrap();
         let queue = channel
             .queue_declare(
@@ -310,7 +317,7 @@ impl TestEnv {
             .queue_bind(
                 queue.name().clone(),
                 topology::EVENTS_EXCHANGE.into(),
-                topology::CANCELLED_ROUTING_KEY.into(),
+                binding.into(),
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )

@@ -983,7 +983,7 @@ mod pg {
     }
 }
 
-pub(crate) use my::mysql_base;
+pub(crate) use my::{mysql_base, mysql_pool};
 
 mod my {
     //! MySQL/MariaDB: a fresh database per test on the server of
@@ -1000,6 +1000,20 @@ mod my {
             std::env::var("MYSQL_URL")
                 .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into()),
         )
+    }
+
+    /// A pool on the MySQL/MariaDB database `url` whose sessions read and
+    /// write zone-less times in `zone` (as the shop's programs do), with
+    /// statement logging off.
+    pub(crate) async fn mysql_pool(url: &SecretUrl, zone: &str, max_connections: u32) -> MySqlPool {
+        let options: sqlx::mysql::MySqlConnectOptions = url.expose().parse().unwrap();
+        sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(sqlx::ConnectOptions::disable_statement_logging(
+                options.timezone(Some(zone.into())),
+            ))
+            .await
+            .unwrap()
     }
 
     pub(super) struct MyFixture {

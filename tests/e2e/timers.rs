@@ -23,12 +23,11 @@ use order_timeout::observe::metrics::{Metrics, Outcome};
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout::store::Dialect;
 use order_timeout_tools::scratch;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, MySqlPool, PgPool};
+use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 
 use crate::common::TestEnv;
-use crate::store::mysql_base;
-use crate::worked_configs::{keyed, read_events, subscribe_every_event};
+use crate::store::{mysql_base, mysql_pool};
+use crate::worked_configs::{keyed, read_events};
 
 /// How long a test waits for what it expects (every deadline is at most
 /// 15 s after the rows are written).
@@ -69,16 +68,7 @@ impl ShopDb {
                 let name = format!("ot_timers_{}", uuid::Uuid::new_v4().simple());
                 let url = scratch::with_path(&mysql_base(), &name).unwrap();
                 order_timeout::store::migrate(&url).await.unwrap();
-                let options: MySqlConnectOptions = url.expose().parse().unwrap();
-                let pool = MySqlPoolOptions::new()
-                    .max_connections(2)
-                    .connect_with(
-                        options
-                            .timezone(Some("+00:00".into()))
-                            .disable_statement_logging(),
-                    )
-                    .await
-                    .unwrap();
+                let pool = mysql_pool(&url, "+00:00", 2).await;
                 Self {
                     dialect,
                     url,
@@ -348,7 +338,7 @@ async fn timers_flip_only_their_own_rows(dialect: Dialect) {
     db.coupon(1, 0, 5_000).await;
     db.coupon(2, 1, 5_000).await;
 
-    let mut events = subscribe_every_event(&env).await;
+    let mut events = env.subscribe_events_on("#").await;
     let service = env.service_with(db.settings(&env, "")).await;
     let metrics = service.metrics.clone();
     for body in [
@@ -539,7 +529,7 @@ async fn backfill_schedules_one_timer_at_a_time(dialect: Dialect) {
 async fn a_watch_flips_unpublished_rows_on_time_across_replicas(dialect: Dialect) {
     let env = TestEnv::new().await;
     let db = ShopDb::new(&env, dialect).await;
-    let mut events = subscribe_every_event(&env).await;
+    let mut events = env.subscribe_events_on("#").await;
     let first = env.service_with(db.settings(&env, "2s")).await;
     let second = env.service_with(db.settings(&env, "2s")).await;
     let watched =

@@ -22,19 +22,15 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use lapin::options::{BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
 use order_timeout::broker::publisher::TimerEvent;
-use order_timeout::broker::topology;
 use order_timeout::observe::metrics::{Metrics, Outcome};
 use order_timeout::settings::{SecretUrl, Settings, Timer};
 use order_timeout_tools::scratch;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, MySqlPool, PgPool};
 
 use crate::common::TestEnv;
-use crate::store::mysql_base;
+use crate::store::{mysql_base, mysql_pool};
 
 const MALL: &str = include_str!("../../config/examples/mall-timers-mysql.toml");
 const YUDAO: &str = include_str!("../../config/examples/yudao-timers-postgres.toml");
@@ -90,45 +86,6 @@ fn timer<'a>(timers: &'a [Timer], name: &str) -> &'a Timer {
         .iter()
         .find(|t| t.name.as_str() == name)
         .unwrap_or_else(|| panic!("no timer {name}"))
-}
-
-/// An exclusive queue bound to every event on `order-timeout.events`.
-pub(crate) async fn subscribe_every_event(env: &TestEnv) -> lapin::Consumer {
-    let channel = env.amqp.create_channel().await.unwrap();
-    let queue = channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            queue.name().clone(),
-            topology::EVENTS_EXCHANGE.into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-        .basic_consume(
-            queue.name().clone(),
-            "".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap()
 }
 
 /// Up to `n` events within `timeout`, each with its routing key.
@@ -222,16 +179,7 @@ impl MallDb {
         let name = format!("ot_mall_timers_{}", uuid::Uuid::new_v4().simple());
         let url = scratch::with_path(&mysql_base(), &name).unwrap();
         order_timeout::store::migrate(&url).await.unwrap();
-        let options: MySqlConnectOptions = url.expose().parse().unwrap();
-        let pool = MySqlPoolOptions::new()
-            .max_connections(2)
-            .connect_with(
-                options
-                    .timezone(Some("+08:00".into()))
-                    .disable_statement_logging(),
-            )
-            .await
-            .unwrap();
+        let pool = mysql_pool(&url, "+08:00", 2).await;
         Self { name, url, pool }
     }
 
@@ -456,7 +404,7 @@ async fn mall_timers_on_mariadb() {
 
     let settings = from_worked_config(MALL, &env, &db.url);
     let timers = settings.timers().unwrap();
-    let mut events = subscribe_every_event(&env).await;
+    let mut events = env.subscribe_events_on("#").await;
     let service = env.service_with(settings).await;
     let metrics = service.metrics.clone();
     // The order service publishes each order id when it creates the order.
@@ -1014,7 +962,7 @@ async fn yudao_timers_on_postgres() {
 
     let settings = from_worked_config(YUDAO, &env, &env.settings.database_url);
     let timers = settings.timers().unwrap();
-    let mut events = subscribe_every_event(&env).await;
+    let mut events = env.subscribe_events_on("#").await;
     let service = env.service_with(settings).await;
     let metrics = service.metrics.clone();
     // The order service publishes each order when it creates it.
