@@ -454,7 +454,8 @@ impl BenchEnv {
     }
 }
 
-async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+/// The body of `GET path` from 127.0.0.1:`port` (a service's `/metrics`).
+pub(crate) async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())

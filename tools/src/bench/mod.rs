@@ -392,7 +392,7 @@ async fn run_in(
 ) -> Result<bool, BenchError> {
     report.settings = settings_info(&env.settings, args);
     let declare_seconds = start_world(env, args).await?;
-    let sampling = Sampling::start(process_groups(env, args));
+    let sampling = Sampling::start(process_groups(env, args.database));
     let mut ok = true;
     if args.baseline.contains(&Baseline::BrokerCeiling) {
         report.broker_ceiling = Some(measure_ceiling(env, args, &sampling).await?);
@@ -444,8 +444,9 @@ fn amqp_port(url: &order_timeout::settings::SecretUrl) -> u16 {
         .unwrap_or(default)
 }
 
-/// The processes whose CPU and memory a run reports.
-fn process_groups(env: &BenchEnv, args: &BenchArgs) -> Vec<Group> {
+/// The processes whose CPU and memory a run reports (`bench`, and
+/// `bench-watch`, which has no seed process).
+pub(crate) fn process_groups(env: &BenchEnv, database: OrdersDatabase) -> Vec<Group> {
     let group = |name: &str, who| Group {
         name: name.into(),
         who,
@@ -460,7 +461,7 @@ fn process_groups(env: &BenchEnv, args: &BenchArgs) -> Vec<Group> {
         group("broker", broker),
         group("postgres", Who::Postgres(vec![env.name.clone()])),
     ];
-    if args.database == OrdersDatabase::Mysql {
+    if database == OrdersDatabase::Mysql {
         groups.push(group("mariadb", Who::Comm("mariadbd")));
     }
     if let Some(pid) = env.inventory.as_ref().and_then(|c| c.pid()) {

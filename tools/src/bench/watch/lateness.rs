@@ -12,7 +12,7 @@ use serde::Serialize;
 use sqlx::{MySqlPool, PgPool};
 
 use super::super::BenchError;
-use super::super::env::BenchEnv;
+use super::super::env::{BenchEnv, http_get};
 use super::super::report::{LatenessStats, cpu_per_order};
 use super::super::sys::{Sampling, Usage};
 use super::table::TO;
@@ -324,20 +324,6 @@ async fn counters(env: &BenchEnv, timer: &str) -> (f64, f64) {
         }
     }
     (scheduled, swept)
-}
-
-async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default())
 }
 
 /// Prints a phase's paragraph.

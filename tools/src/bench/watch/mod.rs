@@ -40,8 +40,8 @@ use serde::Serialize;
 
 use super::BenchError;
 use super::env::BenchEnv;
-use super::sys::{self, Group, Sampling, Who};
-use super::{StockPath, amqp_port, machine_info};
+use super::sys::Sampling;
+use super::{StockPath, machine_info};
 use crate::shop::OrdersDatabase;
 use order_timeout::settings::{Settings, Timer};
 
@@ -362,7 +362,7 @@ async fn run_in(
         env.log_dir.display()
     );
     env.start_services(1).await?;
-    let sampling = Sampling::start(process_groups(env, args.database));
+    let sampling = Sampling::start(super::process_groups(env, args.database));
     let mut result = Ok(());
     for p in phases {
         match lateness::run(env, p, &sampling).await {
@@ -378,29 +378,4 @@ async fn run_in(
     }
     sampling.stop().await;
     result
-}
-
-/// The processes whose CPU is reported, as `bench` groups them.
-fn process_groups(env: &BenchEnv, database: OrdersDatabase) -> Vec<Group> {
-    let group = |name: &str, who| Group {
-        name: name.into(),
-        who,
-    };
-    let broker = match sys::pid_listening_on(amqp_port(&env.settings.amqp_url), "beam.smp") {
-        Some(pid) => Who::Pids(vec![pid]),
-        None => Who::Comm("beam.smp"),
-    };
-    let mut groups = vec![
-        group("bench", Who::Pids(vec![std::process::id()])),
-        group("service", Who::Pids(env.service_pids())),
-        group("broker", broker),
-        group("postgres", Who::Postgres(vec![env.name.clone()])),
-    ];
-    if database == OrdersDatabase::Mysql {
-        groups.push(group("mariadb", Who::Comm("mariadbd")));
-    }
-    if let Some(pid) = env.inventory.as_ref().and_then(|c| c.pid()) {
-        groups.push(group("inventory", Who::Pids(vec![pid])));
-    }
-    groups
 }
