@@ -4,11 +4,13 @@
 //! rounding would name, nor fails the batch it is in); an id spelled
 //! differently from a row's (case, trailing spaces on MySQL's default
 //! collations) matches nothing; the `also` statements are bound the id in
-//! the column's own type.
+//! the column's own type. The same cases run through a `[[timers]]`
+//! table's store ([`Flip::Timer`], from `tests/e2e/store/timers.rs`).
 
 use std::collections::BTreeMap;
 
 use order_timeout::settings::{OrdersMapping, Release};
+use order_timeout::store::PoolSettings;
 
 use super::*;
 
@@ -46,11 +48,21 @@ fn c(id: &str) -> Expect {
     Cancelled(id.into())
 }
 
-/// 100 due orders and, among them, an id out of the column's range.
+/// 100 due orders and a row at `3000000000` wrapped to 32 bits
+/// (`-1294967296`); asked about: 99 of the 100 (not `first + 49`), an id
+/// out of the column's range (`3000000000`), and the unasked one spelled
+/// as a decimal (`{first + 49}.0`). Only the 99 are cancelled.
 fn hundred_and_one_out_of_range(ty: &'static str, first: u32, reason: &'static str) -> IdCase {
-    let rows: Vec<String> = (first..first + 100).map(|n| n.to_string()).collect();
-    let mut asks: Vec<(String, Expect)> = rows.iter().map(|r| (r.clone(), c(r))).collect();
-    asks.insert(50, ("3000000000".into(), Rejected(reason)));
+    let skip = (first + 49).to_string();
+    let mut rows: Vec<String> = (first..first + 100).map(|n| n.to_string()).collect();
+    let mut asks: Vec<(String, Expect)> = rows
+        .iter()
+        .filter(|r| **r != skip)
+        .map(|r| (r.clone(), c(r)))
+        .collect();
+    asks.insert(40, ("3000000000".into(), Rejected(reason)));
+    asks.insert(60, (format!("{skip}.0"), Rejected("not an integer")));
+    rows.push("-1294967296".into());
     IdCase { ty, rows, asks }
 }
 
@@ -263,13 +275,39 @@ fn mysql_cases() -> Vec<IdCase> {
 }
 
 pub(super) async fn ids_are_compared_exactly_in_every_id_column_type(f: &impl Fixture) {
+    every_id_column_type(f, Flip::Cancel).await;
+}
+
+/// Whose flip the cases go through.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Flip {
+    /// The default timer: `[orders]`, `UNPAID → CANCELLED`.
+    Cancel,
+    /// A `[[timers]]` table per case (`receive_{n}`), `UNPAID → RECEIVED`:
+    /// its store, its `also`, its outbox rows under its own name.
+    Timer,
+}
+
+impl Flip {
+    /// The status a flipped row has.
+    fn to(self) -> &'static str {
+        match self {
+            Flip::Cancel => "CANCELLED",
+            Flip::Timer => "RECEIVED",
+        }
+    }
+}
+
+/// Every case of the fixture's dialect through `flip`; the failures of all
+/// cases are reported together.
+pub(super) async fn every_id_column_type(f: &impl Fixture, flip: Flip) {
     let cases = match f.dialect() {
         Dialect::Postgres => postgres_cases(),
         Dialect::MySql => mysql_cases(),
     };
     let mut failures = Vec::new();
     for (n, case) in cases.iter().enumerate() {
-        if let Err(e) = check(f, n, case).await {
+        if let Err(e) = check(f, n, case, flip).await {
             failures.push(format!("{}: {e}", case.ty));
         }
     }
@@ -314,37 +352,61 @@ async fn create_tables(f: &impl Fixture, table: &str, case: &IdCase) {
     .await;
 }
 
-fn mapping(f: &impl Fixture, table: &str) -> ShopSchema {
+/// The store `flip` goes through for the case's `table`, with an `also`
+/// statement copying the lines' order ids into the log: a comparison with
+/// an unindexed column, where the bound value's own type decides it (a
+/// string against a DECIMAL is compared as a double on MySQL). Returns it
+/// and the name its outbox rows carry.
+fn store_for(f: &impl Fixture, table: &str, n: usize, flip: Flip) -> (Store, String) {
     let mark = if f.dialect() == Dialect::MySql {
         "?"
     } else {
         "$1"
     };
-    ShopSchema {
-        orders: OrdersMapping {
-            table: table.into(),
-            set: BTreeMap::new(),
-            // A comparison with an unindexed column: the bound value's own
-            // type decides it (a string against a DECIMAL is compared as a
-            // double on MySQL).
-            also: vec![format!(
-                "INSERT INTO {table}_also (order_id) \
-                 SELECT order_id FROM {table}_lines WHERE order_id = {mark}"
-            )],
-            ..OrdersMapping::default()
-        },
-        release: Release::None,
-        ..ShopSchema::default()
+    let also = format!(
+        "INSERT INTO {table}_also (order_id) \
+         SELECT order_id FROM {table}_lines WHERE order_id = {mark}"
+    );
+    match flip {
+        Flip::Cancel => {
+            let schema = ShopSchema {
+                orders: OrdersMapping {
+                    table: table.into(),
+                    set: BTreeMap::new(),
+                    also: vec![also],
+                    ..OrdersMapping::default()
+                },
+                release: Release::None,
+                ..ShopSchema::default()
+            };
+            (f.store_with(&schema), settings::DEFAULT_TIMER.to_owned())
+        }
+        Flip::Timer => {
+            let name = format!("receive_{n}");
+            let timer = super::timers::timer_of(&format!(
+                r#"
+                [[timers]]
+                name = "{name}"
+                table = "{table}"
+                from = "UNPAID"
+                to = "RECEIVED"
+                deadline = "expires_at"
+                also = ["{also}"]
+                "#
+            ));
+            let store = store::connect_timer(f.url(), PoolSettings::new(2), &timer).unwrap();
+            (store, name)
+        }
     }
 }
 
 /// One case: canonical ids and their reasons, then one cancel batch with
 /// every id asked about (the rejected ones as they came), then the rows,
 /// the `also` log and the outbox.
-async fn check(f: &impl Fixture, n: usize, case: &IdCase) -> Result<(), String> {
+async fn check(f: &impl Fixture, n: usize, case: &IdCase, flip: Flip) -> Result<(), String> {
     let table = format!("ids_{n}");
     create_tables(f, &table, case).await;
-    let store = f.store_with(&mapping(f, &table));
+    let (store, timer) = store_for(f, &table, n, flip);
     store.prepare().await.map_err(|e| format!("prepare: {e}"))?;
     let mut batch = Vec::new();
     for (ask, expect) in &case.asks {
@@ -375,7 +437,7 @@ async fn check(f: &impl Fixture, n: usize, case: &IdCase) -> Result<(), String> 
             ));
         }
     }
-    check_effects(f, &table, case).await
+    check_effects(f, &table, case, flip, &timer).await
 }
 
 /// `states` in the order of `batch`.
@@ -392,9 +454,15 @@ fn order_like(batch: &[OrderId], states: Vec<(OrderId, OrderState)>) -> Vec<(Ord
         .collect()
 }
 
-/// Exactly the expected orders are cancelled, each with one `also` effect
-/// and one outbox row.
-async fn check_effects(f: &impl Fixture, table: &str, case: &IdCase) -> Result<(), String> {
+/// Exactly the expected rows are flipped, each with one `also` effect and
+/// one outbox row under `timer`; every other row is still unpaid.
+async fn check_effects(
+    f: &impl Fixture,
+    table: &str,
+    case: &IdCase,
+    flip: Flip,
+    timer: &str,
+) -> Result<(), String> {
     let text = |column: &str| match f.dialect() {
         Dialect::MySql => format!("CAST({column} AS CHAR)"),
         Dialect::Postgres => format!("{column}::text"),
@@ -409,23 +477,42 @@ async fn check_effects(f: &impl Fixture, table: &str, case: &IdCase) -> Result<(
         .collect();
     expected.sort();
     let (id, order_id) = (text("id"), text("order_id"));
+    let to = flip.to();
     let cancelled = f
         .texts(&format!(
-            "SELECT {id} FROM {table} WHERE status = 'CANCELLED' ORDER BY 1"
+            "SELECT {id} FROM {table} WHERE status = '{to}' ORDER BY 1"
         ))
         .await;
+    let unpaid = f
+        .texts(&format!("SELECT {id} FROM {table} WHERE status = 'UNPAID'"))
+        .await
+        .len();
     let mut also = f
         .texts(&format!("SELECT {order_id} FROM {table}_also"))
         .await;
     also.sort();
     let mut outbox = Vec::new();
     for id in &expected {
-        outbox.extend(f.outbox_rows(id).await.eq(&1).then(|| id.clone()));
+        let rows = f
+            .texts(&format!(
+                "SELECT {} FROM order_timeout_cancel_outbox \
+                  WHERE timer = '{timer}' AND order_id = '{id}'",
+                super::timers::outbox_id(f)
+            ))
+            .await;
+        outbox.extend((rows.len() == 1).then(|| id.clone()));
     }
     if cancelled != expected || also != expected || outbox != expected {
         return Err(format!(
-            "expected {expected:?} cancelled with one effect each; \
-             cancelled {cancelled:?}, also {also:?}, outbox {outbox:?}"
+            "expected {expected:?} {to} with one effect each; \
+             {to} {cancelled:?}, also {also:?}, outbox {outbox:?}"
+        ));
+    }
+    if unpaid + cancelled.len() != case.rows.len() {
+        return Err(format!(
+            "{unpaid} rows unpaid and {} {to} of {}",
+            cancelled.len(),
+            case.rows.len()
         ));
     }
     Ok(())
