@@ -13,6 +13,7 @@ use sqlx::{MySqlPool, PgPool};
 
 use super::super::BenchError;
 use super::super::env::{BenchEnv, http_get};
+use super::super::load::Route;
 use super::super::report::{LatenessStats, cpu_per_order};
 use super::super::sys::{Sampling, Usage};
 use super::table::TO;
@@ -20,16 +21,6 @@ use crate::shop::ShopDb;
 
 /// Most rows one insert of the generator carries (when it fell behind).
 const MAX_INSERT: u64 = 1_000;
-
-/// The processes whose CPU per row is reported, as `bench` reports them.
-pub const PROCESSES: &[&str] = &[
-    "broker",
-    "postgres",
-    "mariadb",
-    "service",
-    "inventory",
-    "bench",
-];
 
 /// One watched timer's phase.
 #[derive(Clone, Debug)]
@@ -119,7 +110,7 @@ pub async fn run(
     let ms = lateness_ms(db, &p.prefix).await?;
     let lateness = LatenessStats::from_ms(&ms);
     let flipped = ms.len() as u64;
-    let (per, total) = cpu_per_order(&resources, rows, PROCESSES);
+    let (per, total) = cpu_per_order(&resources, rows, Route::Service.processes());
     let mut r = LatenessReport {
         timer: p.timer.clone(),
         window_s: p.window.as_secs_f64(),
