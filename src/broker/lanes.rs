@@ -19,8 +19,11 @@
 //! else (other windows, retries, a deadline past W by clock skew) takes the
 //! cascade. An order's lane shard is [`shard_for`] of its id.
 //!
-//! The publisher sends to a lane's queue through the default exchange: a
-//! lane has no exchange and no bindings.
+//! The service sends to a lane's queue through the default exchange; the
+//! order service may also publish a fresh order straight into a lane with
+//! routing key `schedule.<W>s` on the entry exchange (a lane entry,
+//! [`super::topology::lane_entry_key`], bound to shard 0), which skips the
+//! due queue and the consumer before the wait.
 
 use super::cascade::{DelayRoute, HOLD_WINDOW_SECS, cascade_delay_secs, cascade_route, shard_for};
 use crate::settings::{Lane, Shards};

@@ -10,7 +10,13 @@
 //!         | bit K clear                                 dead-letters into exchange K-1 |
 //!         v                                                                              |
 //! order-timeout.delay.K-1 ... -> order-timeout.delay.0 -- bit 0 clear ------------------+
+//!
+//! order-timeout (direct) --"schedule.1800s"--> lane order-timeout.lane.1800s (TTL W - 2 s) --DLX--> order-timeout.ready
 //! ```
+//!
+//! (the last line: a lane entry, [`lane_entry_key`], for each configured lane;
+//! the consumer's re-schedules reach every lane shard through the default
+//! exchange).
 //!
 //! The declarations are data ([`queue_specs`], [`exchange_specs`],
 //! [`binding_specs`]): [`declare`] creates them, `topology check` compares
@@ -32,6 +38,22 @@ use crate::settings::{Lane, QueueType, Settings, Shards};
 pub const ENTRY_EXCHANGE: &str = "order-timeout";
 /// Routing key of a timeout message on [`ENTRY_EXCHANGE`].
 pub const SCHEDULE_ROUTING_KEY: &str = "schedule";
+
+/// Routing key on [`ENTRY_EXCHANGE`] that puts a fresh timeout straight
+/// into lane `lane` (its shard 0), `schedule.<W>s`: a **lane entry**.
+///
+/// An order service whose orders all share the lane's window publishes
+/// there instead of to [`SCHEDULE_ROUTING_KEY`], and the broker starts the
+/// wait at once: no pass through the due queue and the consumer before it
+/// (one quorum enqueue, one delivery and one publish less per order). The
+/// consumer still reads the message when the lane hands it on, within 2 s
+/// of its deadline, and holds it, re-schedules it (a deadline later than
+/// the lane's window) or cancels it then, so a lane entry is never early;
+/// an order due *sooner* than the window is late by the difference, which
+/// is why it is only for orders of exactly that window.
+pub fn lane_entry_key(lane: Lane) -> String {
+    format!("{SCHEDULE_ROUTING_KEY}.{lane}")
+}
 /// The consumer's queue: fresh timeouts and messages leaving the cascade.
 pub const DUE_QUEUE: &str = "order-timeout.due";
 /// Exit of the cascade (fanout into [`DUE_QUEUE`]).
@@ -295,6 +317,12 @@ pub fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
         queue(ENTRY_EXCHANGE, DUE_QUEUE, SCHEDULE_ROUTING_KEY.into()),
         queue(READY_EXCHANGE, DUE_QUEUE, String::new()),
     ];
+    for &lane in &layout.lanes {
+        // A direct exchange copies a message to every queue bound with its
+        // key, so a lane entry goes to one shard; one lane shard carried
+        // 2,000 orders/s on the benchmark machine (docs/BENCHMARKS.md).
+        specs.push(queue(ENTRY_EXCHANGE, &lane_name(lane, 0), lane_entry_key(lane)));
+    }
     for shard in layout.shard_range() {
         for k in 0..LEVELS {
             let level = shard_level_name(shard, k);
@@ -610,11 +638,45 @@ mod tests {
             .filter(|q| q.name.starts_with("order-timeout.lane."))
             .count();
         assert_eq!(lane_queues, 2 * 8);
+        let added: Vec<BindingSpec> = binding_specs(&lanes)
+            .into_iter()
+            .filter(|b| !binding_specs(&layout(4)).contains(b))
+            .collect();
+        assert_eq!(added.len(), 2, "one lane entry per lane, nothing else: {added:?}");
+    }
+
+    #[test]
+    fn a_lane_entry_waits_in_its_lane_once_and_reaches_the_consumer() {
+        let lanes = with_lanes(&["30m", "31s"], 4);
+        for (key, queue, ttl) in [
+            ("schedule.1800s", "order-timeout.lane.1800s", 1_798_000),
+            ("schedule.31s", "order-timeout.lane.31s", 29_000),
+        ] {
+            let lane = Lane::try_from(key["schedule.".len()..].to_string()).unwrap();
+            assert_eq!(lane_entry_key(lane), key);
+            let route = DelayRoute {
+                exchange: ENTRY_EXCHANGE.into(),
+                routing_key: key.into(),
+                hops: 1,
+            };
+            assert_eq!(walk(&lanes, &route), [queue], "one shard, one hop");
+            assert_eq!(ttl_ms(&lanes, queue), ttl);
+        }
+        // The plain key still goes to the due queue alone, and a key of a
+        // lane the config does not have matches no binding.
+        let bindings = binding_specs(&lanes);
+        let from_entry = |key: &str| -> Vec<&BindingDestination> {
+            bindings
+                .iter()
+                .filter(|b| b.source == ENTRY_EXCHANGE && b.routing_key == key)
+                .map(|b| &b.destination)
+                .collect()
+        };
         assert_eq!(
-            binding_specs(&lanes),
-            binding_specs(&layout(4)),
-            "lanes need no bindings"
+            from_entry(SCHEDULE_ROUTING_KEY),
+            [&BindingDestination::Queue(DUE_QUEUE.into())]
         );
+        assert!(from_entry("schedule.7200s").is_empty());
     }
 
     #[test]

@@ -264,11 +264,17 @@ impl TestEnv {
     /// Publishes raw bytes to the entry exchange with a plain AMQP client,
     /// as any order service would, and waits for the confirm.
     pub async fn publish_raw(&self, body: &[u8]) {
+        self.publish_raw_as(topology::SCHEDULE_ROUTING_KEY, body)
+            .await;
+    }
+
+    /// [`TestEnv::publish_raw`] with routing key `key` (a lane entry).
+    pub async fn publish_raw_as(&self, key: &str, body: &[u8]) {
         let confirm = self
             .channel
             .basic_publish(
                 topology::ENTRY_EXCHANGE.into(),
-                topology::SCHEDULE_ROUTING_KEY.into(),
+                key.into(),
                 BasicPublishOptions::default(),
                 body,
                 BasicProperties::default()

@@ -1,12 +1,14 @@
 //! Lanes against the real broker: orders that share the configured payment
 //! window wait in the lane's queues (one hop) and are cancelled on time,
 //! never early; other windows still take the cascade; `topology check`
-//! and `pending` know the lanes.
+//! and `pending` know the lanes; a lane entry (`schedule.<W>s`) puts an
+//! order straight into its lane.
 
 use std::time::Duration;
 
-use crate::common::TestEnv;
+use crate::common::{TestEnv, http_get};
 use order_timeout::broker::lanes::lane_name;
+use order_timeout::broker::topology::{DUE_QUEUE, lane_entry_key};
 use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::{Lane, Shards};
 
@@ -86,5 +88,90 @@ async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_ti
     for shard in 0..3 {
         assert_eq!(env.queue_depth(&lane_name(lane, shard)).await, 0);
     }
+    service.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
+    let mut env = TestEnv::new().await;
+    let lane = Lane::try_from("6s".to_string()).unwrap();
+    env.settings.lanes = vec![lane];
+    env.settings.lane_shards = Shards::try_from(3).unwrap();
+    env.stock_skus(1).await;
+    let service = env.service().await;
+    // The service binds the lane entry when it declares its topology, before
+    // it consumes; until then the broker drops what is published with the
+    // key (the README says so: start the service with the lane first).
+    env.eventually(Duration::from_secs(10), "the service ready", || async {
+        http_get(service.http_addr, "/readyz").await.0 == 200
+    })
+    .await;
+    let key = lane_entry_key(lane);
+    assert_eq!(key, "schedule.6s");
+
+    // Orders of the lane's window, with their deadline and as bare ids
+    // (the deadline then comes from the row), and one whose deadline is
+    // later than the window (a publisher's mistake): it must wait for it.
+    let mut orders = Vec::new();
+    for i in 0..20 {
+        let order = env
+            .create_order(&format!("entry-{i}"), Duration::from_secs(6), &[(0, 1)])
+            .await;
+        let body = serde_json::json!({
+            "order_id": order.id,
+            "cancel_at": order_timeout::message::format_instant(order.expires_at),
+        });
+        env.publish_raw_as(&key, body.to_string().as_bytes()).await;
+        orders.push(order);
+    }
+    for i in 0..5 {
+        let order = env
+            .create_order(&format!("bare-{i}"), Duration::from_secs(6), &[(0, 1)])
+            .await;
+        env.publish_raw_as(&key, serde_json::json!(order.id).to_string().as_bytes())
+            .await;
+        orders.push(order);
+    }
+    let later = env
+        .create_order("later-1", Duration::from_secs(15), &[(0, 1)])
+        .await;
+    let body = serde_json::json!({
+        "order_id": later.id,
+        "cancel_at": order_timeout::message::format_instant(later.expires_at),
+    });
+    env.publish_raw_as(&key, body.to_string().as_bytes()).await;
+    env.eventually(Duration::from_secs(3), "26 orders in shard 0", || async {
+        env.queue_depth(&lane_name(lane, 0)).await == 26
+    })
+    .await;
+    assert_eq!(env.queue_depth(&lane_name(lane, 1)).await, 0);
+    assert_eq!(env.queue_depth(&lane_name(lane, 2)).await, 0);
+    assert_eq!(env.queue_depth(DUE_QUEUE).await, 0);
+    assert_eq!(service.metrics.count(Outcome::Rescheduled), 0);
+    let check = env.cli(&["topology", "check"]).await;
+    assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
+
+    for order in orders.iter().chain([&later]) {
+        let (status, expires_at, cancelled_at) =
+            env.wait_settled(&order.id, Duration::from_secs(25)).await;
+        assert_eq!(status, "CANCELLED", "{}", order.id);
+        let cancelled_at = cancelled_at.expect("cancelled_at set");
+        assert!(
+            cancelled_at >= expires_at,
+            "{} cancelled early: {cancelled_at} < {expires_at}",
+            order.id
+        );
+        assert!(
+            cancelled_at - expires_at < LATE_OK,
+            "{} too late: {}",
+            order.id,
+            cancelled_at - expires_at
+        );
+    }
+    assert_eq!(service.metrics.count(Outcome::Cancelled), 26);
+    assert!(
+        service.metrics.count(Outcome::Rescheduled) >= 1,
+        "the later order was sent on toward its deadline"
+    );
     service.stop().await.unwrap();
 }

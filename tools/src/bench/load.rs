@@ -23,8 +23,9 @@ use super::BenchError;
 use super::report::{LatenessStats, PhaseReport, per_second};
 use super::workload::TimeoutDist;
 use crate::shop::{Progress, ShopDb};
-use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY};
+use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
+use order_timeout::settings::Lane;
 
 /// Where the generator publishes each order's timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +103,11 @@ pub struct Workload {
     pub publish_channels: usize,
     /// Longest wait for the orders to settle after the last deadline.
     pub settle_timeout: Duration,
+    /// Lanes the generator publishes straight into (a lane entry, routing
+    /// key `schedule.<W>s`) for orders of exactly that window, as the README
+    /// tells a shop with one payment window to do; other orders, and every
+    /// order when this is empty, go with key `schedule`.
+    pub entry_lanes: Vec<Lane>,
 }
 
 /// Ticks per second of the pacer.
@@ -122,6 +128,8 @@ struct Counters {
 
 struct Order {
     id: String,
+    /// The order's payment window: its deadline is this after creation.
+    window: Duration,
     expires_at: DateTime<Utc>,
     skus: Vec<String>,
     quantities: Vec<i64>,
@@ -227,9 +235,27 @@ async fn insert_batch(db: &BenchDb, orders: &[Order]) -> Result<(), sqlx::Error>
     tx.commit().await
 }
 
-/// Publishes the timeouts of `orders` on `channel` and waits for all
+/// The routing key on the entry exchange for an order of `window`: its
+/// lane's entry among `entry_lanes`, else `schedule`.
+fn entry_key(window: Duration, entry_lanes: &[Lane]) -> String {
+    entry_lanes
+        .iter()
+        .find(|lane| Duration::from_secs(lane.secs()) == window)
+        .map_or_else(
+            || SCHEDULE_ROUTING_KEY.to_owned(),
+            |&lane| lane_entry_key(lane),
+        )
+}
+
+/// Publishes the timeouts of `orders` on `channel` (into `entry_lanes` where
+/// an order's window has one, for [`Route::Service`]) and waits for all
 /// confirms; returns how many were not confirmed.
-async fn publish_batch(channel: &Channel, route: Route, orders: &[Order]) -> u64 {
+async fn publish_batch(
+    channel: &Channel,
+    route: Route,
+    entry_lanes: &[Lane],
+    orders: &[Order],
+) -> u64 {
     let mut confirms = Vec::with_capacity(orders.len());
     let mut failed = 0;
     for o in orders {
@@ -242,16 +268,20 @@ async fn publish_batch(channel: &Channel, route: Route, orders: &[Order]) -> u64
             .with_delivery_mode(2)
             .with_content_type("application/json".into());
         let (exchange, key, props) = match route.delay_queue() {
-            None => (ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, props),
+            None => (ENTRY_EXCHANGE, entry_key(o.window, entry_lanes), props),
             Some(queue) => {
                 let left = (o.expires_at - Utc::now()).num_milliseconds().max(0);
-                ("", queue, props.with_expiration(left.to_string().into()))
+                (
+                    "",
+                    queue.to_owned(),
+                    props.with_expiration(left.to_string().into()),
+                )
             }
         };
         match channel
             .basic_publish(
                 exchange.into(),
-                key.into(),
+                key.as_str().into(),
                 BasicPublishOptions::default(),
                 &body,
                 props,
@@ -476,6 +506,7 @@ pub async fn generate(
             db: db.clone(),
             channel: channels[tasks.len() % channels.len()].clone(),
             route,
+            entry_lanes: w.entry_lanes.clone(),
             counters: counters.clone(),
             pay_tx: pay_tx.clone(),
             bar: bar.clone(),
@@ -522,6 +553,7 @@ fn draw_orders(w: &Workload, prefix: &str, before: u64, n: u64) -> Vec<Order> {
                 .then(|| (timeout - PAY_MARGIN).mul_f64(rng.random_range(0.0..1.0)));
             Order {
                 id: format!("{prefix}{seq:09}"),
+                window: timeout,
                 expires_at,
                 skus,
                 quantities,
@@ -538,6 +570,7 @@ struct Batch {
     db: BenchDb,
     channel: Channel,
     route: Route,
+    entry_lanes: Vec<Lane>,
     counters: Arc<Counters>,
     pay_tx: mpsc::UnboundedSender<(Instant, String)>,
     bar: ProgressBar,
@@ -550,6 +583,7 @@ impl Batch {
             db,
             channel,
             route,
+            entry_lanes,
             counters,
             pay_tx,
             bar,
@@ -562,7 +596,7 @@ impl Batch {
                 .fetch_add(orders.len() as u64, Ordering::Relaxed);
             return;
         }
-        let failed = publish_batch(&channel, route, &orders).await;
+        let failed = publish_batch(&channel, route, &entry_lanes, &orders).await;
         counters.errors.fetch_add(failed, Ordering::Relaxed);
         counters
             .created
@@ -794,6 +828,7 @@ pub async fn fill(
                     let timeout = timeouts.sample(&mut rng);
                     Order {
                         id: format!("pending-{:09}", seq + j),
+                        window: timeout,
                         expires_at: (now + chrono::Duration::from_std(timeout).unwrap_or_default())
                             .duration_trunc(chrono::Duration::milliseconds(1))
                             .unwrap_or(now),
@@ -815,7 +850,7 @@ pub async fn fill(
                 errors.fetch_add(orders.len() as u64, Ordering::Relaxed);
                 return;
             }
-            let failed = publish_batch(&channel, Route::Service, &orders).await;
+            let failed = publish_batch(&channel, Route::Service, &[], &orders).await;
             errors.fetch_add(failed, Ordering::Relaxed);
             bar.inc(orders.len() as u64);
         }));

@@ -109,6 +109,16 @@ pub enum Baseline {
     Seed,
 }
 
+/// `bench --entry`: the routing key the generator publishes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Entry {
+    /// Into the lane of the order's window (`schedule.<W>s`) when there is
+    /// one, else `schedule`.
+    Lane,
+    /// Always `schedule`: the consumer reads every order before its wait.
+    Schedule,
+}
+
 /// Arguments of `bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -147,6 +157,13 @@ pub struct BenchArgs {
     /// such as `30m,2h`.
     #[arg(long, default_value = "auto", value_parser = clap::value_parser!(LaneChoice))]
     pub lanes: LaneChoice,
+    /// How the generator publishes an order's timeout: `lane` (routing key
+    /// `schedule.<W>s`, straight into the lane of the order's window when
+    /// the services run one, as the README tells a shop with one payment
+    /// window to do; `schedule` for other orders) or `schedule` (every order
+    /// through the due queue and the consumer first).
+    #[arg(long, value_enum, default_value_t = Entry::Lane)]
+    pub entry: Entry,
     /// Share of orders paid before their deadline (they must stay untouched).
     #[arg(long, default_value_t = 0.3)]
     pub paid_ratio: f64,
@@ -367,6 +384,14 @@ fn settings_info(s: &Settings, args: &BenchArgs) -> BTreeMap<String, String> {
     let lanes: Vec<String> = s.lanes.iter().map(ToString::to_string).collect();
     m.insert("lanes".into(), lanes.join(","));
     m.insert("lane_shards".into(), s.lane_shards.get().to_string());
+    m.insert(
+        "entry".into(),
+        match args.entry {
+            Entry::Lane if !s.lanes.is_empty() => "lane entry (schedule.<W>s)",
+            _ => "schedule",
+        }
+        .into(),
+    );
     m.insert("prefetch".into(), s.prefetch.to_string());
     m.insert("batch_max".into(), s.batch_max.to_string());
     m.insert("batch_concurrency".into(), s.batch_concurrency.to_string());
@@ -544,6 +569,10 @@ async fn run_workload(
         skus: stock_skus(env, args).await?,
         publish_channels: args.publish_channels,
         settle_timeout: args.settle_timeout,
+        entry_lanes: match args.entry {
+            Entry::Lane => env.settings.lanes.clone(),
+            Entry::Schedule => Vec::new(),
+        },
     };
     let conn =
         order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-shop")
