@@ -290,11 +290,17 @@ impl TestEnv {
 
     /// Publishes `{"order_id", "cancel_at"}` for `order`.
     pub async fn publish_timeout(&self, order: &NewOrder) {
+        self.publish_timeout_as(topology::SCHEDULE_ROUTING_KEY, order)
+            .await;
+    }
+
+    /// [`TestEnv::publish_timeout`] with routing key `key` (a lane entry).
+    pub async fn publish_timeout_as(&self, key: &str, order: &NewOrder) {
         let body = serde_json::json!({
             "order_id": order.id,
             "cancel_at": order_timeout::message::format_instant(order.expires_at),
         });
-        self.publish_raw(body.to_string().as_bytes()).await;
+        self.publish_raw_as(key, body.to_string().as_bytes()).await;
     }
 
     /// An exclusive queue bound to the `order.cancelled` events.

@@ -11,10 +11,37 @@ use order_timeout::broker::lanes::lane_name;
 use order_timeout::broker::topology::{DUE_QUEUE, lane_entry_key};
 use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::{Lane, Shards};
+use order_timeout_tools::shop::NewOrder;
 
 /// Generous bound on lateness for behaviour tests (the benchmark measures
 /// the real figure).
 const LATE_OK: chrono::Duration = chrono::Duration::milliseconds(1500);
+
+/// Waits (at most `wait` each) until every one of `orders` is settled, and
+/// checks each was cancelled at or after its deadline, less than
+/// [`LATE_OK`] after it.
+async fn cancelled_on_time<'a>(
+    env: &TestEnv,
+    orders: impl Iterator<Item = &'a NewOrder>,
+    wait: Duration,
+) {
+    for order in orders {
+        let (status, expires_at, cancelled_at) = env.wait_settled(&order.id, wait).await;
+        assert_eq!(status, "CANCELLED", "{}", order.id);
+        let cancelled_at = cancelled_at.expect("cancelled_at set");
+        assert!(
+            cancelled_at >= expires_at,
+            "{} cancelled early: {cancelled_at} < {expires_at}",
+            order.id
+        );
+        assert!(
+            cancelled_at - expires_at < LATE_OK,
+            "{} too late: {}",
+            order.id,
+            cancelled_at - expires_at
+        );
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_time() {
@@ -67,23 +94,7 @@ async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_ti
     let check = env.cli(&["topology", "check"]).await;
     assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
 
-    for order in orders.iter().chain([&other]) {
-        let (status, expires_at, cancelled_at) =
-            env.wait_settled(&order.id, Duration::from_secs(15)).await;
-        assert_eq!(status, "CANCELLED", "{}", order.id);
-        let cancelled_at = cancelled_at.expect("cancelled_at set");
-        assert!(
-            cancelled_at >= expires_at,
-            "{} cancelled early: {cancelled_at} < {expires_at}",
-            order.id
-        );
-        assert!(
-            cancelled_at - expires_at < LATE_OK,
-            "{} too late: {}",
-            order.id,
-            cancelled_at - expires_at
-        );
-    }
+    cancelled_on_time(&env, orders.iter().chain([&other]), Duration::from_secs(15)).await;
     assert_eq!(service.metrics.count(Outcome::Cancelled), 41);
     for shard in 0..3 {
         assert_eq!(env.queue_depth(&lane_name(lane, shard)).await, 0);
@@ -117,11 +128,7 @@ async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
         let order = env
             .create_order(&format!("entry-{i}"), Duration::from_secs(6), &[(0, 1)])
             .await;
-        let body = serde_json::json!({
-            "order_id": order.id,
-            "cancel_at": order_timeout::message::format_instant(order.expires_at),
-        });
-        env.publish_raw_as(&key, body.to_string().as_bytes()).await;
+        env.publish_timeout_as(&key, &order).await;
         orders.push(order);
     }
     for i in 0..5 {
@@ -135,11 +142,7 @@ async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
     let later = env
         .create_order("later-1", Duration::from_secs(15), &[(0, 1)])
         .await;
-    let body = serde_json::json!({
-        "order_id": later.id,
-        "cancel_at": order_timeout::message::format_instant(later.expires_at),
-    });
-    env.publish_raw_as(&key, body.to_string().as_bytes()).await;
+    env.publish_timeout_as(&key, &later).await;
     env.eventually(Duration::from_secs(3), "26 orders in shard 0", || async {
         env.queue_depth(&lane_name(lane, 0)).await == 26
     })
@@ -151,23 +154,7 @@ async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
     let check = env.cli(&["topology", "check"]).await;
     assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
 
-    for order in orders.iter().chain([&later]) {
-        let (status, expires_at, cancelled_at) =
-            env.wait_settled(&order.id, Duration::from_secs(25)).await;
-        assert_eq!(status, "CANCELLED", "{}", order.id);
-        let cancelled_at = cancelled_at.expect("cancelled_at set");
-        assert!(
-            cancelled_at >= expires_at,
-            "{} cancelled early: {cancelled_at} < {expires_at}",
-            order.id
-        );
-        assert!(
-            cancelled_at - expires_at < LATE_OK,
-            "{} too late: {}",
-            order.id,
-            cancelled_at - expires_at
-        );
-    }
+    cancelled_on_time(&env, orders.iter().chain([&later]), Duration::from_secs(25)).await;
     assert_eq!(service.metrics.count(Outcome::Cancelled), 26);
     assert!(
         service.metrics.count(Outcome::Rescheduled) >= 1,

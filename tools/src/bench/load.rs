@@ -1057,3 +1057,22 @@ async fn also_releases(pool: &MySqlPool, prefix: &str) -> Result<(i64, i64), Ben
         Ok((0, 0))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_orders_of_a_lanes_window_take_its_entry() {
+        let lanes = [Lane::try_from("31s".to_owned()).unwrap()];
+        assert_eq!(entry_key(Duration::from_secs(31), &lanes), "schedule.31s");
+        for window in [Duration::from_secs(8), Duration::from_millis(31_500)] {
+            assert_eq!(entry_key(window, &lanes), SCHEDULE_ROUTING_KEY);
+        }
+        assert_eq!(
+            entry_key(Duration::from_secs(31), &[]),
+            SCHEDULE_ROUTING_KEY,
+            "--entry schedule"
+        );
+    }
+}
