@@ -202,6 +202,13 @@ pub struct BenchArgs {
     /// a verdict at the end: were all runs within `--p99-target`?
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
+    /// With `--repeat`: start every run after the first on empty tables
+    /// (orders, items, the service's outbox, the reference inventory's
+    /// reservations and releases) and freshly written stock, so each run
+    /// measures the same state instead of a database grown by the earlier
+    /// runs' orders.
+    #[arg(long)]
+    pub fresh_tables: bool,
     /// The verdict's lateness target: p99 at most this.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub p99_target: Duration,
@@ -384,6 +391,14 @@ fn settings_info(s: &Settings, args: &BenchArgs) -> BTreeMap<String, String> {
     let lanes: Vec<String> = s.lanes.iter().map(ToString::to_string).collect();
     m.insert("lanes".into(), lanes.join(","));
     m.insert("lane_shards".into(), s.lane_shards.get().to_string());
+    if args.repeat > 1 {
+        let tables = if args.fresh_tables {
+            "fresh for every run"
+        } else {
+            "shared by every run"
+        };
+        m.insert("tables".into(), tables.into());
+    }
     m.insert(
         "entry".into(),
         match args.entry {
@@ -552,6 +567,34 @@ async fn stock_skus(env: &BenchEnv, args: &BenchArgs) -> Result<Vec<String>, Ben
     Ok(skus)
 }
 
+/// `--fresh-tables`: empties what the earlier runs wrote (every order of
+/// theirs is settled and measured by now) and writes the stock again.
+/// (`--stock also` takes no `--repeat`, so the stock is the reference
+/// inventory's.)
+async fn fresh_tables(env: &BenchEnv, args: &BenchArgs) -> Result<(), BenchError> {
+    eprintln!("== emptying the shop's tables and the outbox, writing the stock again");
+    match &env.db.orders {
+        ShopDb::Postgres(pool) => {
+            sqlx::query("TRUNCATE orders, order_items, order_timeout_cancel_outbox")
+                .execute(pool)
+                .await?;
+        }
+        ShopDb::MySql(pool) => {
+            // TRUNCATE refuses a table a foreign key points at.
+            for table in ["order_items", "orders", "order_timeout_cancel_outbox"] {
+                sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}")))
+                    .execute(pool)
+                    .await?;
+            }
+        }
+    }
+    sqlx::query("TRUNCATE inventory.reservations, inventory.releases, inventory.stock")
+        .execute(&env.db.inventory)
+        .await?;
+    stock_skus(env, args).await?;
+    Ok(())
+}
+
 /// The rate run: `--repeat` runs of the product's phase and then the
 /// baselines' phases, each printed as it ends; the verdicts; the plot (of
 /// the last run). Returns whether every check passed.
@@ -618,6 +661,9 @@ async fn run_once(
 ) -> Result<(RunReport, Vec<(String, Vec<(f64, f64)>)>), BenchError> {
     if args.repeat > 1 {
         eprintln!("== run {run} of {}", args.repeat);
+    }
+    if run > 1 && args.fresh_tables {
+        fresh_tables(env, args).await?;
     }
     let mut r = RunReport {
         run,
