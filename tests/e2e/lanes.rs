@@ -43,13 +43,20 @@ async fn cancelled_on_time<'a>(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_time() {
+/// A test's world whose service runs one lane of `window` in 3 shards,
+/// with one SKU in stock.
+async fn with_lane(window: &str) -> (TestEnv, Lane) {
     let mut env = TestEnv::new().await;
-    let lane = Lane::try_from("7s".to_string()).unwrap();
+    let lane = Lane::try_from(window.to_string()).unwrap();
     env.settings.lanes = vec![lane];
     env.settings.lane_shards = Shards::try_from(3).unwrap();
     env.stock_skus(1).await;
+    (env, lane)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_time() {
+    let (env, lane) = with_lane("7s").await;
     let service = env.service().await;
 
     // Each published as soon as it is created, as an order service does.
@@ -104,11 +111,7 @@ async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_ti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
-    let mut env = TestEnv::new().await;
-    let lane = Lane::try_from("6s".to_string()).unwrap();
-    env.settings.lanes = vec![lane];
-    env.settings.lane_shards = Shards::try_from(3).unwrap();
-    env.stock_skus(1).await;
+    let (env, lane) = with_lane("6s").await;
     let service = env.service().await;
     // The service binds the lane entry when it declares its topology, before
     // it consumes; until then the broker drops what is published with the
