@@ -138,6 +138,16 @@ impl Settings {
                 return Err(invalid(key, "must be longer than 0s".into()));
             }
         }
+        if self.batch_linger > super::MAX_BATCH_LINGER {
+            return Err(invalid(
+                "batch_linger",
+                format!(
+                    "{} would make every order that late; at most {}",
+                    humantime::format_duration(self.batch_linger),
+                    humantime::format_duration(super::MAX_BATCH_LINGER)
+                ),
+            ));
+        }
         if self.retry.max_delay < self.retry.base_delay {
             return Err(invalid(
                 "[retry].max_delay",
@@ -189,6 +199,22 @@ mod tests {
         assert!(err.contains("[orders].paid"), "{err}");
         let err = refused("[orders]\nset = { status = \"'X'\" }");
         assert!(err.contains("[orders].set"), "{err}");
+    }
+
+    #[test]
+    fn a_batch_linger_is_at_most_a_second_and_may_be_zero() {
+        let err = refused("batch_linger = \"2s\"");
+        assert!(err.contains("batch_linger") && err.contains("2s"), "{err}");
+        for ok in [
+            "batch_linger = \"0s\"",
+            "batch_linger = \"1s\"",
+            "batch_linger = \"15ms\"",
+        ] {
+            let settings: Settings = toml::from_str(ok).unwrap();
+            settings.validate().unwrap();
+        }
+        let settings: Settings = toml::from_str("batch_linger = \"15ms\"").unwrap();
+        assert_eq!(settings.batch_linger, Duration::from_millis(15));
     }
 
     #[test]
