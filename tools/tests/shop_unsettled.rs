@@ -45,72 +45,70 @@ async fn fill(shop: &ShopDb) {
             ),
             ShopDb::MySql(_) => (
                 "INSERT INTO orders (id, status, expires_at) VALUES (?, ?, UTC_TIMESTAMP(6))",
-                "INSERT INTO order_timeout_cancel_outbox (timer, order_id, stock_released_at, \
-                 event_published_at, gave_up_at) VALUES ('cancel_unpaid', ?, \
+                "INSERT INTO order_timeout_cancel_outbox (timer, order_id, created_at, stock_released_at, \
+                 event_published_at, gave_up_at) VALUES ('cancel_unpaid', ?, UTC_TIMESTAMP(6), \
                  IF(?, UTC_TIMESTAMP(6), NULL), IF(?, UTC_TIMESTAMP(6), NULL), IF(?, UTC_TIMESTAMP(6), NULL))",
             ),
         };
+        // The same binds on either pool type.
+        macro_rules! insert {
+            ($pool:expr) => {{
+                sqlx::query(order)
+                    .bind(id)
+                    .bind(status)
+                    .execute($pool)
+                    .await
+                    .unwrap();
+                if let Some((released, published, given_up)) = outbox {
+                    sqlx::query(entry)
+                        .bind(id)
+                        .bind(released)
+                        .bind(published)
+                        .bind(given_up)
+                        .execute($pool)
+                        .await
+                        .unwrap();
+                }
+            }};
+        }
         match shop {
-            ShopDb::Postgres(pool) => {
-                sqlx::query(order)
-                    .bind(id)
-                    .bind(status)
-                    .execute(pool)
-                    .await
-                    .unwrap();
-                if let Some((released, published, given_up)) = outbox {
-                    sqlx::query(entry)
-                        .bind(id)
-                        .bind(released)
-                        .bind(published)
-                        .bind(given_up)
-                        .execute(pool)
-                        .await
-                        .unwrap();
-                }
-            }
-            ShopDb::MySql(pool) => {
-                sqlx::query(order)
-                    .bind(id)
-                    .bind(status)
-                    .execute(pool)
-                    .await
-                    .unwrap();
-                if let Some((released, published, given_up)) = outbox {
-                    sqlx::query(entry)
-                        .bind(id)
-                        .bind(released)
-                        .bind(published)
-                        .bind(given_up)
-                        .execute(pool)
-                        .await
-                        .unwrap();
-                }
-            }
+            ShopDb::Postgres(pool) => insert!(pool),
+            ShopDb::MySql(pool) => insert!(pool),
+        }
+    }
+}
+
+/// The test's database, dropped however the test ends.
+struct Scratch {
+    base: SecretUrl,
+    name: String,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Err(e) = scratch::drop_database_blocking(&self.base, &self.name) {
+            eprintln!("{e}");
         }
     }
 }
 
 async fn counts_the_open_rows_of_one_prefix(base: SecretUrl, name: String) {
     let url = scratch::with_path(&base, &name).unwrap();
+    let _scratch = Scratch { base, name };
     let shop = ShopDb::prepare(&url, 2).await.expect("prepare the shop");
     fill(&shop).await;
-    let counts = (
-        shop.unsettled("run1-").await.unwrap(),
-        shop.unsettled("run2-").await.unwrap(),
-        shop.unsettled("run3-").await.unwrap(),
-    );
+    // Unpaid run1-1 and run1-7; pending run1-3 and run1-4 (run1-6 was given
+    // up: waiting will not finish it).
+    assert_eq!(shop.unsettled("run1-").await.unwrap(), (2, 2));
+    assert_eq!(shop.unsettled("run2-").await.unwrap(), (1, 1));
+    assert_eq!(shop.unsettled("run3-").await.unwrap(), (0, 0));
+    // The full counts agree, given-up rows included there.
     let full = shop.progress("run1-").await.unwrap();
+    assert_eq!((full.unpaid, full.pending_outbox), (2, 3));
     match shop {
         ShopDb::Postgres(pool) => pool.close().await,
         ShopDb::MySql(pool) => pool.close().await,
     }
-    scratch::drop_database(&base, &name).await.unwrap();
-    // Unpaid run1-1 and run1-7; pending run1-3 and run1-4 (run1-6 was given
-    // up: waiting will not finish it).
-    assert_eq!(counts, ((2, 2), (1, 1), (0, 0)));
-    // The full counts agree, given-up rows included there.
-    assert_eq!((full.unpaid, full.pending_outbox), (2, 3));
 }
 
 #[tokio::test]
