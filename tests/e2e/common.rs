@@ -22,6 +22,7 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use order_timeout::app::RunningService;
 use order_timeout::broker::{connect_amqp, declare_topology, topology};
+use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::{self, SecretUrl, Settings, Shards};
 use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
@@ -422,6 +423,20 @@ impl TestEnv {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Waits until `service` has acked exactly `n` messages as
+    /// `outcome`. A row flips before its message is acked (the release,
+    /// the event and the outbox marks come first), so after the rows are
+    /// seen cancelled the counter may still trail by a batch.
+    pub async fn acked_exactly(&self, service: &RunningService, outcome: Outcome, n: u64) {
+        self.eventually(
+            Duration::from_secs(10),
+            &format!("{n} messages acked as {outcome:?}"),
+            || async { service.metrics.count(outcome) >= n },
+        )
+        .await;
+        assert_eq!(service.metrics.count(outcome), n, "{outcome:?}");
     }
 
     /// Waits until the order with `id` is no longer UNPAID.

@@ -183,17 +183,8 @@ async fn every_kind_of_bad_input_is_parked_and_valid_orders_stay_on_time() {
         assert!(!error.is_empty(), "x-error is set");
         assert_eq!(*attempts, 1, "bad input is parked on its first attempt");
     }
-    // A row flips before its message is acked: the counter may trail.
-    env.eventually(
-        Duration::from_secs(10),
-        "every valid message acked as cancelled",
-        || async { service.metrics.count(Outcome::Cancelled) >= valid.len() as u64 },
-    )
-    .await;
-    assert_eq!(
-        service.metrics.count(Outcome::Cancelled),
-        valid.len() as u64
-    );
+    env.acked_exactly(&service, Outcome::Cancelled, valid.len() as u64)
+        .await;
     env.assert_stock_exact(2).await;
     service.stop().await.unwrap();
 }

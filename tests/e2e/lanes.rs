@@ -7,7 +7,6 @@
 use std::time::Duration;
 
 use crate::common::{TestEnv, http_get};
-use order_timeout::app::RunningService;
 use order_timeout::broker::lanes::lane_name;
 use order_timeout::broker::topology::{DUE_QUEUE, lane_entry_key};
 use order_timeout::observe::metrics::Outcome;
@@ -42,19 +41,6 @@ async fn cancelled_on_time<'a>(
             cancelled_at - expires_at
         );
     }
-}
-
-/// Waits until the service has acked exactly `n` messages as cancelled:
-/// a row flips before its message is acked (the release, the event and the
-/// outbox marks come first), so the counter may trail the rows by a batch.
-async fn acked_cancelled(env: &TestEnv, service: &RunningService, n: u64) {
-    env.eventually(
-        Duration::from_secs(10),
-        &format!("{n} messages acked as cancelled"),
-        || async { service.metrics.count(Outcome::Cancelled) >= n },
-    )
-    .await;
-    assert_eq!(service.metrics.count(Outcome::Cancelled), n);
 }
 
 /// A test's world whose service runs one lane of `window` in 3 shards,
@@ -116,7 +102,7 @@ async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_ti
     assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
 
     cancelled_on_time(&env, orders.iter().chain([&other]), Duration::from_secs(15)).await;
-    acked_cancelled(&env, &service, 41).await;
+    env.acked_exactly(&service, Outcome::Cancelled, 41).await;
     for shard in 0..3 {
         assert_eq!(env.queue_depth(&lane_name(lane, shard)).await, 0);
     }
@@ -172,7 +158,7 @@ async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
     assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
 
     cancelled_on_time(&env, orders.iter().chain([&later]), Duration::from_secs(25)).await;
-    acked_cancelled(&env, &service, 26).await;
+    env.acked_exactly(&service, Outcome::Cancelled, 26).await;
     assert!(
         service.metrics.count(Outcome::Rescheduled) >= 1,
         "the later order was sent on toward its deadline"
