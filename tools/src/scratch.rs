@@ -112,3 +112,39 @@ pub fn drop_database_blocking(database_base: &SecretUrl, name: &str) -> Result<(
     .join()
     .map_err(|_| ScratchError("the drop thread panicked".into()))?
 }
+
+/// A scratch database that is dropped however its holder ends (a test's
+/// panic included): hold it for as long as the database is used.
+#[derive(Debug)]
+pub struct ScratchDatabase {
+    base: SecretUrl,
+    name: String,
+}
+
+impl ScratchDatabase {
+    /// A database named `<prefix>_<pid>_<nanos>` on the server of
+    /// `database_base` (created by whoever connects first, e.g. the
+    /// service's migrations), to be dropped with this guard.
+    pub fn new(database_base: &SecretUrl, prefix: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Self {
+            base: database_base.clone(),
+            name: format!("{prefix}_{}_{nanos}", std::process::id()),
+        }
+    }
+
+    /// The database's URL.
+    pub fn url(&self) -> Result<SecretUrl, ScratchError> {
+        with_path(&self.base, &format!("/{}", self.name))
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        if let Err(e) = drop_database_blocking(&self.base, &self.name) {
+            eprintln!("{e}");
+        }
+    }
+}

@@ -26,14 +26,6 @@ const ROWS: &[Row] = &[
     ("run2-2", "CANCELLED", Some((false, false, false))),
 ];
 
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!("{prefix}_{}_{nanos}", std::process::id())
-}
-
 async fn fill(shop: &ShopDb) {
     for &(id, status, outbox) in ROWS {
         let (order, entry) = match shop {
@@ -78,23 +70,9 @@ async fn fill(shop: &ShopDb) {
     }
 }
 
-/// The test's database, dropped however the test ends.
-struct Scratch {
-    base: SecretUrl,
-    name: String,
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if let Err(e) = scratch::drop_database_blocking(&self.base, &self.name) {
-            eprintln!("{e}");
-        }
-    }
-}
-
-async fn counts_the_open_rows_of_one_prefix(base: SecretUrl, name: String) {
-    let url = scratch::with_path(&base, &name).unwrap();
-    let _scratch = Scratch { base, name };
+async fn counts_the_open_rows_of_one_prefix(base: SecretUrl) {
+    let scratch = scratch::ScratchDatabase::new(&base, "ot_tools_unsettled");
+    let url = scratch.url().unwrap();
     let shop = ShopDb::prepare(&url, 2).await.expect("prepare the shop");
     fill(&shop).await;
     // Unpaid run1-1 and run1-7; pending run1-3 and run1-4 (run1-6 was given
@@ -116,7 +94,7 @@ async fn postgres_counts_the_open_rows_of_one_prefix() {
     let base = SecretUrl::new(
         std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into()),
     );
-    counts_the_open_rows_of_one_prefix(base, unique("ot_tools_unsettled")).await;
+    counts_the_open_rows_of_one_prefix(base).await;
 }
 
 #[tokio::test]
@@ -124,5 +102,5 @@ async fn mysql_counts_the_open_rows_of_one_prefix() {
     let base = SecretUrl::new(
         std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into()),
     );
-    counts_the_open_rows_of_one_prefix(base, unique("ot_tools_unsettled")).await;
+    counts_the_open_rows_of_one_prefix(base).await;
 }
