@@ -200,6 +200,13 @@ async fn prepare_store(store: &store::Store, shutdown: &Shutdown) -> anyhow::Res
                     release = ?report.release,
                     "shop schema checked"
                 );
+                if !report.unvacuumed.is_empty() {
+                    tracing::warn!(
+                        timer = %report.timer,
+                        tables = %report.unvacuumed.join(", "),
+                        "PostgreSQL's autovacuum is off for these tables: every cancellation leaves a dead row version in them, and unvacuumed they slow the cancel statement down over hours; turn autovacuum on or schedule VACUUM (ANALYZE) of them"
+                    );
+                }
                 return Ok(true);
             }
             Err(e) if e.is_config() => return Err(e.into()),

@@ -811,6 +811,10 @@ impl SqlDialect for MySql {
         Ok(sqlx::Statement::parameters(&prepared).map_or(0, |p| p.either(|t| t.len(), |n| n)))
     }
 
+    async fn unvacuumed(_: &MySqlStore, _: &[&str]) -> Result<Vec<String>, sqlx::Error> {
+        Ok(Vec::new())
+    }
+
     async fn count_waiting(store: &MySqlStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
         let values = args([Arg::Status(&store.timer.from)]);
         let values = values.map_err(|e| sqlx::Error::Encode(Box::new(e)))?;

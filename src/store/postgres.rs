@@ -204,6 +204,33 @@ impl SqlDialect for Postgres {
         Ok(sqlx::Statement::parameters(&prepared).map_or(0, |p| p.either(|t| t.len(), |n| n)))
     }
 
+    async fn unvacuumed(store: &PgStore, tables: &[&str]) -> Result<Vec<String>, sqlx::Error> {
+        let quoted: Vec<String> = tables
+            .iter()
+            .map(|t| shape::quote(Dialect::Postgres, t))
+            .collect();
+        let off: Vec<i64> = sqlx::query_scalar(
+            r#"
+            SELECT t.i
+              FROM unnest($1::text[]) WITH ORDINALITY AS t(name, i)
+              JOIN pg_class c ON c.oid = to_regclass(t.name)
+             WHERE NOT current_setting('autovacuum')::bool
+                OR EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
+                            WHERE split_part(o.option, '=', 1) = 'autovacuum_enabled'
+                              AND NOT split_part(o.option, '=', 2)::bool)
+             ORDER BY t.i
+            "#,
+        )
+        .bind(&quoted)
+        .fetch_all(&store.pool)
+        .await?;
+        Ok(off
+            .into_iter()
+            .filter_map(|i| tables.get(usize::try_from(i - 1).ok()?))
+            .map(|t| t.to_string())
+            .collect())
+    }
+
     async fn count_waiting(store: &PgStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
         sqlx::query_as(AssertSqlSafe(sql.count.clone()))
             .bind(text(&store.timer.from))

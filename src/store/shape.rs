@@ -346,6 +346,10 @@ pub struct SchemaReport {
     pub release: Release,
     /// The items table, when `release = "grpc"`.
     pub items: Option<String>,
+    /// The orders table and the outbox when nothing vacuums them
+    /// (PostgreSQL with autovacuum off, for the server or the table): the
+    /// start-up log warns, and `schema check` says so.
+    pub unvacuumed: Vec<String>,
 }
 
 impl SchemaReport {
@@ -355,6 +359,7 @@ impl SchemaReport {
         timer: &Timer,
         columns: OrdersColumns,
         waiting: (i64, i64),
+        unvacuumed: Vec<String>,
     ) -> Self {
         let o = timer;
         Self {
@@ -371,6 +376,7 @@ impl SchemaReport {
             also: o.also.len(),
             release: timer.release,
             items: (timer.release == Release::Grpc).then(|| timer.items.table.clone()),
+            unvacuumed,
         }
     }
 }
@@ -395,9 +401,17 @@ impl fmt::Display for SchemaReport {
         )?;
         writeln!(f, "also:     {} statement(s) prepared", self.also)?;
         match (&self.release, &self.items) {
-            (Release::Grpc, Some(items)) => write!(f, "release:  gRPC, items from {items}"),
-            _ => write!(f, "release:  none (no inventory calls)"),
+            (Release::Grpc, Some(items)) => write!(f, "release:  gRPC, items from {items}")?,
+            _ => write!(f, "release:  none (no inventory calls)")?,
         }
+        if !self.unvacuumed.is_empty() {
+            write!(
+                f,
+                "\nvacuum:   nothing vacuums {} (autovacuum is off): schedule VACUUM (ANALYZE) of them",
+                self.unvacuumed.join(", ")
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -93,6 +93,17 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         sql: &Self::Statements,
     ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
 
+    /// Which of `tables` nothing vacuums: on PostgreSQL all of them when
+    /// the server runs with `autovacuum = off`, else those whose own
+    /// `autovacuum_enabled` is off; none on MySQL (InnoDB purges old row
+    /// versions itself). Every cancellation leaves a dead row version in
+    /// the orders table and the outbox: unvacuumed, they slow every
+    /// statement on those tables down over hours.
+    fn unvacuumed(
+        store: &SqlStore<Self>,
+        tables: &[&str],
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+
     /// **The cancel transaction** for canonical `ids` in id order (see
     /// [`OrderStore::cancel_due`]): one row per id that it reports on.
     fn cancel(
@@ -331,13 +342,14 @@ impl<D: SqlDialect> SqlStore<D> {
         let sql = D::statements(self, &orders, items.as_ref()).await?;
         let unpaid = self.count_waiting(&sql).await?;
         let also_params = self.check_statements(&sql).await?;
+        let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
         Ok(Prepared {
             sql,
             id: orders.id.clone(),
             id_key: self.timer.key(TimerKey::Id),
             items_id: items.map(|(column, _)| column),
             also_params,
-            report: SchemaReport::new(D::DIALECT, &self.timer, orders, unpaid),
+            report: SchemaReport::new(D::DIALECT, &self.timer, orders, unpaid, unvacuumed),
         })
     }
 

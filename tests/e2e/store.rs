@@ -633,6 +633,42 @@ mod cases {
         store.prepare().await.unwrap();
     }
 
+    pub(super) async fn the_report_names_the_tables_nothing_vacuums(f: &impl Fixture) {
+        let report = f
+            .store_with(&ShopSchema::default())
+            .prepare()
+            .await
+            .unwrap();
+        if f.dialect() == Dialect::MySql {
+            // InnoDB purges old row versions itself.
+            assert!(report.unvacuumed.is_empty(), "{:?}", report.unvacuumed);
+            return;
+        }
+        let table = report.table.clone();
+        let outbox = "order_timeout_cancel_outbox".to_owned();
+        let server_off = f.texts("SHOW autovacuum").await == ["off"];
+        let expected = |orders_off: bool| -> Vec<String> {
+            match (server_off, orders_off) {
+                (true, _) => vec![table.clone(), outbox.clone()],
+                (false, true) => vec![table.clone()],
+                (false, false) => vec![],
+            }
+        };
+        assert_eq!(report.unvacuumed, expected(false));
+        // Autovacuum switched off for the orders table alone.
+        f.exec(&format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = false)"
+        ))
+        .await;
+        let report = f
+            .store_with(&ShopSchema::default())
+            .prepare()
+            .await
+            .unwrap();
+        assert_eq!(report.unvacuumed, expected(true));
+        assert!(report.to_string().contains("vacuum:"), "{report}");
+    }
+
     pub(super) async fn one_cancel_transaction_carries_the_most_ids_its_dialect_allows(
         f: &impl Fixture,
     ) {
@@ -726,6 +762,7 @@ macro_rules! store_suite {
                 failing_outbox_rows_wait_their_backoff_and_given_up_ones_are_left,
                 retention_deletes_only_finished_rows_past_it,
                 prepare_says_to_run_migrate_without_the_services_tables,
+                the_report_names_the_tables_nothing_vacuums,
                 one_cancel_transaction_carries_the_most_ids_its_dialect_allows,
                 ping_answers,
                 migrate_creates_only_the_services_tables_and_leaves_the_shops_alone,
