@@ -135,6 +135,11 @@ impl ScratchDatabase {
         }
     }
 
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The database's URL.
     pub fn url(&self) -> Result<SecretUrl, ScratchError> {
         with_path(&self.base, &format!("/{}", self.name))

@@ -1,23 +1,23 @@
 //! What `order-timeout-tools reference-schema` prints never holds the
 //! database password, whatever form `DATABASE_URL` gives it in (the URL is
 //! printed, redacted). Runs against the local PostgreSQL (trust
-//! authentication: any password connects) in a database of its own.
+//! authentication: any password connects) in a database of its own,
+//! dropped however the test ends.
 
 use std::process::Command;
 
+use order_timeout::settings::{DEFAULT_DATABASE_URL, SecretUrl};
+use order_timeout_tools::scratch;
+
 #[test]
 fn reference_schema_prints_the_url_without_its_password() {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let suffix = format!("{}_{nanos}", std::process::id());
-    let database = format!("ot_tools_secrets_{suffix}");
-    let secret = format!("ToolsS3cret{suffix}");
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| order_timeout::settings::DEFAULT_DATABASE_URL.into());
-    let mut url = url::Url::parse(&base).unwrap();
-    url.set_path(&database);
+    let base = SecretUrl::new(
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into()),
+    );
+    let scratch = scratch::ScratchDatabase::new(&base, "ot_tools_secrets");
+    let database = scratch.name().to_owned();
+    let secret = format!("ToolsS3cret_{database}");
+    let url = url::Url::parse(scratch.url().unwrap().expose()).unwrap();
     let mut with_userinfo = url.clone();
     with_userinfo.set_password(Some(&secret)).unwrap();
     let mut with_param = url.clone();
@@ -40,8 +40,4 @@ fn reference_schema_prints_the_url_without_its_password() {
         assert!(text.contains(&database), "the URL is printed:\n{text}");
         assert!(!text.contains(&secret), "the password leaked:\n{text}");
     }
-    let _ = Command::new("psql")
-        .args(["-h", "127.0.0.1", "-U", "postgres", "-qc"])
-        .arg(format!("DROP DATABASE IF EXISTS \"{database}\""))
-        .output();
 }
