@@ -170,22 +170,22 @@ async fn release_batches(pool: PgPool, mut calls: mpsc::Receiver<ReleaseCall>) {
 /// its own calls.
 #[tracing::instrument(skip_all, fields(calls = batch.len()))]
 async fn release_batch(pool: &PgPool, batch: Vec<ReleaseCall>) {
-    // Per order: its first call, how many calls, and the later calls' replies.
-    let mut orders: Vec<(ReleaseCall, i64, Vec<Reply>)> = Vec::with_capacity(batch.len());
+    // Per order: its first call, and the replies of its later calls.
+    let mut orders: Vec<(ReleaseCall, Vec<Reply>)> = Vec::with_capacity(batch.len());
     let mut index: HashMap<String, usize> = HashMap::with_capacity(batch.len());
     for call in batch {
         match index.get(&call.order_id) {
-            Some(&i) => {
-                orders[i].1 += 1;
-                orders[i].2.push(call.reply);
-            }
+            Some(&i) => orders[i].1.push(call.reply),
             None => {
                 index.insert(call.order_id.clone(), orders.len());
-                orders.push((call, 1, Vec::new()));
+                orders.push((call, Vec::new()));
             }
         }
     }
-    let writes: Vec<(&ReleaseCall, i64)> = orders.iter().map(|(c, n, _)| (c, *n)).collect();
+    let writes: Vec<(&ReleaseCall, i64)> = orders
+        .iter()
+        .map(|(c, repeats)| (c, 1 + repeats.len() as i64))
+        .collect();
     let results: Vec<Result<bool, Status>> = match write_releases(pool, &writes).await {
         Ok(first) => first.into_iter().map(Ok).collect(),
         Err(e) if writes.len() > 1 => {
@@ -203,7 +203,7 @@ async fn release_batch(pool: &PgPool, batch: Vec<ReleaseCall>) {
         }
         Err(e) => vec![Err(internal(e))],
     };
-    for ((call, _, repeats), result) in orders.into_iter().zip(results) {
+    for ((call, repeats), result) in orders.into_iter().zip(results) {
         for reply in repeats {
             let _ = reply.send(result.clone().map(|_| false));
         }
