@@ -11,6 +11,7 @@ use lapin::{Channel, Connection};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
+use crate::broker::acks::Acks;
 use crate::broker::connect_amqp;
 use crate::broker::publisher::Publisher;
 use crate::broker::topology;
@@ -48,6 +49,7 @@ pub(super) async fn run(
         settings: settings.clone(),
         layout: topology::Layout::of(settings),
         publisher,
+        acks: Arc::new(Acks::new(broker.consume_channel.clone())),
         stores: stores.clone(),
         inventory: inventory.clone(),
         retry: RetryPolicy::new(settings.retry.clone()),
@@ -69,6 +71,7 @@ pub(super) async fn run(
         board.clone(),
         stop_depths.clone(),
     ));
+    let acks = ctx.acks.clone();
     let result = consume(
         ctx,
         broker.consume_channel.clone(),
@@ -81,6 +84,13 @@ pub(super) async fn run(
     health.set_broker(false);
     stop_depths.trigger();
     drain(&tracker, settings.shutdown_timeout).await;
+    let unsettled = acks.open();
+    if unsettled > 0 {
+        tracing::info!(
+            deliveries = unsettled,
+            "closing the session with deliveries not yet settled; the broker returns them to the queue"
+        );
+    }
     broker.close().await;
     result?;
     Ok(())

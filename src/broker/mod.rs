@@ -1,4 +1,5 @@
-//! The broker side: connecting, the objects the service declares
+//! The broker side: connecting, settling deliveries in few frames
+//! ([`acks`]), the objects the service declares
 //! ([`topology`]) and **the delay cascade** they form ([`cascade`]), the
 //! `x-*` headers ([`headers`]), confirmed publishing ([`publisher`]), the
 //! parked-message format ([`parked`]), and `amqps://` ([`tls`]).
@@ -9,6 +10,7 @@ use lapin::{Connection, ConnectionProperties};
 
 use crate::settings::{SecretUrl, Settings};
 
+pub mod acks;
 pub mod cascade;
 pub mod headers;
 pub mod lanes;

@@ -36,7 +36,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::context::Worker;
 use super::failure::Failure;
 use super::finish::{self, Pending};
-use super::job::{Job, ack_all};
+use super::job::{Job, ack_each};
 use super::park::{park, park_unknown_timer};
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};
@@ -217,6 +217,8 @@ async fn settle(
 ) -> ByOrder {
     let ctx = &worker.ctx;
     let mut contended = ByOrder::new();
+    // The deliveries of orders needing nothing more, acked together below.
+    let mut acked = Vec::new();
     for (id, state) in states {
         let Some(jobs) = waiting.remove(&id) else {
             continue;
@@ -230,13 +232,15 @@ async fn settle(
                 cancellation,
                 jobs,
             }),
-            OrderState::Paid => ack_all(&ctx.metrics, jobs, Outcome::AlreadyPaid).await,
+            OrderState::Paid => {
+                acked.extend(jobs.into_iter().map(|job| (job, Outcome::AlreadyPaid)));
+            }
             OrderState::LeftAlone => {
                 tracing::debug!(order_id = %id, "not unpaid, failing the guard, or no deadline: left alone");
-                ack_all(&ctx.metrics, jobs, Outcome::LeftAlone).await;
+                acked.extend(jobs.into_iter().map(|job| (job, Outcome::LeftAlone)));
             }
             OrderState::CancelledElsewhere => {
-                ack_all(&ctx.metrics, jobs, Outcome::AlreadyCancelled).await;
+                acked.extend(jobs.into_iter().map(|job| (job, Outcome::AlreadyCancelled)));
             }
             OrderState::NotYetDue { expires_at, db_now } => {
                 // The row's deadline is later than the message's (extended, or
@@ -280,6 +284,7 @@ async fn settle(
             OrderState::Unknown => unknown_order(worker, store, &id, None, jobs).await,
         }
     }
+    ack_each(&ctx.metrics, acked).await;
     // An order the statement did not report on: a transient failure, never
     // a message left unacknowledged.
     for (id, jobs) in waiting {

@@ -132,6 +132,8 @@ async fn dispatch(
     due: &mpsc::Sender<Job>,
     tracker: &TaskTracker,
 ) {
+    // Open until settled: before anything can ack it.
+    ctx.acks.taken(delivery.delivery_tag);
     let in_flight = ctx.metrics.in_flight();
     let headers = delivery.properties.headers().as_ref();
     let attempts = Attempts::from_headers(headers);
@@ -161,6 +163,7 @@ async fn dispatch(
     }
     let job = Job {
         delivery,
+        acks: ctx.acks.clone(),
         request,
         attempts,
         in_flight,

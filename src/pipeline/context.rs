@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use super::job::Job;
 use super::retry::RetryPolicy;
+use crate::broker::acks::Acks;
 use crate::broker::publisher::{PublishError, Publisher};
 use crate::broker::topology::Layout;
 use crate::inventory::InventoryClient;
@@ -38,6 +39,9 @@ pub(crate) struct Context {
     pub(crate) layout: Layout,
     /// Confirm-mode publisher (re-schedules, parking, events).
     pub(crate) publisher: Publisher,
+    /// The consuming channel's open deliveries, through which every one is
+    /// settled.
+    pub(crate) acks: Arc<Acks>,
     /// The database: one store per timer, the default one first.
     pub(crate) stores: Stores,
     /// The inventory service.

@@ -24,7 +24,7 @@ use futures_util::{StreamExt, stream};
 
 use super::context::{Context, Worker};
 use super::failure::Failure;
-use super::job::{Job, ack_all};
+use super::job::{Job, ack_each};
 use super::retry::{OUTBOX_MAX_ATTEMPTS, RetryPolicy};
 use crate::broker::headers::Attempts;
 use crate::broker::parked::ParkInfo;
@@ -420,6 +420,8 @@ async fn settle(
                 .lateness(timer, lateness.max(chrono::TimeDelta::zero()));
         }
     }
+    // The deliveries of every finished order, acked together at the end.
+    let mut acked = Vec::new();
     for f in done {
         let failure = match &marked {
             Err(e) => Some(e.clone()),
@@ -449,13 +451,14 @@ async fn settle(
                     lateness_ms = lateness_ms(&c),
                     "cancelled (flipped) on time"
                 );
-                first.ack(&ctx.metrics, Outcome::Cancelled).await;
+                acked.push((first, Outcome::Cancelled));
             } else {
-                first.ack(&ctx.metrics, Outcome::AlreadyCancelled).await;
+                acked.push((first, Outcome::AlreadyCancelled));
             }
         }
-        ack_all(&ctx.metrics, jobs.collect(), Outcome::AlreadyCancelled).await;
+        acked.extend(jobs.map(|job| (job, Outcome::AlreadyCancelled)));
     }
+    ack_each(&ctx.metrics, acked).await;
 }
 
 #[cfg(test)]

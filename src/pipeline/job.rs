@@ -8,10 +8,12 @@
 //! its work is confirmed (broker confirm or database commit); a crash
 //! anywhere redelivers the message.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
 
+use crate::broker::acks::Acks;
 use crate::broker::headers::{Attempts, deadline_header};
 use crate::message::{Deadline, OrderId, TimeoutRequest};
 use crate::observe::metrics::{GaugeGuard, Metrics, Outcome};
@@ -21,6 +23,8 @@ use crate::settings::TimerName;
 pub(crate) struct Job {
     /// The delivery, to ack or nack when done.
     pub(crate) delivery: Delivery,
+    /// Where the delivery is settled: its channel's open deliveries.
+    pub(crate) acks: Arc<Acks>,
     /// The parsed body.
     pub(crate) request: TimeoutRequest,
     /// The failure history from the headers.
@@ -59,34 +63,52 @@ impl Job {
     /// Acks the delivery, recording `outcome`. A failed ack (lost channel)
     /// only means the broker will redeliver, which is safe.
     pub(crate) async fn ack(self, metrics: &Metrics, outcome: Outcome) {
-        metrics.record(self.request.timer.as_str(), outcome);
-        if let Err(e) = self.delivery.ack(BasicAckOptions::default()).await {
-            tracing::warn!(order_id = %self.request.order_id, error = %e, "ack failed; the message will be redelivered");
-        }
+        ack_each(metrics, vec![(self, outcome)]).await;
     }
 
     /// Returns the delivery to the queue unfinished (the session is ending,
     /// or a publish kept failing), counted in `order_timeout_requeued_total`.
     pub(crate) async fn requeue(self, metrics: &Metrics) {
-        requeue(&self.delivery, metrics).await;
+        requeue(&self.acks, &self.delivery, metrics).await;
     }
 }
 
 /// Acks every job with `outcome`.
 pub(crate) async fn ack_all(metrics: &Metrics, jobs: Vec<Job>, outcome: Outcome) {
-    for job in jobs {
-        job.ack(metrics, outcome).await;
+    ack_each(
+        metrics,
+        jobs.into_iter().map(|job| (job, outcome)).collect(),
+    )
+    .await;
+}
+
+/// Acks every job with its outcome, in as few frames as is safe
+/// ([`Acks::ack`]): a batch's jobs settle together. A failed ack (lost
+/// channel) only means the broker will redeliver, which is safe.
+pub(crate) async fn ack_each(metrics: &Metrics, jobs: Vec<(Job, Outcome)>) {
+    // Jobs of one session share a channel; grouped by it all the same.
+    let mut by_channel: Vec<(Arc<Acks>, Vec<u64>)> = Vec::new();
+    for (job, outcome) in jobs {
+        metrics.record(job.request.timer.as_str(), outcome);
+        let tag = job.delivery.delivery_tag;
+        match by_channel
+            .iter_mut()
+            .find(|(a, _)| Arc::ptr_eq(a, &job.acks))
+        {
+            Some((_, tags)) => tags.push(tag),
+            None => by_channel.push((job.acks.clone(), vec![tag])),
+        }
+    }
+    for (acks, tags) in by_channel {
+        if let Err(e) = acks.ack(&tags).await {
+            tracing::warn!(deliveries = tags.len(), error = %e, "ack failed; the messages will be redelivered");
+        }
     }
 }
 
 /// Returns `delivery` to the queue (a nack with requeue), counted. A failed
 /// nack (lost channel) returns it all the same.
-pub(crate) async fn requeue(delivery: &Delivery, metrics: &Metrics) {
+pub(crate) async fn requeue(acks: &Acks, delivery: &Delivery, metrics: &Metrics) {
     metrics.requeued();
-    let _ = delivery
-        .nack(BasicNackOptions {
-            requeue: true,
-            ..Default::default()
-        })
-        .await;
+    let _ = acks.requeue(delivery.delivery_tag).await;
 }

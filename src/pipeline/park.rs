@@ -11,7 +11,6 @@
 
 use chrono::Utc;
 use lapin::message::Delivery;
-use lapin::options::BasicAckOptions;
 use lapin::types::FieldTable;
 
 use super::context::Context;
@@ -121,13 +120,13 @@ pub(crate) async fn park(
             let timer = timer.map_or(NO_TIMER, TimerName::as_str);
             ctx.metrics.record(timer, Outcome::Parked);
             ctx.metrics.parked(info.kind);
-            if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+            if let Err(e) = ctx.acks.ack(&[delivery.delivery_tag]).await {
                 tracing::warn!(error = %e, "ack after parking failed; it may be parked twice");
             }
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot park a message; returning it to the queue");
-            requeue(&delivery, &ctx.metrics).await;
+            requeue(&ctx.acks, &delivery, &ctx.metrics).await;
         }
     }
 }

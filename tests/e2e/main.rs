@@ -2,6 +2,7 @@
 //! every test gets its own RabbitMQ vhost and PostgreSQL database
 //! ([`common::TestEnv`]) and talks to the real servers.
 
+mod acks;
 mod adopt;
 mod alerts;
 mod broker_faults;

@@ -1,0 +1,236 @@
+//! Settling deliveries in few frames ([`Acks`]) against the real broker:
+//! deliveries still being worked on are never settled by another's
+//! `multiple` ack, however the acks of the others interleave, and the
+//! channel never sees an ack it refuses.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel};
+use order_timeout::broker::acks::Acks;
+use order_timeout::broker::connect_amqp;
+
+use crate::common::TestEnv;
+
+const QUEUE: &str = "acks.test";
+
+/// A quorum queue (what the service consumes) holding `n` messages, bodies
+/// `0..n`.
+async fn queue_with(env: &TestEnv, n: u32) {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    env.channel
+        .queue_declare(
+            QUEUE.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+    let mut confirms = Vec::new();
+    for i in 0..n {
+        confirms.push(
+            env.channel
+                .basic_publish(
+                    "".into(),
+                    QUEUE.into(),
+                    BasicPublishOptions::default(),
+                    i.to_string().as_bytes(),
+                    BasicProperties::default().with_delivery_mode(2),
+                )
+                .await
+                .unwrap(),
+        );
+    }
+    for c in confirms {
+        assert!(c.await.unwrap().is_ack());
+    }
+}
+
+/// Takes `n` deliveries on `channel`, each recorded in `acks` as the
+/// consumer does: body → tag.
+async fn take(channel: &Channel, acks: &Acks, n: u32) -> BTreeMap<u32, u64> {
+    channel
+        .basic_qos(1000, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = channel
+        .basic_consume(
+            QUEUE.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut tags = BTreeMap::new();
+    while tags.len() < n as usize {
+        let delivery = tokio::time::timeout(std::time::Duration::from_secs(10), consumer.next())
+            .await
+            .expect("a delivery within 10 s")
+            .unwrap()
+            .unwrap();
+        acks.taken(delivery.delivery_tag);
+        let body: u32 = std::str::from_utf8(&delivery.data)
+            .unwrap()
+            .parse()
+            .unwrap();
+        tags.insert(body, delivery.delivery_tag);
+    }
+    tags
+}
+
+/// The bodies left in the queue once every delivery is settled or its
+/// channel closed.
+async fn left_in_queue(env: &TestEnv) -> Vec<u32> {
+    let channel = env.amqp.create_channel().await.unwrap();
+    let mut left = Vec::new();
+    loop {
+        let got = channel
+            .basic_get(QUEUE.into(), Default::default())
+            .await
+            .unwrap();
+        let Some(message) = got else { break };
+        left.push(
+            std::str::from_utf8(&message.delivery.data)
+                .unwrap()
+                .parse()
+                .unwrap(),
+        );
+        message.delivery.ack(Default::default()).await.unwrap();
+    }
+    left.sort_unstable();
+    left
+}
+
+#[tokio::test]
+async fn a_multiple_ack_never_settles_a_delivery_still_being_worked_on() {
+    let env = TestEnv::new().await;
+    queue_with(&env, 12).await;
+    let conn = connect_amqp(&env.settings.amqp_url, "acks-test")
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let acks = Acks::new(channel.clone());
+    let tags = take(&channel, &acks, 12).await;
+    let tag = |body: u32| tags[&body];
+
+    // 3 and 8 are still being worked on; the others finish in groups, out
+    // of order.
+    acks.ack(&[tag(6), tag(7), tag(9)]).await.unwrap();
+    acks.ack(&[tag(2), tag(0), tag(1), tag(4), tag(5)])
+        .await
+        .unwrap();
+    acks.ack(&[tag(10), tag(11)]).await.unwrap();
+    assert_eq!(acks.open(), 2);
+    // Settled already: skipped, not sent again (the broker would close the
+    // channel over an unknown tag).
+    acks.ack(&[tag(0), tag(11)]).await.unwrap();
+    // 3 goes back to the queue; 8 is never settled, and returns when the
+    // channel closes.
+    acks.requeue(tag(3)).await.unwrap();
+    assert_eq!(acks.open(), 1);
+    assert!(channel.status().connected(), "the broker refused an ack");
+    channel.close(200, "done".into()).await.unwrap();
+    conn.close(200, "done".into()).await.unwrap();
+
+    assert_eq!(left_in_queue(&env).await, vec![3, 8]);
+}
+
+#[tokio::test]
+async fn concurrent_acks_settle_exactly_the_finished_deliveries() {
+    let env = TestEnv::new().await;
+    let n = 600;
+    queue_with(&env, n).await;
+    let conn = connect_amqp(&env.settings.amqp_url, "acks-test")
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let acks = Arc::new(Acks::new(channel.clone()));
+    let tags = take(&channel, &acks, n).await;
+
+    // Every 13th is held to the end, every 29th (not held) returned to the
+    // queue; the rest finish in random groups of 1 to 40, acked by 8 tasks
+    // at once.
+    let held: Vec<u32> = (0..n).filter(|b| b % 13 == 5).collect();
+    let requeued: Vec<u32> = (0..n).filter(|b| b % 29 == 3 && b % 13 != 5).collect();
+    let mut finished: Vec<u32> = (0..n)
+        .filter(|b| !held.contains(b) && !requeued.contains(b))
+        .collect();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("shuffle seed {seed}");
+    let mut random = xorshift(seed);
+    for i in (1..finished.len()).rev() {
+        finished.swap(i, (random() % (i as u64 + 1)) as usize);
+    }
+    let mut groups = Vec::new();
+    while !finished.is_empty() {
+        let k = (1 + random() % 40).min(finished.len() as u64) as usize;
+        groups.push(finished.split_off(finished.len() - k));
+    }
+    let mut tasks = Vec::new();
+    for lane in 0..8 {
+        let mine: Vec<Vec<u64>> = groups
+            .iter()
+            .skip(lane)
+            .step_by(8)
+            .map(|g| g.iter().map(|b| tags[b]).collect())
+            .collect();
+        let back: Vec<u64> = requeued
+            .iter()
+            .skip(lane)
+            .step_by(8)
+            .map(|b| tags[b])
+            .collect();
+        let acks = acks.clone();
+        tasks.push(tokio::spawn(async move {
+            for (i, group) in mine.iter().enumerate() {
+                acks.ack(group).await.unwrap();
+                if let Some(tag) = back.get(i) {
+                    acks.requeue(*tag).await.unwrap();
+                }
+                tokio::task::yield_now().await;
+            }
+            for tag in back.iter().skip(mine.len()) {
+                acks.requeue(*tag).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(acks.open(), held.len());
+    assert!(channel.status().connected(), "the broker refused an ack");
+    channel.close(200, "done".into()).await.unwrap();
+    conn.close(200, "done".into()).await.unwrap();
+
+    let mut expected: Vec<u32> = held.iter().chain(&requeued).copied().collect();
+    expected.sort_unstable();
+    assert_eq!(left_in_queue(&env).await, expected);
+}
+
+/// A small pseudo-random sequence (xorshift64), so that a failing order of
+/// acks can be replayed from its printed seed.
+fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
