@@ -28,6 +28,7 @@
 //! own process apart. Results: a summary on stdout, JSON (`--out`), a PNG
 //! (`--plot`).
 
+mod autovacuum;
 pub mod baseline;
 pub mod env;
 pub mod load;
@@ -600,40 +601,6 @@ async fn fresh_tables(env: &BenchEnv, args: &BenchArgs) -> Result<(), BenchError
     Ok(())
 }
 
-/// Before a run on the tables earlier runs wrote: where the PostgreSQL
-/// server has `autovacuum = off` (CI machines set it), `VACUUM (ANALYZE)` of
-/// the tables the runs write, which a server with autovacuum on (the
-/// default, and every shop's) keeps clean by itself. Without it every
-/// run's dead rows stay (after three runs at 2,000/s: 180,650 dead
-/// versions beside 196,363 live orders, one per outbox row, 250,000
-/// updates of the 1,000 stock rows never vacuumed), and a set's later runs
-/// measured a database no shop runs (`ReleaseStock` 15 → 627 ms mean from
-/// the second run to the third).
-async fn vacuum_without_autovacuum(env: &BenchEnv) -> Result<(), BenchError> {
-    let mut targets = vec![(
-        &env.db.inventory,
-        "inventory.stock, inventory.releases, inventory.reservations",
-    )];
-    if let ShopDb::Postgres(pool) = &env.db.orders {
-        targets.push((pool, "orders, order_items, order_timeout_cancel_outbox"));
-    }
-    for (pool, tables) in targets {
-        let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
-            .fetch_one(pool)
-            .await?;
-        if autovacuum == "on" {
-            continue;
-        }
-        eprintln!(
-            "== PostgreSQL's autovacuum is off on this server: VACUUM (ANALYZE) {tables}, as autovacuum would have"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM (ANALYZE) {tables}")))
-            .execute(pool)
-            .await?;
-    }
-    Ok(())
-}
-
 /// The rate run: `--repeat` runs of the product's phase and then the
 /// baselines' phases, each printed as it ends; the verdicts; the plot (of
 /// the last run). Returns whether every check passed.
@@ -704,7 +671,7 @@ async fn run_once(
     if run > 1 && args.fresh_tables {
         fresh_tables(env, args).await?;
     } else if run > 1 {
-        vacuum_without_autovacuum(env).await?;
+        autovacuum::vacuum_between_runs(&env.db).await?;
     }
     let mut r = RunReport {
         run,
@@ -771,12 +738,19 @@ async fn run_phase(
         w.duration,
         w.paid_ratio * 100.0
     );
+    let analyzer = autovacuum::Analyzer::start(&env.db).await?;
     sampling.reset();
     let la0 = loadavg();
     let m0 = env.scrape().await;
     let g = load::generate(&env.db, channels, route, w, prefix).await?;
     let s = load::settle(&env.db, g, w).await?;
     let resources = sampling.usage();
+    if let Some(analyzer) = analyzer {
+        let n = analyzer.stop().await;
+        eprintln!(
+            "== PostgreSQL's autovacuum is off on this server: the bench analyzed its tables {n} times during the phase (autovacuum's rule, looked at every 10 s)"
+        );
+    }
     let (mut phase, points) = load::measure(&env.db, &s, route, w).await?;
     phase.workload = chosen.to_string();
     let (per, total) = report::cpu_per_order(&resources, phase.orders, route.processes());
