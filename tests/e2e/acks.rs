@@ -7,37 +7,20 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
 use order_timeout::broker::acks::Acks;
 use order_timeout::broker::connect_amqp;
 
-use crate::common::TestEnv;
+use crate::common::{TestEnv, declare_durable_queue};
 
 const QUEUE: &str = "acks.test";
 
 /// A quorum queue (what the service consumes) holding `n` messages, bodies
 /// `0..n`.
 async fn queue_with(env: &TestEnv, n: u32) {
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    env.channel
-        .queue_declare(
-            QUEUE.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await
-        .unwrap();
+    declare_durable_queue(&env.channel, QUEUE, "quorum", FieldTable::default()).await;
     let mut confirms = Vec::new();
     for i in 0..n {
         confirms.push(

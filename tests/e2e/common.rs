@@ -18,7 +18,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
     ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::FieldTable;
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 use order_timeout::app::RunningService;
 use order_timeout::broker::{connect_amqp, declare_topology, topology};
@@ -680,6 +680,32 @@ impl EnvForCli {
 }
 
 /// A bare-bones HTTP/1.1 GET: `(status, body)`.
+/// Declares a durable queue `name` of `queue_type` (`quorum`, `classic`)
+/// with `args` besides, as a test's own or in place of one the service
+/// declared.
+pub async fn declare_durable_queue(
+    channel: &Channel,
+    name: &str,
+    queue_type: &str,
+    mut args: FieldTable,
+) {
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(queue_type.into()),
+    );
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+}
+
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {

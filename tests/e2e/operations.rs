@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::TestEnv;
+use crate::common::{TestEnv, declare_durable_queue};
 use chrono::Utc;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -288,22 +288,8 @@ async fn break_the_topology(env: &TestEnv) -> String {
     let channel = env.amqp.create_channel().await.unwrap();
     delete_queue(&channel, &level_name(3)).await;
     let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("classic".into()),
-    );
     args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(1234));
-    channel
-        .queue_declare(
-            level_name(3).as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await
-        .unwrap();
+    declare_durable_queue(&channel, &level_name(3), "classic", args).await;
     delete_queue(&channel, &level_name(5)).await;
     let shard_queue = order_timeout::broker::cascade::shard_level_name(1, 2);
     delete_queue(&channel, &shard_queue).await;
@@ -393,22 +379,13 @@ async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_the_check_nam
     // As a version without the delivery limit declared it.
     let channel = env.amqp.create_channel().await.unwrap();
     delete_queue(&channel, topology::PARKED_QUEUE).await;
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    channel
-        .queue_declare(
-            topology::PARKED_QUEUE.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await
-        .unwrap();
+    declare_durable_queue(
+        &channel,
+        topology::PARKED_QUEUE,
+        "quorum",
+        FieldTable::default(),
+    )
+    .await;
 
     // The service starts on it (a warning, not a refusal) and parks into it.
     let service = env.service().await;
