@@ -24,9 +24,7 @@ use std::sync::Mutex;
 use futures_util::future::try_join_all;
 use lapin::Channel;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
-
-/// A delivery's tag on its channel.
-pub type DeliveryTag = u64;
+use lapin::types::DeliveryTag;
 
 /// The open (delivered, not yet settled) deliveries of one consuming
 /// channel, and the only way they are settled. One per channel: tags mean

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
+use lapin::types::DeliveryTag;
 
 use crate::broker::acks::Acks;
 use crate::broker::headers::{Attempts, deadline_header};
@@ -87,7 +88,7 @@ pub(crate) async fn ack_all(metrics: &Metrics, jobs: Vec<Job>, outcome: Outcome)
 /// channel) only means the broker will redeliver, which is safe.
 pub(crate) async fn ack_each(metrics: &Metrics, jobs: Vec<(Job, Outcome)>) {
     // Jobs of one session share a channel; grouped by it all the same.
-    let mut by_channel: Vec<(Arc<Acks>, Vec<u64>)> = Vec::new();
+    let mut by_channel: Vec<(Arc<Acks>, Vec<DeliveryTag>)> = Vec::new();
     for (job, outcome) in jobs {
         metrics.record(job.request.timer.as_str(), outcome);
         let tag = job.delivery.delivery_tag;
