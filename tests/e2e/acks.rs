@@ -74,25 +74,51 @@ async fn take(channel: &Channel, acks: &Acks, n: u32) -> BTreeMap<u32, u64> {
     tags
 }
 
-/// The bodies left in the queue once every delivery is settled or its
-/// channel closed.
-async fn left_in_queue(env: &TestEnv) -> Vec<u32> {
+/// Checks that the broker took every ack and nack sent on `channel`: a
+/// synchronous round trip on the same channel is answered only if no
+/// earlier frame was refused (an ack of a tag already settled closes the
+/// channel).
+async fn assert_all_accepted(channel: &Channel) {
+    channel
+        .basic_qos(1000, BasicQosOptions::default())
+        .await
+        .expect("the broker refused an ack or nack on this channel");
+}
+
+/// The bodies back in the queue, taken on a channel of their own while the
+/// acking channel stays open, until `expected` of them are there (30 s at
+/// most), then one more look to see that nothing else came back.
+///
+/// The acking channel is not closed first on purpose: a quorum queue's
+/// client in the channel holds back settles while too many commands are in
+/// flight and drops what it still holds when the channel closes, so acks
+/// sent just before a close can return their messages (at-least-once, as
+/// the broker promises, but not what this test measures). Held deliveries
+/// are returned with an explicit nack instead.
+async fn back_in_queue(env: &TestEnv, expected: usize) -> Vec<u32> {
     let channel = env.amqp.create_channel().await.unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut left = Vec::new();
     loop {
         let got = channel
             .basic_get(QUEUE.into(), Default::default())
             .await
             .unwrap();
-        let Some(message) = got else { break };
-        left.push(
-            std::str::from_utf8(&message.delivery.data)
-                .unwrap()
-                .parse()
-                .unwrap(),
-        );
-        message.delivery.ack(Default::default()).await.unwrap();
+        match got {
+            Some(message) => {
+                left.push(
+                    std::str::from_utf8(&message.delivery.data)
+                        .unwrap()
+                        .parse()
+                        .unwrap(),
+                );
+                message.delivery.ack(Default::default()).await.unwrap();
+            }
+            None if left.len() >= expected || tokio::time::Instant::now() >= deadline => break,
+            None => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
     }
+    let _ = channel.close(200, "done".into()).await;
     left.sort_unstable();
     left
 }
@@ -120,15 +146,17 @@ async fn a_multiple_ack_never_settles_a_delivery_still_being_worked_on() {
     // Settled already: skipped, not sent again (the broker would close the
     // channel over an unknown tag).
     acks.ack(&[tag(0), tag(11)]).await.unwrap();
-    // 3 goes back to the queue; 8 is never settled, and returns when the
-    // channel closes.
+    // 3 goes back to the queue while 8 is still worked on.
     acks.requeue(tag(3)).await.unwrap();
     assert_eq!(acks.open(), 1);
-    assert!(channel.status().connected(), "the broker refused an ack");
+    // 8 was never covered by another's ack: returning it now is accepted.
+    acks.requeue(tag(8)).await.unwrap();
+    assert_eq!(acks.open(), 0);
+    assert_all_accepted(&channel).await;
+
+    assert_eq!(back_in_queue(&env, 2).await, vec![3, 8]);
     channel.close(200, "done".into()).await.unwrap();
     conn.close(200, "done".into()).await.unwrap();
-
-    assert_eq!(left_in_queue(&env).await, vec![3, 8]);
 }
 
 #[tokio::test]
@@ -198,13 +226,19 @@ async fn concurrent_acks_settle_exactly_the_finished_deliveries() {
         t.await.unwrap();
     }
     assert_eq!(acks.open(), held.len());
-    assert!(channel.status().connected(), "the broker refused an ack");
-    channel.close(200, "done".into()).await.unwrap();
-    conn.close(200, "done".into()).await.unwrap();
+    // No held delivery was covered by another's ack: returning each is
+    // accepted.
+    for b in &held {
+        acks.requeue(tags[b]).await.unwrap();
+    }
+    assert_eq!(acks.open(), 0);
+    assert_all_accepted(&channel).await;
 
     let mut expected: Vec<u32> = held.iter().chain(&requeued).copied().collect();
     expected.sort_unstable();
-    assert_eq!(left_in_queue(&env).await, expected);
+    assert_eq!(back_in_queue(&env, expected.len()).await, expected);
+    channel.close(200, "done".into()).await.unwrap();
+    conn.close(200, "done".into()).await.unwrap();
 }
 
 /// A small pseudo-random sequence (xorshift64), so that a failing order of

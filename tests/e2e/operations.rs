@@ -36,8 +36,10 @@ async fn wait_parked(env: &TestEnv, service: &RunningService, n: u64) {
     .await;
 }
 
-fn json_lines(stdout: &str) -> Vec<ParkedJson> {
-    stdout
+/// The messages of a successful `parked list --json`.
+fn json_lines(out: &crate::common::CliOutput) -> Vec<ParkedJson> {
+    assert_success(out);
+    out.stdout
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
@@ -77,7 +79,7 @@ async fn list_shows_reasons_and_leaves_the_queue_as_it_was() {
     assert_eq!(env.parked_count().await, 3, "listing removes nothing");
 
     // Listing again (and with a limit) shows the same, in the same order.
-    let first = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    let first = json_lines(&env.cli(&["parked", "list", "--json"]).await);
     let limited = env.cli(&["parked", "list", "--limit", "1"]).await;
     assert_success(&limited);
     assert!(
@@ -85,7 +87,7 @@ async fn list_shows_reasons_and_leaves_the_queue_as_it_was() {
         "{}",
         limited.stdout
     );
-    let second = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    let second = json_lines(&env.cli(&["parked", "list", "--json"]).await);
     assert_eq!(first.len(), 3);
     assert_eq!(env.parked_count().await, 3);
     let bodies = |v: &[ParkedJson]| {
@@ -151,7 +153,7 @@ async fn replay_by_order_id_succeeds_once_the_cause_is_fixed() {
     env.assert_stock_exact(1).await;
 
     // The others stay parked, untouched.
-    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await);
     let ids: Vec<Option<&str>> = left.iter().map(|m| m.order_id.as_deref()).collect();
     assert_eq!(ids, vec![Some("ghost-b"), None]);
 
@@ -166,7 +168,7 @@ async fn replay_by_order_id_succeeds_once_the_cause_is_fixed() {
         service.metrics.count(Outcome::Parked) == 4 && env.parked_count().await == 2
     })
     .await;
-    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await);
     let ghost_b = left
         .iter()
         .find(|m| m.order_id.as_deref() == Some("ghost-b"))
@@ -254,7 +256,7 @@ async fn purge_deletes_what_was_asked_and_nothing_else() {
         "{}",
         out.stdout
     );
-    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await.stdout);
+    let left = json_lines(&env.cli(&["parked", "list", "--json"]).await);
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].body.as_deref(), Some("new-1"));
 
