@@ -42,8 +42,11 @@ struct Reading {
     /// utime + stime, clock ticks, per process.
     ticks: BTreeMap<u32, u64>,
     /// Resident memory (PSS where readable, which does not count shared
-    /// pages several times; else RSS), bytes, summed.
+    /// pages several times; else RSS), bytes, summed; carried over from
+    /// the last reading that read it when `mem_read` is false.
     mem_bytes: u64,
+    /// Whether this reading read memory (see [`MEM_EVERY`]).
+    mem_read: bool,
     /// Processes read.
     procs: usize,
 }
@@ -203,7 +206,9 @@ pub fn pid_listening_on(port: u16, name: &str) -> Option<u32> {
     pids_named(name).into_iter().find(holds)
 }
 
-fn read(who: &Who) -> Reading {
+/// One reading of the processes of `who`: CPU always, memory only when
+/// `with_mem` (see [`MEM_EVERY`]).
+fn read(who: &Who, with_mem: bool) -> Reading {
     let pids = match who {
         Who::Pids(p) => p.clone(),
         Who::Comm(name) => pids_named(name),
@@ -212,21 +217,36 @@ fn read(who: &Who) -> Reading {
             .filter(|pid| pg_serves(*pid, databases))
             .collect(),
     };
-    let mut r = Reading::default();
+    let mut r = Reading {
+        mem_read: with_mem,
+        ..Reading::default()
+    };
     for pid in pids {
-        if let (Some(t), Some(m)) = (read_ticks(pid), read_mem(pid)) {
-            r.ticks.insert(pid, t);
+        let Some(t) = read_ticks(pid) else { continue };
+        if with_mem {
+            let Some(m) = read_mem(pid) else { continue };
             r.mem_bytes += m;
-            r.procs += 1;
         }
+        r.ticks.insert(pid, t);
+        r.procs += 1;
     }
     r
 }
+
+/// Memory is read at every this many-th sample (CPU at every one), and at
+/// the first of a phase. PSS comes from `/proc/PID/smaps_rollup`, which
+/// walks the process's page tables: read every second, the broker's and
+/// PostgreSQL's made up ~40 % of the bench's own CPU in a 1,000 orders/s
+/// cancel phase (`perf`), counted as the load generator's work. Memory
+/// moves slowly; a reading every 5 s keeps its peak and curve.
+pub const MEM_EVERY: u64 = 5;
 
 /// Samples groups over time. Call [`Sampler::sample`] periodically (about
 /// once a second); [`Sampler::usage`] summarises.
 pub struct Sampler {
     groups: Vec<Group>,
+    /// Samples taken, to read memory at every [`MEM_EVERY`]-th.
+    samples: u64,
     tck: u64,
     started: Instant,
     first: Vec<Option<(Instant, Reading)>>,
@@ -246,6 +266,7 @@ impl Sampler {
         let n = groups.len();
         let mut s = Self {
             groups,
+            samples: 0,
             tck: clock_ticks_per_sec(),
             started: Instant::now(),
             first: vec![None; n],
@@ -258,15 +279,21 @@ impl Sampler {
         s
     }
 
-    /// Takes one reading of every group.
+    /// Takes one reading of every group (memory only every
+    /// [`MEM_EVERY`]-th time, or where the phase has none yet).
     pub fn sample(&mut self) {
         let now = Instant::now();
+        let mem_due = self.samples % MEM_EVERY == 0;
+        self.samples += 1;
         for (i, g) in self.groups.iter().enumerate() {
-            let r = read(&g.who);
+            let first_reading = self.first[i].is_none();
+            let mut r = read(&g.who, mem_due || first_reading);
             if r.procs == 0 {
                 continue;
             }
-            let first_reading = self.first[i].is_none();
+            if !r.mem_read {
+                r.mem_bytes = self.last[i].as_ref().map_or(0, |(_, l)| l.mem_bytes);
+            }
             for (pid, t) in &r.ticks {
                 let base = if first_reading { *t } else { 0 };
                 self.seen[i]
@@ -277,12 +304,14 @@ impl Sampler {
             if first_reading {
                 self.first[i] = Some((now, r.clone()));
             }
-            self.last[i] = Some((now, r.clone()));
-            self.peak[i] = self.peak[i].max(r.mem_bytes);
-            self.series[i].push(MemSample {
-                t_s: (now - self.started).as_secs_f64(),
-                mib: r.mem_bytes as f64 / 1048576.0,
-            });
+            if r.mem_read {
+                self.peak[i] = self.peak[i].max(r.mem_bytes);
+                self.series[i].push(MemSample {
+                    t_s: (now - self.started).as_secs_f64(),
+                    mib: r.mem_bytes as f64 / 1048576.0,
+                });
+            }
+            self.last[i] = Some((now, r));
         }
     }
 
@@ -293,6 +322,7 @@ impl Sampler {
         self.last = vec![None; n];
         self.peak = vec![0; n];
         self.seen = vec![BTreeMap::new(); n];
+        self.samples = 0;
         self.sample();
     }
 
@@ -347,27 +377,45 @@ impl Sampler {
 /// A [`Sampler`] read once a second in the background while the bench
 /// runs its phases; [`Sampling::reset`] starts a phase, [`Sampling::usage`]
 /// ends one.
+///
+/// The readings are blocking `/proc` reads, so they run on a thread of
+/// their own, never on one of the runtime's workers that publish and
+/// insert the load.
 pub struct Sampling {
     sampler: Arc<Mutex<Sampler>>,
-    task: tokio::task::JoinHandle<()>,
+    /// Tells the thread to end (dropping the sender does too).
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Sampling {
     /// Starts sampling `groups` every second.
     pub fn start(groups: Vec<Group>) -> Self {
         let sampler = Arc::new(Mutex::new(Sampler::new(groups)));
-        let task = tokio::spawn({
-            let sampler = sampler.clone();
-            async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    if let Ok(mut s) = sampler.lock() {
-                        s.sample();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("bench-sampler".into())
+            .spawn({
+                let sampler = sampler.clone();
+                move || {
+                    // A message or a dropped sender ends it; a timeout is
+                    // the next second.
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        stopped.recv_timeout(Duration::from_secs(1))
+                    {
+                        if let Ok(mut s) = sampler.lock() {
+                            s.sample();
+                        }
                     }
                 }
-            }
-        });
-        Self { sampler, task }
+            })
+            .map_err(|e| eprintln!("warning: no CPU and memory readings: {e}"))
+            .ok();
+        Self {
+            sampler,
+            stop: Some(stop),
+            thread,
+        }
     }
 
     /// Runs `f` on the sampler (nothing if a panic poisoned it).
@@ -391,14 +439,23 @@ impl Sampling {
 
     /// Stops the background readings.
     pub async fn stop(mut self) {
-        self.task.abort();
-        let _ = (&mut self.task).await;
+        self.end();
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+
+    /// Tells the thread to end (it does within a reading).
+    fn end(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }
 
 impl Drop for Sampling {
     fn drop(&mut self) {
-        self.task.abort();
+        self.end();
     }
 }
 
@@ -443,6 +500,26 @@ mod tests {
         assert!(u["me"].mem_peak_mib.unwrap() > 0.0);
         assert_eq!(u["nobody"].processes, 0);
         assert!(u["nobody"].mem_peak_mib.is_none());
+    }
+
+    #[test]
+    fn memory_is_read_every_few_samples_and_at_each_phase_start() {
+        let me = std::process::id();
+        let mut s = Sampler::new(vec![Group {
+            name: "me".into(),
+            who: Who::Pids(vec![me]),
+        }]);
+        for _ in 1..MEM_EVERY {
+            s.sample();
+        }
+        assert_eq!(s.series("me").len(), 1, "only the first reading's");
+        let u = s.usage();
+        assert!(u["me"].mem_last_mib.unwrap() > 0.0, "carried over");
+        s.sample();
+        assert_eq!(s.series("me").len(), 2);
+        s.reset();
+        assert_eq!(s.series("me").len(), 3, "a phase starts with one");
+        assert!(s.usage()["me"].mem_peak_mib.unwrap() > 0.0);
     }
 
     #[test]
