@@ -283,7 +283,7 @@ impl Sampler {
     /// [`MEM_EVERY`]-th time, or where the phase has none yet).
     pub fn sample(&mut self) {
         let now = Instant::now();
-        let mem_due = self.samples % MEM_EVERY == 0;
+        let mem_due = self.samples.is_multiple_of(MEM_EVERY);
         self.samples += 1;
         for (i, g) in self.groups.iter().enumerate() {
             let first_reading = self.first[i].is_none();
