@@ -43,10 +43,9 @@ struct Reading {
     ticks: BTreeMap<u32, u64>,
     /// Resident memory (PSS where readable, which does not count shared
     /// pages several times; else RSS), bytes, summed; carried over from
-    /// the last reading that read it when `mem_read` is false.
+    /// the group's last reading when this one did not read memory (see
+    /// [`MEM_EVERY`]).
     mem_bytes: u64,
-    /// Whether this reading read memory (see [`MEM_EVERY`]).
-    mem_read: bool,
     /// Processes read.
     procs: usize,
 }
@@ -217,10 +216,7 @@ fn read(who: &Who, with_mem: bool) -> Reading {
             .filter(|pid| pg_serves(*pid, databases))
             .collect(),
     };
-    let mut r = Reading {
-        mem_read: with_mem,
-        ..Reading::default()
-    };
+    let mut r = Reading::default();
     for pid in pids {
         let Some(t) = read_ticks(pid) else { continue };
         if with_mem {
@@ -287,11 +283,12 @@ impl Sampler {
         self.samples += 1;
         for (i, g) in self.groups.iter().enumerate() {
             let first_reading = self.first[i].is_none();
-            let mut r = read(&g.who, mem_due || first_reading);
+            let with_mem = mem_due || first_reading;
+            let mut r = read(&g.who, with_mem);
             if r.procs == 0 {
                 continue;
             }
-            if !r.mem_read {
+            if !with_mem {
                 r.mem_bytes = self.last[i].as_ref().map_or(0, |(_, l)| l.mem_bytes);
             }
             for (pid, t) in &r.ticks {
@@ -304,7 +301,7 @@ impl Sampler {
             if first_reading {
                 self.first[i] = Some((now, r.clone()));
             }
-            if r.mem_read {
+            if with_mem {
                 self.peak[i] = self.peak[i].max(r.mem_bytes);
                 self.series[i].push(MemSample {
                     t_s: (now - self.started).as_secs_f64(),
