@@ -39,7 +39,7 @@ impl MallDb {
     }
 
     async fn create(migrated: bool) -> Self {
-        let name = format!("ot_mall_{}", uuid::Uuid::new_v4().simple());
+        let name = scratch::owned_name("ot_mall");
         let url = scratch::with_path(&mysql_base(), &name).unwrap();
         if migrated {
             order_timeout::store::migrate(&url).await.unwrap();

@@ -39,6 +39,31 @@ use sqlx::PgPool;
 /// then missed its deadline. One at a time, the restarts stay quick.
 pub static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Removes, once per test process, the vhosts and databases that earlier
+/// runs killed before their cleanup left behind ([`scratch::sweep_abandoned`]):
+/// a dozen left vhosts are enough to stall the shared broker.
+pub async fn sweep_abandoned() {
+    static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    SWEPT
+        .get_or_init(|| async {
+            let pg = SecretUrl::new(
+                std::env::var("DATABASE_URL")
+                    .unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
+            );
+            let swept = scratch::sweep_abandoned(&[pg, crate::store::mysql_base()]).await;
+            if !swept.removed.is_empty() {
+                eprintln!(
+                    "removed what ended test runs left behind: {}",
+                    swept.removed.join(", ")
+                );
+            }
+            for failure in &swept.failed {
+                eprintln!("warning: sweeping what ended test runs left behind: {failure}");
+            }
+        })
+        .await;
+}
+
 /// Initial stock of every SKU a test uses.
 pub const STOCK: i64 = 1_000;
 
@@ -85,7 +110,8 @@ impl TestEnv {
             )
             .with_test_writer()
             .try_init();
-        let name = format!("ot_test_{}", uuid::Uuid::new_v4().simple());
+        sweep_abandoned().await;
+        let name = scratch::owned_name("ot_test");
         let owns_vhost = own_broker.is_none();
         let amqp_url = match own_broker {
             Some(url) => url,

@@ -109,7 +109,7 @@ impl Shop {
         if !mariadb {
             return Self::Pg(env.pool.clone());
         }
-        let name = format!("ot_outbox_{}", uuid::Uuid::new_v4().simple());
+        let name = scratch::owned_name("ot_outbox");
         let url = scratch::with_path(&mysql_base(), &name).unwrap();
         let pool = order_timeout_tools::shop::prepare_mysql_database(&url, 5)
             .await

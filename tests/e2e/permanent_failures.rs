@@ -665,7 +665,7 @@ async fn postgres_errors_are_filed_permanent_or_transient() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_errors_are_filed_permanent_or_transient() {
     let base = mysql_base();
-    let name = format!("ot_filed_{}", uuid::Uuid::new_v4().simple());
+    let name = scratch::owned_name("ot_filed");
     let url = scratch::with_path(&base, &name).unwrap();
     let pool = order_timeout_tools::shop::prepare_mysql_database(&url, 5)
         .await

@@ -836,7 +836,8 @@ mod pg {
                 std::env::var("DATABASE_URL")
                     .unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
             );
-            let name = format!("ot_store_{}", uuid::Uuid::new_v4().simple());
+            crate::common::sweep_abandoned().await;
+            let name = scratch::owned_name("ot_store");
             let url = scratch::with_path(&base, &name).unwrap();
             let pool = order_timeout_tools::shop::prepare_database(&url, 5)
                 .await
@@ -1064,7 +1065,8 @@ mod my {
     impl Fixture for MyFixture {
         async fn new() -> Self {
             let base = mysql_base();
-            let name = format!("ot_store_{}", uuid::Uuid::new_v4().simple());
+            crate::common::sweep_abandoned().await;
+            let name = scratch::owned_name("ot_store");
             let url = scratch::with_path(&base, &name).unwrap();
             let pool = order_timeout_tools::shop::prepare_mysql_database(&url, 5)
                 .await

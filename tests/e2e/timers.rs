@@ -65,7 +65,7 @@ impl ShopDb {
                 scratch: None,
             },
             Dialect::MySql => {
-                let name = format!("ot_timers_{}", uuid::Uuid::new_v4().simple());
+                let name = scratch::owned_name("ot_timers");
                 let url = scratch::with_path(&mysql_base(), &name).unwrap();
                 order_timeout::store::migrate(&url).await.unwrap();
                 let pool = mysql_pool(&url, "+00:00", 2).await;

@@ -176,7 +176,7 @@ struct MallDb {
 
 impl MallDb {
     async fn new() -> Self {
-        let name = format!("ot_mall_timers_{}", uuid::Uuid::new_v4().simple());
+        let name = scratch::owned_name("ot_mall_timers");
         let url = scratch::with_path(&mysql_base(), &name).unwrap();
         order_timeout::store::migrate(&url).await.unwrap();
         let pool = mysql_pool(&url, "+08:00", 2).await;

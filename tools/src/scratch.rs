@@ -4,7 +4,14 @@
 //!
 //! Vhosts are made with `rabbitmqctl` (so on the broker's machine, as root);
 //! databases through the server named by the base `DATABASE_URL`.
+//!
+//! A run killed before its cleanup (Ctrl-C on `cargo test`, a CI timeout)
+//! leaves its vhosts and databases behind. Names made by [`owned_name`]
+//! carry the pid of the process that made them, so [`sweep_abandoned`] can
+//! remove what dead processes left without touching what a running one
+//! still uses.
 
+use std::path::Path;
 use std::process::Command;
 
 use order_timeout::settings::SecretUrl;
@@ -113,6 +120,124 @@ pub fn drop_database_blocking(database_base: &SecretUrl, name: &str) -> Result<(
     .map_err(|_| ScratchError("the drop thread panicked".into()))?
 }
 
+/// A name for a scratch vhost or database: `<prefix>_p<pid>_<random>`,
+/// unique, and naming the process that owns it (see [`sweep_abandoned`]).
+/// `prefix` starts with `ot_`.
+pub fn owned_name(prefix: &str) -> String {
+    format!(
+        "{prefix}_p{}_{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    )
+}
+
+/// The pid of the process that made `name`, when [`owned_name`] made it.
+fn owner(name: &str) -> Option<u32> {
+    let (head, random) = name.rsplit_once('_')?;
+    let (prefix, pid) = head.rsplit_once('_')?;
+    let random_ok = !random.is_empty() && random.bytes().all(|b| b.is_ascii_hexdigit());
+    let pid = pid.strip_prefix('p')?;
+    let pid_ok = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    (prefix.starts_with("ot_") && prefix.len() > 3 && random_ok && pid_ok)
+        .then(|| pid.parse().ok())
+        .flatten()
+}
+
+/// Whether process `pid` runs on this machine. Where `/proc` cannot tell,
+/// every process counts as running, so nothing is swept.
+fn running(pid: u32) -> bool {
+    !Path::new("/proc/self").exists() || Path::new("/proc").join(pid.to_string()).exists()
+}
+
+/// Whether `name` was made by [`owned_name`] in a process that has ended.
+pub fn abandoned(name: &str) -> bool {
+    owner(name).is_some_and(|pid| !running(pid))
+}
+
+/// What [`sweep_abandoned`] removed, and what it could not.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Vhosts and databases removed.
+    pub removed: Vec<String>,
+    /// What could not be listed or removed, and why.
+    pub failed: Vec<String>,
+}
+
+/// Removes the scratch vhosts of the local broker (through `rabbitmqctl`)
+/// and the scratch databases on the servers of `database_bases` that
+/// processes which have ended left behind (names by [`owned_name`]).
+///
+/// Why it matters: a test's vhost holds dozens of quorum queues, each
+/// holding files open, and RabbitMQ budgets its file handles from its
+/// `ulimit -n` (927 of 1,024 by default). A dozen vhosts left by killed runs
+/// exhausted it on the shared broker: every later `add_vhost` and
+/// `delete_vhost` hung, and so did the next test run.
+///
+/// Only names whose process has ended on this machine are removed, so runs
+/// at the same time leave each other alone. (Runs in another pid namespace
+/// against the same broker, a container's, would look ended: give those a
+/// broker of their own.) Nothing here fails: what cannot be removed is
+/// reported in [`Swept::failed`].
+pub async fn sweep_abandoned(database_bases: &[SecretUrl]) -> Swept {
+    let mut swept = Swept::default();
+    match rabbitmqctl(&["list_vhosts", "name"]) {
+        Ok(out) => {
+            for vhost in out.lines().map(str::trim).filter(|v| abandoned(v)) {
+                match delete_vhost(vhost) {
+                    Ok(()) => swept.removed.push(format!("vhost {vhost}")),
+                    Err(e) => swept.failed.push(format!("vhost {vhost}: {e}")),
+                }
+            }
+        }
+        Err(e) => swept.failed.push(format!("listing vhosts: {e}")),
+    }
+    for base in database_bases {
+        match databases(base).await {
+            Ok(names) => {
+                for name in names.iter().filter(|n| abandoned(n)) {
+                    match drop_database(base, name).await {
+                        Ok(()) => swept.removed.push(format!("database {name}")),
+                        Err(e) => swept.failed.push(e.to_string()),
+                    }
+                }
+            }
+            Err(e) => swept.failed.push(e.to_string()),
+        }
+    }
+    swept
+}
+
+/// The databases named `ot_*` on the server of `database_base`.
+async fn databases(database_base: &SecretUrl) -> Result<Vec<String>, ScratchError> {
+    use sqlx::Connection;
+    let fail = |e: sqlx::Error| ScratchError(format!("listing databases on {database_base}: {e}"));
+    if database_base.expose().starts_with("mysql://") {
+        let admin = with_path(database_base, "/information_schema")?;
+        let options = order_timeout::store::mysql_options(&admin)
+            .map_err(|e| ScratchError(format!("listing databases: {e}")))?;
+        let mut conn = sqlx::MySqlConnection::connect_with(&options)
+            .await
+            .map_err(fail)?;
+        return sqlx::query_scalar(
+            "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+              WHERE schema_name LIKE 'ot\\_%'",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(fail);
+    }
+    let admin = with_path(database_base, "/postgres")?;
+    let options = order_timeout::store::pg_options(&admin)
+        .map_err(|e| ScratchError(format!("listing databases: {e}")))?;
+    let mut conn = sqlx::PgConnection::connect_with(&options)
+        .await
+        .map_err(fail)?;
+    sqlx::query_scalar("SELECT datname::text FROM pg_database WHERE datname LIKE 'ot\\_%'")
+        .fetch_all(&mut conn)
+        .await
+        .map_err(fail)
+}
+
 /// A scratch database that is dropped however its holder ends (a test's
 /// panic included): hold it for as long as the database is used.
 #[derive(Debug)]
@@ -122,16 +247,13 @@ pub struct ScratchDatabase {
 }
 
 impl ScratchDatabase {
-    /// A database named `<prefix>_<pid>_<nanos>` on the server of
+    /// A database named by [`owned_name`] on the server of
     /// `database_base` (created by whoever connects first, e.g. the
     /// service's migrations), to be dropped with this guard.
     pub fn new(database_base: &SecretUrl, prefix: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
         Self {
             base: database_base.clone(),
-            name: format!("{prefix}_{}_{nanos}", std::process::id()),
+            name: owned_name(prefix),
         }
     }
 
@@ -150,6 +272,45 @@ impl Drop for ScratchDatabase {
     fn drop(&mut self) {
         if let Err(e) = drop_database_blocking(&self.base, &self.name) {
             eprintln!("{e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_names_carry_their_pid() {
+        let name = owned_name("ot_test");
+        assert!(
+            name.starts_with(&format!("ot_test_p{}_", std::process::id())),
+            "{name}"
+        );
+        assert_eq!(owner(&name), Some(std::process::id()));
+        assert!(!abandoned(&name), "this process runs");
+    }
+
+    #[test]
+    fn only_owned_names_of_ended_processes_are_abandoned() {
+        // Above Linux's largest pid_max (2^22): no such process can run.
+        let dead = "ot_store_p4194305_00ff00ff00ff00ff";
+        assert_eq!(owner(dead), Some(4_194_305));
+        assert!(abandoned(dead) || !Path::new("/proc/self").exists());
+        for other in [
+            "ot_bench_20261126_195800",
+            "ot_test_9f1c2b7e4d8a4c6f9e0d1c2b3a4f5e6d",
+            "shop_p4194305_00ff",
+            "ot_p4194305_00ff",
+            "ot_test_4194305_00ff",
+            "ot_test_p_00ff",
+            "ot_test_p4194305_",
+            "ot_test_p4194305_zz",
+            "postgres",
+            "/",
+        ] {
+            assert_eq!(owner(other), None, "{other}");
+            assert!(!abandoned(other), "{other}");
         }
     }
 }

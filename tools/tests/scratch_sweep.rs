@@ -1,0 +1,126 @@
+//! What killed test runs leave behind is removed, and nothing a running
+//! process still uses: a vhost on the local RabbitMQ and databases on the
+//! local PostgreSQL and MariaDB, named as if by a process that cannot exist,
+//! are swept; the same kinds named by this process stay.
+
+use order_timeout::settings::{DEFAULT_AMQP_URL, DEFAULT_DATABASE_URL, SecretUrl};
+use order_timeout_tools::scratch;
+use sqlx::Connection;
+
+/// A pid above Linux's largest `pid_max` (2^22): never a running process.
+const NO_PROCESS: u32 = 4_194_305;
+
+fn bases() -> (SecretUrl, SecretUrl, SecretUrl) {
+    let var = |name: &str, default: &str| {
+        SecretUrl::new(std::env::var(name).unwrap_or_else(|_| default.into()))
+    };
+    (
+        var("AMQP_URL", DEFAULT_AMQP_URL),
+        var("DATABASE_URL", DEFAULT_DATABASE_URL),
+        var("MYSQL_URL", "mysql://root@127.0.0.1:3306/mysql"),
+    )
+}
+
+fn vhosts() -> Vec<String> {
+    scratch::rabbitmqctl(&["list_vhosts", "name"])
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+async fn create_pg(base: &SecretUrl, name: &str) {
+    let admin = scratch::with_path(base, "/postgres").unwrap();
+    let mut conn =
+        sqlx::PgConnection::connect_with(&order_timeout::store::pg_options(&admin).unwrap())
+            .await
+            .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
+
+async fn create_mysql(base: &SecretUrl, name: &str) {
+    let admin = scratch::with_path(base, "/information_schema").unwrap();
+    let mut conn =
+        sqlx::MySqlConnection::connect_with(&order_timeout::store::mysql_options(&admin).unwrap())
+            .await
+            .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
+
+async fn pg_exists(base: &SecretUrl, name: &str) -> bool {
+    let admin = scratch::with_path(base, "/postgres").unwrap();
+    let mut conn =
+        sqlx::PgConnection::connect_with(&order_timeout::store::pg_options(&admin).unwrap())
+            .await
+            .unwrap();
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(name)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
+async fn mysql_exists(base: &SecretUrl, name: &str) -> bool {
+    let admin = scratch::with_path(base, "/information_schema").unwrap();
+    let mut conn =
+        sqlx::MySqlConnection::connect_with(&order_timeout::store::mysql_options(&admin).unwrap())
+            .await
+            .unwrap();
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
+    )
+    .bind(name)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    n == 1
+}
+
+#[tokio::test]
+async fn the_sweep_removes_what_ended_processes_left_and_keeps_what_runs() {
+    let (amqp, pg, my) = bases();
+    let mine = scratch::owned_name("ot_tools_sweep");
+    let left = mine.replacen(
+        &format!("_p{}_", std::process::id()),
+        &format!("_p{NO_PROCESS}_"),
+        1,
+    );
+    assert!(scratch::abandoned(&left) && !scratch::abandoned(&mine));
+
+    for name in [&mine, &left] {
+        scratch::create_vhost(&amqp, name).unwrap();
+        create_pg(&pg, name).await;
+        create_mysql(&my, name).await;
+    }
+    // A bench's vhost (not an owned name) is never swept.
+    let bench = format!("ot_bench_sweep_{}", std::process::id());
+    scratch::create_vhost(&amqp, &bench).unwrap();
+
+    let swept = scratch::sweep_abandoned(&[pg.clone(), my.clone()]).await;
+
+    let vhosts = vhosts();
+    let present = (
+        vhosts.contains(&left),
+        pg_exists(&pg, &left).await,
+        mysql_exists(&my, &left).await,
+    );
+    let kept = (
+        vhosts.contains(&mine),
+        pg_exists(&pg, &mine).await,
+        mysql_exists(&my, &mine).await,
+        vhosts.contains(&bench),
+    );
+    for name in [&mine, &left, &bench] {
+        let _ = scratch::delete_vhost(name);
+        let _ = scratch::drop_database(&pg, name).await;
+        let _ = scratch::drop_database(&my, name).await;
+    }
+    assert_eq!(present, (false, false, false), "{swept:?}");
+    assert_eq!(kept, (true, true, true, true), "{swept:?}");
+}
