@@ -70,39 +70,59 @@ pub fn delete_vhost(name: &str) -> Result<(), ScratchError> {
     rabbitmqctl(&["delete_vhost", name]).map(drop)
 }
 
+/// An administrative connection to the server of a database URL: its
+/// `information_schema` (MySQL/MariaDB) or its `postgres` database.
+enum Admin {
+    MySql(sqlx::MySqlConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+impl Admin {
+    /// Connects to the server of `database_base`; `doing` names the task in
+    /// errors.
+    async fn connect(database_base: &SecretUrl, doing: &str) -> Result<Self, ScratchError> {
+        use sqlx::Connection;
+        let fail = |e: &dyn std::fmt::Display| ScratchError(format!("{doing}: {e}"));
+        if database_base.expose().starts_with("mysql://") {
+            let admin = with_path(database_base, "/information_schema")?;
+            let options = order_timeout::store::mysql_options(&admin).map_err(|e| fail(&e))?;
+            let conn = sqlx::MySqlConnection::connect_with(&options)
+                .await
+                .map_err(|e| fail(&e))?;
+            return Ok(Self::MySql(conn));
+        }
+        let admin = with_path(database_base, "/postgres")?;
+        let options = order_timeout::store::pg_options(&admin).map_err(|e| fail(&e))?;
+        let conn = sqlx::PgConnection::connect_with(&options)
+            .await
+            .map_err(|e| fail(&e))?;
+        Ok(Self::Postgres(conn))
+    }
+}
+
 /// Drops database `name` on the server of `database_base` (PostgreSQL:
 /// closing its connections first; MySQL/MariaDB).
 pub async fn drop_database(database_base: &SecretUrl, name: &str) -> Result<(), ScratchError> {
-    use sqlx::{Connection, Executor};
-    let fail = |e: sqlx::Error| ScratchError(format!("dropping database {name}: {e}"));
-    if database_base.expose().starts_with("mysql://") {
-        let admin = with_path(database_base, "/information_schema")?;
-        let options = order_timeout::store::mysql_options(&admin)
-            .map_err(|e| ScratchError(format!("dropping database {name}: {e}")))?;
-        let mut conn = sqlx::MySqlConnection::connect_with(&options)
+    use sqlx::Executor;
+    let doing = format!("dropping database {name}");
+    let fail = |e: sqlx::Error| ScratchError(format!("{doing}: {e}"));
+    match Admin::connect(database_base, &doing).await? {
+        Admin::MySql(mut conn) => conn
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS `{}`",
+                name.replace('`', "``")
+            )))
             .await
-            .map_err(fail)?;
-        conn.execute(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS `{}`",
-            name.replace('`', "``")
-        )))
-        .await
-        .map_err(fail)?;
-        return Ok(());
+            .map(drop),
+        Admin::Postgres(mut conn) => conn
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                name.replace('"', "\"\"")
+            )))
+            .await
+            .map(drop),
     }
-    let admin = with_path(database_base, "/postgres")?;
-    let options = order_timeout::store::pg_options(&admin)
-        .map_err(|e| ScratchError(format!("dropping database {name}: {e}")))?;
-    let mut conn = sqlx::PgConnection::connect_with(&options)
-        .await
-        .map_err(fail)?;
-    conn.execute(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-        name.replace('"', "\"\"")
-    )))
-    .await
-    .map_err(fail)?;
-    Ok(())
+    .map_err(fail)
 }
 
 /// [`drop_database`] from synchronous code that may itself run inside a
@@ -209,33 +229,24 @@ pub async fn sweep_abandoned(database_bases: &[SecretUrl]) -> Swept {
 
 /// The databases named `ot_*` on the server of `database_base`.
 async fn databases(database_base: &SecretUrl) -> Result<Vec<String>, ScratchError> {
-    use sqlx::Connection;
-    let fail = |e: sqlx::Error| ScratchError(format!("listing databases on {database_base}: {e}"));
-    if database_base.expose().starts_with("mysql://") {
-        let admin = with_path(database_base, "/information_schema")?;
-        let options = order_timeout::store::mysql_options(&admin)
-            .map_err(|e| ScratchError(format!("listing databases: {e}")))?;
-        let mut conn = sqlx::MySqlConnection::connect_with(&options)
-            .await
-            .map_err(fail)?;
-        return sqlx::query_scalar(
-            "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+    let doing = format!("listing databases on {database_base}");
+    let fail = |e: sqlx::Error| ScratchError(format!("{doing}: {e}"));
+    match Admin::connect(database_base, &doing).await? {
+        Admin::MySql(mut conn) => {
+            sqlx::query_scalar(
+                "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
               WHERE schema_name LIKE 'ot\\_%'",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .map_err(fail);
+            )
+            .fetch_all(&mut conn)
+            .await
+        }
+        Admin::Postgres(mut conn) => {
+            sqlx::query_scalar("SELECT datname::text FROM pg_database WHERE datname LIKE 'ot\\_%'")
+                .fetch_all(&mut conn)
+                .await
+        }
     }
-    let admin = with_path(database_base, "/postgres")?;
-    let options = order_timeout::store::pg_options(&admin)
-        .map_err(|e| ScratchError(format!("listing databases: {e}")))?;
-    let mut conn = sqlx::PgConnection::connect_with(&options)
-        .await
-        .map_err(fail)?;
-    sqlx::query_scalar("SELECT datname::text FROM pg_database WHERE datname LIKE 'ot\\_%'")
-        .fetch_all(&mut conn)
-        .await
-        .map_err(fail)
+    .map_err(fail)
 }
 
 /// A scratch database that is dropped however its holder ends (a test's
