@@ -418,8 +418,10 @@ impl BenchEnv {
     }
 
     /// Stops every child, and removes the vhost and the database unless
-    /// `--keep`.
-    pub async fn cleanup(mut self) {
+    /// `--keep`. The children's logs go with them, unless `keep_logs` (a
+    /// run missed its target or failed a check: the logs are what tells
+    /// why, and a rare miss may not come back).
+    pub async fn cleanup(mut self, keep_logs: bool) {
         self.stop_services().await;
         if let Some(seed) = self.seed.take() {
             seed.stop(Duration::from_secs(5)).await;
@@ -450,7 +452,14 @@ impl BenchEnv {
         {
             eprintln!("warning: {e}");
         }
-        let _ = std::fs::remove_dir_all(&self.log_dir);
+        if keep_logs {
+            eprintln!(
+                "== a run missed its target or failed a check: kept the children's logs in {}",
+                self.log_dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.log_dir);
+        }
     }
 }
 

@@ -360,12 +360,25 @@ pub async fn run(
     )
     .await?;
     let result = run_in(&mut env, &args, &mut report).await;
+    let missed = !matches!(result, Ok(true)) || report.verdicts.iter().any(|v| !v.stable);
+    let log_dir = env.log_dir.clone();
     eprintln!("== cleaning up");
-    env.cleanup().await;
+    env.cleanup(missed).await;
     let ok = result?;
 
     let json = serde_json::to_string_pretty(&report)
         .map_err(|e| BenchError::Setup(format!("serializing results: {e}")))?;
+    if missed {
+        // Beside the logs: lateness second by second, to find the moment.
+        let path = log_dir.join("report.json");
+        match std::fs::write(&path, &json) {
+            Ok(()) => eprintln!(
+                "== the results, second by second, are in {}",
+                path.display()
+            ),
+            Err(e) => eprintln!("warning: writing {}: {e}", path.display()),
+        }
+    }
     if let Some(path) = &args.out {
         std::fs::write(path, &json).map_err(|error| BenchError::Write {
             path: path.display().to_string(),

@@ -334,7 +334,7 @@ async fn run_with_config(
     .await?;
     let result = run_in(&mut env, &timer, args, phases, &mut report).await;
     eprintln!("== cleaning up");
-    env.cleanup().await;
+    env.cleanup(result.is_err()).await;
     result.map(|()| report)
 }
 
