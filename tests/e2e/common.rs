@@ -39,6 +39,14 @@ use sqlx::PgPool;
 /// then missed its deadline. One at a time, the restarts stay quick.
 pub static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The PostgreSQL server the tests use (`DATABASE_URL`; its database part
+/// is replaced per test).
+pub fn pg_base() -> SecretUrl {
+    SecretUrl::new(
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
+    )
+}
+
 /// Removes, once per test process, the vhosts and databases that earlier
 /// runs killed before their cleanup left behind ([`scratch::sweep_abandoned`]):
 /// a dozen left vhosts are enough to stall the shared broker.
@@ -46,11 +54,7 @@ pub async fn sweep_abandoned() {
     static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     SWEPT
         .get_or_init(|| async {
-            let pg = SecretUrl::new(
-                std::env::var("DATABASE_URL")
-                    .unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
-            );
-            let swept = scratch::sweep_abandoned(&[pg, crate::store::mysql_base()]).await;
+            let swept = scratch::sweep_abandoned(&[pg_base(), crate::store::mysql_base()]).await;
             if !swept.removed.is_empty() {
                 eprintln!(
                     "removed what ended test runs left behind: {}",
@@ -123,9 +127,7 @@ impl TestEnv {
             }
         };
 
-        let base_db_url = SecretUrl::new(
-            std::env::var("DATABASE_URL").unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
-        );
+        let base_db_url = pg_base();
         let database_url = scratch::with_path(&base_db_url, &name).unwrap();
         let pool = shop::prepare_database(&database_url, 10)
             .await

@@ -832,10 +832,7 @@ mod pg {
 
     impl Fixture for PgFixture {
         async fn new() -> Self {
-            let base = SecretUrl::new(
-                std::env::var("DATABASE_URL")
-                    .unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
-            );
+            let base = crate::common::pg_base();
             crate::common::sweep_abandoned().await;
             let name = scratch::owned_name("ot_store");
             let url = scratch::with_path(&base, &name).unwrap();
