@@ -418,9 +418,9 @@ impl BenchEnv {
     }
 
     /// Stops every child, and removes the vhost and the database unless
-    /// `--keep`. The children's logs go with them, unless `keep_logs` (a
-    /// run missed its target or failed a check: the logs are what tells
-    /// why, and a rare miss may not come back).
+    /// `--keep`. The children's logs go with them, unless `keep_logs` (the
+    /// bench failed, or a run missed its target or failed a check: the logs
+    /// are what tells why, and a rare miss may not come back).
     pub async fn cleanup(mut self, keep_logs: bool) {
         self.stop_services().await;
         if let Some(seed) = self.seed.take() {
@@ -454,7 +454,7 @@ impl BenchEnv {
         }
         if keep_logs {
             eprintln!(
-                "== a run missed its target or failed a check: kept the children's logs in {}",
+                "== something failed or missed its target: kept the children's logs in {}",
                 self.log_dir.display()
             );
         } else {
