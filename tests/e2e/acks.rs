@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use lapin::options::{BasicConsumeOptions, BasicPublishOptions, BasicQosOptions};
+use lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
 use order_timeout::broker::acks::Acks;
@@ -42,7 +44,12 @@ async fn queue_with(env: &TestEnv, n: u32) {
 }
 
 /// Takes `n` deliveries on `channel`, each recorded in `acks` as the
-/// consumer does: body → tag.
+/// consumer does: body → tag. The consumer is cancelled (and the broker's
+/// answer awaited) before this returns: a nack with requeue would otherwise
+/// hand its message straight back to this channel's consumer instead of
+/// leaving it in the queue for [`back_in_queue`]. Dropping the consumer is
+/// not enough: lapin sends that cancel from a task of its own, which can
+/// reach the broker after the test's first nacks.
 async fn take(channel: &Channel, acks: &Acks, n: u32) -> BTreeMap<u32, u64> {
     channel
         .basic_qos(1000, BasicQosOptions::default())
@@ -71,6 +78,10 @@ async fn take(channel: &Channel, acks: &Acks, n: u32) -> BTreeMap<u32, u64> {
             .unwrap();
         tags.insert(body, delivery.delivery_tag);
     }
+    channel
+        .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+        .await
+        .expect("the broker cancels the consumer");
     tags
 }
 
