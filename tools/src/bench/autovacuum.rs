@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::BenchError;
+use super::checkpoints::Happened;
 use super::load::BenchDb;
 use crate::shop::ShopDb;
 
@@ -103,10 +104,12 @@ const CHANGED_ROWS_SQL: &str = "\
 
 /// During a phase, on a server with autovacuum off: `ANALYZE` of each table
 /// the run writes once its changes pass autovacuum's threshold, looked at
-/// every [`ANALYZE_CHECK`]. Stopped with [`Analyzer::stop`].
+/// every [`ANALYZE_CHECK`]. Stopped with [`Analyzer::stop`], which says
+/// when each ran: an `ANALYZE` of the grown tables takes a second of a busy
+/// machine, and a phase's report places it beside its lateness.
 pub struct Analyzer {
     stop: oneshot::Sender<()>,
-    task: JoinHandle<u32>,
+    task: JoinHandle<Vec<Happened>>,
 }
 
 impl Analyzer {
@@ -124,7 +127,7 @@ impl Analyzer {
         }
         let (stop, mut stopped) = oneshot::channel();
         let task = tokio::spawn(async move {
-            let mut analyzed = 0;
+            let mut analyzed = Vec::new();
             loop {
                 tokio::select! {
                     _ = &mut stopped => return analyzed,
@@ -132,7 +135,8 @@ impl Analyzer {
                 }
                 for (pool, tables) in &off {
                     match analyze_changed(pool, tables).await {
-                        Ok(n) => analyzed += n,
+                        Ok(Some(done)) => analyzed.push(done),
+                        Ok(None) => {}
                         Err(e) => tracing::warn!(error = %e, "analyzing the bench's tables failed"),
                     }
                 }
@@ -141,30 +145,31 @@ impl Analyzer {
         Ok(Some(Self { stop, task }))
     }
 
-    /// Stops; returns how many tables were analyzed.
-    pub async fn stop(self) -> u32 {
+    /// Stops; returns each `ANALYZE` it ran: when, how long, of what.
+    pub async fn stop(self) -> Vec<Happened> {
         let _ = self.stop.send(());
-        self.task.await.unwrap_or(0)
+        self.task.await.unwrap_or_default()
     }
 }
 
-/// `ANALYZE` of those of `tables` past autovacuum's threshold; how many.
-async fn analyze_changed(pool: &PgPool, tables: &[&str]) -> Result<u32, sqlx::Error> {
+/// `ANALYZE` of those of `tables` past autovacuum's threshold, if any: when
+/// it began, how long it took, the statement.
+async fn analyze_changed(pool: &PgPool, tables: &[&str]) -> Result<Option<Happened>, sqlx::Error> {
     let changed: Vec<String> = sqlx::query_scalar(CHANGED_ROWS_SQL)
         .bind(tables)
         .fetch_all(pool)
         .await?;
     if changed.is_empty() {
-        return Ok(0);
+        return Ok(None);
     }
     // Names from the fixed list above, matched by the catalog.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "ANALYZE {}",
-        changed.join(", ")
-    )))
-    .execute(pool)
-    .await?;
-    Ok(changed.len() as u32)
+    let statement = format!("ANALYZE {}", changed.join(", "));
+    let began = chrono::Utc::now();
+    let clock = std::time::Instant::now();
+    sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+        .execute(pool)
+        .await?;
+    Ok(Some((began, clock.elapsed(), statement)))
 }
 
 #[cfg(test)]
@@ -198,20 +203,21 @@ mod tests {
         // Under the threshold: nothing.
         insert_orders(&pool, 1, 40).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(analyze_changed(&pool, &tables).await.unwrap(), 0);
+        assert_eq!(analyze_changed(&pool, &tables).await.unwrap(), None);
 
         // Past it (the statistics reach pg_stat_user_tables within a second
         // or so): the orders table, and only it.
         insert_orders(&pool, 41, 300).await;
-        let mut analyzed = 0;
+        let mut analyzed = None;
         for _ in 0..20 {
             analyzed = analyze_changed(&pool, &tables).await.unwrap();
-            if analyzed > 0 {
+            if analyzed.is_some() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        assert_eq!(analyzed, 1);
+        let (_, _, statement) = analyzed.expect("orders analyzed");
+        assert_eq!(statement, "ANALYZE public.orders");
         let last: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
             "SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'orders'",
         )
@@ -223,7 +229,7 @@ mod tests {
         // Past it again within the minute: not yet.
         insert_orders(&pool, 301, 900).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        assert_eq!(analyze_changed(&pool, &tables).await.unwrap(), 0);
+        assert_eq!(analyze_changed(&pool, &tables).await.unwrap(), None);
         pool.close().await;
     }
 }

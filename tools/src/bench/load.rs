@@ -680,7 +680,8 @@ pub async fn settle(db: &BenchDb, g: Generated, w: &Workload) -> Result<Settled,
 /// A settled phase, ready to measure.
 pub struct Settled {
     prefix: String,
-    started: DateTime<Utc>,
+    /// When the generator began: the clock of the per-second lateness.
+    pub started: DateTime<Utc>,
     created: u64,
     errors: u64,
     create_seconds: f64,

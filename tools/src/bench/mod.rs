@@ -30,6 +30,7 @@
 
 mod autovacuum;
 pub mod baseline;
+mod checkpoints;
 pub mod env;
 pub mod load;
 mod pending;
@@ -752,19 +753,32 @@ async fn run_phase(
         w.paid_ratio * 100.0
     );
     let analyzer = autovacuum::Analyzer::start(&env.db).await?;
+    let checkpoints = checkpoints::Checkpoints::start(&env.db.inventory).await;
     sampling.reset();
     let la0 = loadavg();
     let m0 = env.scrape().await;
     let g = load::generate(&env.db, channels, route, w, prefix).await?;
     let s = load::settle(&env.db, g, w).await?;
     let resources = sampling.usage();
+    let mut happened = Vec::new();
     if let Some(analyzer) = analyzer {
-        let n = analyzer.stop().await;
+        let analyzed = analyzer.stop().await;
         eprintln!(
-            "== PostgreSQL's autovacuum is off on this server: the bench analyzed its tables {n} times during the phase (autovacuum's rule, looked at every 10 s)"
+            "== PostgreSQL's autovacuum is off on this server: the bench ran ANALYZE {} times during the phase (autovacuum's rule, looked at every 10 s)",
+            analyzed.len()
         );
+        happened.extend(analyzed);
     }
+    if let Some(checkpoints) = checkpoints {
+        happened.extend(checkpoints.stop().await);
+    }
+    happened.sort_by_key(|h| h.0);
+    let started = s.started;
     let (mut phase, points) = load::measure(&env.db, &s, route, w).await?;
+    phase.db_events = happened
+        .into_iter()
+        .map(|h| report::DbEvent::on_phase_clock(started, h))
+        .collect();
     phase.workload = chosen.to_string();
     let (per, total) = report::cpu_per_order(&resources, phase.orders, route.processes());
     phase.cpu_ms_per_order = per;

@@ -1,7 +1,9 @@
 //! The numbers a bench run reports, and the JSON they are written as.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -105,6 +107,44 @@ pub fn per_second(points: &[(f64, f64)]) -> Vec<SecondStats> {
         .collect()
 }
 
+/// Something the database server did during a phase that can hold up
+/// everything on the machine for a while (a checkpoint's sync, the bench's
+/// stand-in for autovacuum's `ANALYZE`), on the clock of
+/// [`SecondStats::t_s`], so a slow second can be matched against it.
+#[derive(Clone, Debug, Serialize)]
+pub struct DbEvent {
+    /// When it began, seconds since the phase's first order was created
+    /// (negative: before).
+    pub t_s: f64,
+    /// How long it took, ms.
+    pub took_ms: f64,
+    /// What: `ANALYZE public.orders`, `checkpoint (timed): …`.
+    pub what: String,
+}
+
+impl DbEvent {
+    /// `what`, begun at `began` and taking `took`, on the clock of a phase
+    /// whose first order was created at `started`.
+    pub fn on_phase_clock(
+        started: DateTime<Utc>,
+        (began, took, what): (DateTime<Utc>, Duration, String),
+    ) -> Self {
+        Self {
+            t_s: (began - started).as_seconds_f64(),
+            took_ms: took.as_secs_f64() * 1000.0,
+            what,
+        }
+    }
+}
+
+/// The `n` seconds with the highest p99 lateness, worst first.
+pub fn slowest_seconds(seconds: &[SecondStats], n: usize) -> Vec<&SecondStats> {
+    let mut by_p99: Vec<&SecondStats> = seconds.iter().collect();
+    by_p99.sort_by(|a, b| b.p99_ms.total_cmp(&a.p99_ms));
+    by_p99.truncate(n);
+    by_p99
+}
+
 /// The outcome of one workload phase (the product, or a baseline).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PhaseReport {
@@ -152,6 +192,9 @@ pub struct PhaseReport {
     pub lateness: LatenessStats,
     /// Lateness per second of deadline.
     pub per_second: Vec<SecondStats>,
+    /// What the database server did meanwhile that can stall it, on the
+    /// same clock.
+    pub db_events: Vec<DbEvent>,
     /// CPU and memory per process group while the phase ran.
     pub resources: BTreeMap<String, Usage>,
     /// CPU time per order created, ms, per process the design runs on

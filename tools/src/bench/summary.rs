@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::report::{BenchReport, PendingReport, PhaseReport, RunReport, Verdict};
+use super::report::{BenchReport, PendingReport, PhaseReport, RunReport, Verdict, slowest_seconds};
 use super::sys;
 
 fn fmt_usage(u: &BTreeMap<String, sys::Usage>) -> String {
@@ -98,8 +98,31 @@ pub(super) fn print_phase(p: &PhaseReport) {
         println!("   service stages: {}", stages.join("; "));
     }
     println!("   loadavg: {} -> {}", p.loadavg.0, p.loadavg.1);
+    print_slow_seconds(p);
     for f in &p.failures {
         println!("   FAIL: {f}");
+    }
+}
+
+/// The phase's three slowest seconds (by deadline) and what the database
+/// server did meanwhile, on the same clock: where a run's p99 comes from a
+/// few seconds' stall, what else was happening then.
+fn print_slow_seconds(p: &PhaseReport) {
+    let slowest: Vec<String> = slowest_seconds(&p.per_second, 3)
+        .iter()
+        .map(|s| format!("{} s p99 {:.1} ms", s.t_s, s.p99_ms))
+        .collect();
+    if !slowest.is_empty() {
+        println!(
+            "   slowest seconds (by deadline, since the first order): {}",
+            slowest.join(", ")
+        );
+    }
+    for e in &p.db_events {
+        println!(
+            "   database server: {} at {:.1} s, for {:.0} ms",
+            e.what, e.t_s, e.took_ms
+        );
     }
 }
 
