@@ -268,6 +268,16 @@ impl ScratchDatabase {
         }
     }
 
+    /// A [`ScratchDatabase::new`] on the PostgreSQL server the tests use:
+    /// `DATABASE_URL`, or the service's default.
+    pub fn on_test_server(prefix: &str) -> Self {
+        let base = SecretUrl::new(
+            std::env::var("DATABASE_URL")
+                .unwrap_or_else(|_| order_timeout::settings::DEFAULT_DATABASE_URL.into()),
+        );
+        Self::new(&base, prefix)
+    }
+
     /// The database's name.
     pub fn name(&self) -> &str {
         &self.name

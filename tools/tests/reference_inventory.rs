@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use order_timeout::inventory::InventoryClient;
-use order_timeout::settings::{DEFAULT_DATABASE_URL, SecretUrl};
+use order_timeout::settings::SecretUrl;
 use order_timeout::store::OrderItem;
 use order_timeout_tools::inventory::ReferenceInventory;
 use order_timeout_tools::{scratch, shop};
@@ -34,10 +34,7 @@ fn items(n: usize) -> Vec<OrderItem> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_and_repeated_releases_release_each_order_once() {
-    let base = SecretUrl::new(
-        std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into()),
-    );
-    let db = scratch::ScratchDatabase::new(&base, "ot_tools_inventory");
+    let db = scratch::ScratchDatabase::on_test_server("ot_tools_inventory");
     let pool = shop::prepare_database(&db.url().unwrap(), 10)
         .await
         .expect("prepare the database");

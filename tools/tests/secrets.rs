@@ -6,15 +6,11 @@
 
 use std::process::Command;
 
-use order_timeout::settings::{DEFAULT_DATABASE_URL, SecretUrl};
 use order_timeout_tools::scratch;
 
 #[test]
 fn reference_schema_prints_the_url_without_its_password() {
-    let base = SecretUrl::new(
-        std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into()),
-    );
-    let scratch = scratch::ScratchDatabase::new(&base, "ot_tools_secrets");
+    let scratch = scratch::ScratchDatabase::on_test_server("ot_tools_secrets");
     let database = scratch.name().to_owned();
     let secret = format!("ToolsS3cret_{database}");
     let url = url::Url::parse(scratch.url().unwrap().expose()).unwrap();

@@ -176,7 +176,6 @@ async fn analyze_changed(pool: &PgPool, tables: &[&str]) -> Result<Option<Happen
 mod tests {
     use super::*;
     use crate::{scratch, shop};
-    use order_timeout::settings::{DEFAULT_DATABASE_URL, SecretUrl};
 
     async fn insert_orders(pool: &PgPool, from: i32, to: i32) {
         sqlx::query(
@@ -192,10 +191,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_table_past_autovacuums_threshold_is_analyzed_at_most_once_a_minute() {
-        let base = SecretUrl::new(
-            std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into()),
-        );
-        let db = scratch::ScratchDatabase::new(&base, "ot_tools_autovacuum");
+        let db = scratch::ScratchDatabase::on_test_server("ot_tools_autovacuum");
         let pool = shop::prepare_database(&db.url().unwrap(), 2)
             .await
             .expect("prepare the database");

@@ -165,7 +165,6 @@ impl Checkpoints {
 mod tests {
     use super::*;
     use crate::{scratch, shop};
-    use order_timeout::settings::{DEFAULT_DATABASE_URL, SecretUrl};
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().to_utc()
@@ -212,10 +211,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_checkpoint_on_the_real_server_is_reported() {
-        let base = SecretUrl::new(
-            std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into()),
-        );
-        let db = scratch::ScratchDatabase::new(&base, "ot_tools_checkpoints");
+        let db = scratch::ScratchDatabase::on_test_server("ot_tools_checkpoints");
         let pool = shop::prepare_database(&db.url().unwrap(), 2)
             .await
             .expect("prepare the database");
