@@ -167,7 +167,16 @@ impl Pass {
     /// Returns every held message to the queue in the order taken, then
     /// makes sure the broker processed all acks and the return (a
     /// synchronous round trip on the same channel fails if the channel was
-    /// closed by an earlier error), then closes the channel.
+    /// closed by an earlier error) and that the returned messages are
+    /// counted in the queue again, then closes the channel.
+    ///
+    /// The round trip alone does not show the return: a quorum queue
+    /// applies it a few milliseconds after the channel answers (a passive
+    /// declare right after the nack counted 0 of 1 returned message in 295
+    /// of 300 tries on RabbitMQ 3.10.8, and 4 in 300 still did on a new
+    /// channel after the close). Without the wait, an operator's next
+    /// command (`pending` right after `parked list`) could report a parked
+    /// message as gone.
     #[tracing::instrument(skip_all, fields(held = self.held))]
     async fn finish(self) -> Result<(), ParkedError> {
         if let Some(last) = &self.last_held {
@@ -185,7 +194,35 @@ impl Pass {
                 ));
             }
         }
-        self.channel
+        let returned = u32::try_from(self.held).unwrap_or(u32::MAX);
+        let deadline = tokio::time::Instant::now() + RETURN_WAIT;
+        loop {
+            let ready = self.ready().await.map_err(|e| {
+                ParkedError::Ack(format!("the broker did not confirm the pass: {e}"))
+            })?;
+            if ready >= returned {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                // Another pass may hold some of them; the broker has them
+                // either way.
+                tracing::warn!(
+                    returned,
+                    ready,
+                    "the returned parked messages are not all counted in the queue yet"
+                );
+                break;
+            }
+            tokio::time::sleep(RETURN_POLL).await;
+        }
+        crate::broker::close_channel_quietly(&self.channel).await;
+        Ok(())
+    }
+
+    /// The queue's ready messages (a passive declare on the pass's channel).
+    async fn ready(&self) -> Result<u32, lapin::Error> {
+        let queue = self
+            .channel
             .queue_declare(
                 PARKED_QUEUE.into(),
                 QueueDeclareOptions {
@@ -194,12 +231,17 @@ impl Pass {
                 },
                 FieldTable::default(),
             )
-            .await
-            .map_err(|e| ParkedError::Ack(format!("the broker did not confirm the pass: {e}")))?;
-        crate::broker::close_channel_quietly(&self.channel).await;
-        Ok(())
+            .await?;
+        Ok(queue.message_count())
     }
 }
+
+/// How long [`Pass::finish`] waits for the messages it returned to be
+/// counted in the queue again (a few milliseconds on a healthy broker).
+const RETURN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often it looks meanwhile.
+const RETURN_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// What `parked list` shows.
 #[derive(Clone, Debug)]
