@@ -13,6 +13,7 @@
 
 #![allow(dead_code)]
 
+use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -43,7 +44,11 @@ impl Browser {
         );
         let profile =
             std::env::temp_dir().join(format!("ot-chromium-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&profile).unwrap();
+        // Chromium's own temporary files (its process-singleton socket
+        // directory, which only a graceful exit removes) go inside the
+        // profile, so they are removed with it.
+        let tmp = profile.join("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
         let child = Command::new(&binary)
             .args([
                 "--headless",
@@ -60,9 +65,14 @@ impl Browser {
             ])
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg("about:blank")
+            .env("TMPDIR", &tmp)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            // Its own process group, so that its helpers (zygote, renderer,
+            // GPU) are stopped with it and none writes to the profile
+            // after it is removed.
+            .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("start {binary}: {e}"));
         let (port, path) = devtools_endpoint(&profile).await;
@@ -216,9 +226,21 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        // The whole group: killing Chromium alone left its helpers to write
+        // into the profile after it was removed, so a profile directory
+        // stayed behind in /tmp now and then.
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.profile);
+        for _ in 0..20 {
+            if std::fs::remove_dir_all(&self.profile).is_ok() || !self.profile.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
