@@ -130,6 +130,23 @@ pub async fn close_channel_quietly(channel: &lapin::Channel) {
     }
 }
 
+/// Looks at an existing queue without changing it (a passive declare): its
+/// ready messages and consumers, or a channel-closing `NOT_FOUND` error if
+/// it does not exist. What the operator commands, the parked passes and
+/// the tools count queues with.
+pub async fn peek_queue(channel: &lapin::Channel, queue: &str) -> Result<lapin::Queue, lapin::Error> {
+    channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+}
+
 /// Declares the topology on a fresh connection (for the demo and tests;
 /// `serve` declares on every (re)connect).
 pub async fn declare_topology(settings: &Settings) -> Result<(), topology::TopologyError> {

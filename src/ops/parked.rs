@@ -27,8 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use lapin::message::BasicGetMessage;
-use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
 use lapin::{Acker, Channel, Connection};
 
 use crate::broker::parked::replay_properties;
@@ -104,15 +103,7 @@ impl Pass {
             .create_channel()
             .await
             .map_err(ParkedError::Amqp)?;
-        let queue = channel
-            .queue_declare(
-                PARKED_QUEUE.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
+        let queue = crate::broker::peek_queue(&channel, PARKED_QUEUE)
             .await
             .map_err(|e| {
                 if super::topology_check::is_not_found(&e) {
@@ -221,17 +212,7 @@ impl Pass {
 
     /// The queue's ready messages (a passive declare on the pass's channel).
     async fn ready(&self) -> Result<u32, lapin::Error> {
-        let queue = self
-            .channel
-            .queue_declare(
-                PARKED_QUEUE.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
+        let queue = crate::broker::peek_queue(&self.channel, PARKED_QUEUE).await?;
         Ok(queue.message_count())
     }
 }
@@ -491,7 +472,7 @@ impl PurgePlan {
 #[cfg(test)]
 mod tests {
     use lapin::BasicProperties;
-    use lapin::types::AMQPValue;
+    use lapin::types::{AMQPValue, FieldTable};
 
     use crate::broker::headers::H_PARKED_AT;
 

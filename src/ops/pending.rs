@@ -28,8 +28,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use serde::Serialize;
 
@@ -380,17 +378,7 @@ struct Prober<'a> {
 
 impl Prober<'_> {
     async fn depth(&mut self, queue: &str) -> Result<Option<QueueDepth>, PendingError> {
-        let declared = self
-            .channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
+        let declared = crate::broker::peek_queue(&self.channel, queue).await;
         match (declared, self.reopen) {
             (Ok(q), _) => Ok(Some(QueueDepth {
                 messages: q.message_count(),

@@ -612,19 +612,9 @@ impl TestEnv {
     /// Messages ready in `queue` (passive declare; the queue must exist).
     pub async fn queue_depth(&self, queue: &str) -> u32 {
         let channel = self.amqp.create_channel().await.unwrap();
-        let queue = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let depth = depth_on(&channel, queue).await;
         let _ = channel.close(200, "".into()).await;
-        queue.message_count()
+        depth
     }
 
     /// Publishes a message straight into the parked queue with these
@@ -754,4 +744,13 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// Messages ready in `queue`, by a passive declare on `channel` (one
+/// already open, where nothing may stand between an action and the count).
+pub async fn depth_on(channel: &Channel, queue: &str) -> u32 {
+    order_timeout::broker::peek_queue(channel, queue)
+        .await
+        .unwrap()
+        .message_count()
 }

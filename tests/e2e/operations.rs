@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::{TestEnv, declare_durable_queue};
+use crate::common::{TestEnv, declare_durable_queue, depth_on};
 use chrono::Utc;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -136,18 +136,11 @@ async fn list_shows_reasons_and_leaves_the_queue_as_it_was() {
             .await
             .unwrap();
         assert_eq!(listing.total, 3, "pass {pass}");
-        let queue = counting
-            .queue_declare(
-                topology::PARKED_QUEUE.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(queue.message_count(), 3, "counted right after pass {pass}");
+        assert_eq!(
+            depth_on(&counting, topology::PARKED_QUEUE).await,
+            3,
+            "counted right after pass {pass}"
+        );
     }
 }
 

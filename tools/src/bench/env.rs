@@ -9,8 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 use tokio::process::{Child, Command};
 
 use super::BenchError;
@@ -346,16 +344,7 @@ impl BenchEnv {
         loop {
             let conn = connect_amqp(&self.settings.amqp_url, "order-timeout-bench").await?;
             let channel = conn.create_channel().await?;
-            let q = channel
-                .queue_declare(
-                    queue.into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await;
+            let q = order_timeout::broker::peek_queue(&channel, queue).await;
             let _ = conn.close(200, "ok".into()).await;
             if matches!(&q, Ok(q) if q.consumer_count() as usize >= n) {
                 return Ok(());
