@@ -39,14 +39,6 @@ use sqlx::PgPool;
 /// then missed its deadline. One at a time, the restarts stay quick.
 pub static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The PostgreSQL server the tests use (`DATABASE_URL`; its database part
-/// is replaced per test).
-pub fn pg_base() -> SecretUrl {
-    SecretUrl::new(
-        std::env::var("DATABASE_URL").unwrap_or_else(|_| settings::DEFAULT_DATABASE_URL.into()),
-    )
-}
-
 /// Removes, once per test process, the vhosts and databases that earlier
 /// runs killed before their cleanup left behind ([`scratch::sweep_abandoned`]):
 /// a dozen left vhosts are enough to stall the shared broker.
@@ -54,7 +46,9 @@ pub async fn sweep_abandoned() {
     static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     SWEPT
         .get_or_init(|| async {
-            let swept = scratch::sweep_abandoned(&[pg_base(), crate::store::mysql_base()]).await;
+            let swept =
+                scratch::sweep_abandoned(&[scratch::test_pg_server(), crate::store::mysql_base()])
+                    .await;
             if !swept.removed.is_empty() {
                 eprintln!(
                     "removed what ended test runs left behind: {}",
@@ -127,7 +121,7 @@ impl TestEnv {
             }
         };
 
-        let base_db_url = pg_base();
+        let base_db_url = scratch::test_pg_server();
         let database_url = scratch::with_path(&base_db_url, &name).unwrap();
         let pool = shop::prepare_database(&database_url, 10)
             .await

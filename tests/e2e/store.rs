@@ -832,7 +832,7 @@ mod pg {
 
     impl Fixture for PgFixture {
         async fn new() -> Self {
-            let base = crate::common::pg_base();
+            let base = scratch::test_pg_server();
             crate::common::sweep_abandoned().await;
             let name = scratch::owned_name("ot_store");
             let url = scratch::with_path(&base, &name).unwrap();

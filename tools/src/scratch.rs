@@ -249,6 +249,15 @@ async fn databases(database_base: &SecretUrl) -> Result<Vec<String>, ScratchErro
     .map_err(fail)
 }
 
+/// The PostgreSQL server the tests use: `DATABASE_URL`, or the service's
+/// default (a scratch database's name replaces its database part).
+pub fn test_pg_server() -> SecretUrl {
+    SecretUrl::new(
+        std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| order_timeout::settings::DEFAULT_DATABASE_URL.into()),
+    )
+}
+
 /// A scratch database that is dropped however its holder ends (a test's
 /// panic included): hold it for as long as the database is used.
 #[derive(Debug)]
@@ -268,14 +277,9 @@ impl ScratchDatabase {
         }
     }
 
-    /// A [`ScratchDatabase::new`] on the PostgreSQL server the tests use:
-    /// `DATABASE_URL`, or the service's default.
+    /// A [`ScratchDatabase::new`] on [`test_pg_server`].
     pub fn on_test_server(prefix: &str) -> Self {
-        let base = SecretUrl::new(
-            std::env::var("DATABASE_URL")
-                .unwrap_or_else(|_| order_timeout::settings::DEFAULT_DATABASE_URL.into()),
-        );
-        Self::new(&base, prefix)
+        Self::new(&test_pg_server(), prefix)
     }
 
     /// The database's name.

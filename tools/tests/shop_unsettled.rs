@@ -6,7 +6,7 @@
 //! never.) Runs against the local PostgreSQL and MariaDB (`DATABASE_URL`,
 //! `MYSQL_URL`), each in a database of its own, dropped afterwards.
 
-use order_timeout::settings::{DEFAULT_DATABASE_URL, SecretUrl};
+use order_timeout::settings::SecretUrl;
 use order_timeout_tools::scratch;
 use order_timeout_tools::shop::ShopDb;
 
@@ -91,10 +91,7 @@ async fn counts_the_open_rows_of_one_prefix(base: SecretUrl) {
 
 #[tokio::test]
 async fn postgres_counts_the_open_rows_of_one_prefix() {
-    let base = SecretUrl::new(
-        std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into()),
-    );
-    counts_the_open_rows_of_one_prefix(base).await;
+    counts_the_open_rows_of_one_prefix(scratch::test_pg_server()).await;
 }
 
 #[tokio::test]

@@ -29,7 +29,6 @@ pub type Happened = (DateTime<Utc>, Duration, String);
 
 /// One look at the checkpointer: the last checkpoint (from the control
 /// file, rewritten at every checkpoint's end) and the cumulative counters.
-#[derive(Clone, PartialEq)]
 struct Look {
     /// The last checkpoint's record: changes when a checkpoint ends.
     lsn: String,

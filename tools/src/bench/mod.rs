@@ -773,11 +773,10 @@ async fn run_phase(
         happened.extend(checkpoints.stop().await);
     }
     happened.sort_by_key(|h| h.0);
-    let started = s.started;
     let (mut phase, points) = load::measure(&env.db, &s, route, w).await?;
     phase.db_events = happened
         .into_iter()
-        .map(|h| report::DbEvent::on_phase_clock(started, h))
+        .map(|h| report::DbEvent::on_phase_clock(s.started, h))
         .collect();
     phase.workload = chosen.to_string();
     let (per, total) = report::cpu_per_order(&resources, phase.orders, route.processes());
