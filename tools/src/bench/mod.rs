@@ -524,13 +524,36 @@ pub(crate) fn process_groups(env: &BenchEnv, database: OrdersDatabase) -> Vec<Gr
     if database == OrdersDatabase::Mysql {
         groups.push(group("mariadb", Who::Comm("mariadbd")));
     }
+    let mut clients = vec![
+        ("bench", vec![std::process::id()]),
+        ("service", env.service_pids()),
+    ];
     if let Some(pid) = env.inventory.as_ref().and_then(|c| c.pid()) {
         groups.push(group("inventory", Who::Pids(vec![pid])));
+        clients.push(("inventory", vec![pid]));
     }
     if let Some(pid) = env.seed.as_ref().and_then(|c| c.pid()) {
         groups.push(group("seed", Who::Pids(vec![pid])));
+        clients.push(("seed", vec![pid]));
+    }
+    for (name, pids) in clients {
+        groups.push(group(&pg_client_group(name), pg_clients(env, pids)));
     }
     groups
+}
+
+/// The group of PostgreSQL's work on the statements of the process group
+/// `name` (`postgres:service`, …).
+pub(crate) fn pg_client_group(name: &str) -> String {
+    format!("postgres:{name}")
+}
+
+/// PostgreSQL's backends of the bench's database serving `clients`.
+fn pg_clients(env: &BenchEnv, clients: Vec<u32>) -> Who {
+    Who::PostgresClients {
+        databases: vec![env.name.clone()],
+        clients,
+    }
 }
 
 /// `--baseline broker-ceiling`: the one-hop ceiling, measured first.
@@ -727,11 +750,33 @@ async fn services_for(
             eprintln!("== restarting {} service instance(s)", args.consumers);
             env.start_services(args.consumers).await?;
             let pids = env.service_pids();
-            sampling.with(|s| s.set_who("service", Who::Pids(pids)));
+            let pg = pg_clients(env, pids.clone());
+            sampling.with(|s| {
+                s.set_who("service", Who::Pids(pids));
+                s.set_who(&pg_client_group("service"), pg);
+            });
         }
         _ => {}
     }
     Ok(())
+}
+
+/// The phase's CPU time and context switches per order of the design's
+/// processes, and PostgreSQL's CPU per order by whose statements it ran.
+fn per_order(phase: &mut PhaseReport, resources: &BTreeMap<String, sys::Usage>, route: Route) {
+    let processes = route.processes();
+    let (per, total) = report::cpu_per_order(resources, phase.orders, processes);
+    phase.cpu_ms_per_order = per;
+    phase.cpu_ms_per_order_total = total;
+    phase.switches_per_order = report::switches_per_order(resources, phase.orders, processes);
+    let by_client: Vec<String> = processes.iter().map(|name| pg_client_group(name)).collect();
+    let by_client: Vec<&str> = by_client.iter().map(String::as_str).collect();
+    phase.postgres_ms_per_order_by_client =
+        report::cpu_per_order(resources, phase.orders, &by_client)
+            .0
+            .into_iter()
+            .filter_map(|(k, ms)| Some((k.strip_prefix("postgres:")?.to_owned(), ms)))
+            .collect();
 }
 
 /// One design's phase: generate, settle, measure, with the CPU, load and
@@ -779,9 +824,7 @@ async fn run_phase(
         .map(|h| report::DbEvent::on_phase_clock(s.started, h))
         .collect();
     phase.workload = chosen.to_string();
-    let (per, total) = report::cpu_per_order(&resources, phase.orders, route.processes());
-    phase.cpu_ms_per_order = per;
-    phase.cpu_ms_per_order_total = total;
+    per_order(&mut phase, &resources, route);
     phase.own_process = route.own_process().into();
     phase.resources = resources;
     phase.loadavg = (la0, loadavg());

@@ -206,6 +206,14 @@ pub struct PhaseReport {
     /// The design's own process among them (`service`, or `seed` for the
     /// seed consumer).
     pub own_process: String,
+    /// PostgreSQL's CPU time per order (of `cpu_ms_per_order`'s
+    /// `postgres`) by whose statements it ran: `bench` (the shop's order
+    /// service and payments, and the bench's own reads), `service` or
+    /// `seed`, `inventory`. The rest is the server's own processes.
+    pub postgres_ms_per_order_by_client: BTreeMap<String, f64>,
+    /// Context switches per order, per process of the design: how often
+    /// it slept and was woken (or was preempted) for each order.
+    pub switches_per_order: BTreeMap<String, f64>,
     /// Orders the service's sweeper settled during the phase (no timeout
     /// message did; from `/metrics`). After each start of the service it
     /// sweeps every second for 5 minutes, so this caps lateness near 1–2 s
@@ -243,6 +251,23 @@ pub fn cpu_per_order(
         }
     }
     (per, total)
+}
+
+/// Context switches per order of the `groups` found in `resources` whose
+/// switches were read.
+pub fn switches_per_order(
+    resources: &BTreeMap<String, Usage>,
+    orders: u64,
+    groups: &[&str],
+) -> BTreeMap<String, f64> {
+    groups
+        .iter()
+        .filter(|_| orders > 0)
+        .filter_map(|g| {
+            let n = resources.get(*g)?.switches?;
+            Some(((*g).to_owned(), n as f64 / orders as f64))
+        })
+        .collect()
 }
 
 /// One run of the workload (`--repeat` makes several, back to back): each
@@ -427,6 +452,23 @@ mod tests {
         assert!((total.unwrap() - 2.0).abs() < 1e-9);
         let r: BTreeMap<String, Usage> = [("broker".to_owned(), u(None))].into();
         assert_eq!(cpu_per_order(&r, 10, &["broker"]).1, None);
+    }
+
+    #[test]
+    fn switches_per_order_of_the_processes_read() {
+        let u = |n: Option<u64>| Usage {
+            switches: n,
+            ..Default::default()
+        };
+        let r: BTreeMap<String, Usage> = [
+            ("broker".to_owned(), u(Some(29_000))),
+            ("service".to_owned(), u(None)),
+        ]
+        .into();
+        let per = switches_per_order(&r, 2_000, &["broker", "service", "bench"]);
+        assert_eq!(per.len(), 1);
+        assert!((per["broker"] - 14.5).abs() < 1e-9);
+        assert!(switches_per_order(&r, 0, &["broker"]).is_empty());
     }
 
     #[test]

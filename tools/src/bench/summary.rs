@@ -41,6 +41,56 @@ fn fmt_cpu_per_order(p: &PhaseReport) -> String {
     }
 }
 
+/// `bench 0.20, service 0.16, inventory 0.05 ms; the server's own 0.01
+/// ms`: PostgreSQL's CPU per order by whose statements it ran; `None`
+/// when it was not split.
+fn fmt_postgres_by_client(p: &PhaseReport) -> Option<String> {
+    if p.postgres_ms_per_order_by_client.is_empty() {
+        return None;
+    }
+    let per: Vec<String> = p
+        .postgres_ms_per_order_by_client
+        .iter()
+        .map(|(k, ms)| format!("{k} {ms:.2}"))
+        .collect();
+    let rest = p
+        .cpu_ms_per_order
+        .get("postgres")
+        .map(|all| all - p.postgres_ms_per_order_by_client.values().sum::<f64>())
+        .map(|rest| format!("; the server's own {:.2} ms", rest.max(0.0)))
+        .unwrap_or_default();
+    Some(format!("{} ms{rest}", per.join(", ")))
+}
+
+/// `broker 14.5 (36 µs), …`: context switches per order of each process
+/// and the CPU each one came with; `None` when none were read.
+fn fmt_switches(p: &PhaseReport) -> Option<String> {
+    if p.switches_per_order.is_empty() {
+        return None;
+    }
+    let per: Vec<String> = p
+        .switches_per_order
+        .iter()
+        .map(|(k, n)| match p.cpu_ms_per_order.get(k) {
+            Some(ms) if *n > 0.0 => format!("{k} {n:.1} ({:.0} µs)", ms * 1000.0 / n),
+            _ => format!("{k} {n:.1}"),
+        })
+        .collect();
+    Some(per.join(", "))
+}
+
+/// The phase's CPU per order: per process, PostgreSQL's by client, and
+/// the context switches behind it.
+fn print_cpu(p: &PhaseReport) {
+    println!("   CPU per order: {}", fmt_cpu_per_order(p));
+    if let Some(line) = fmt_postgres_by_client(p) {
+        println!("   PostgreSQL's CPU per order by whose statements it ran: {line}");
+    }
+    if let Some(line) = fmt_switches(p) {
+        println!("   context switches per order (CPU per switch): {line}");
+    }
+}
+
 /// The first number of a `/proc/loadavg` line (the 1-minute average).
 fn load1(loadavg: &str) -> &str {
     loadavg.split_whitespace().next().unwrap_or("?")
@@ -73,7 +123,7 @@ pub(super) fn print_phase(p: &PhaseReport) {
         );
     }
     println!("   resources: {}", fmt_usage(&p.resources));
-    println!("   CPU per order: {}", fmt_cpu_per_order(p));
+    print_cpu(p);
     if p.swept > 0 {
         println!(
             "   {} orders were settled by the service's sweeper, not by their timeout message",

@@ -6,6 +6,13 @@
 //! other databases on a shared server) and MariaDB (`mariadbd`). What
 //! cannot be read (no `/proc`, another user's process) is reported as
 //! missing, never guessed.
+//!
+//! Beside CPU time, each group's context switches (every thread's,
+//! voluntary or not): at the rates the bench runs, most of a process's CPU
+//! goes to waking up, so switches per order explain CPU per order. And
+//! PostgreSQL's time split by whose statements it ran
+//! ([`Who::PostgresClients`]), so that the service's share of the database
+//! is not hidden in the server's.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -25,6 +32,16 @@ pub enum Who {
     /// checkpointer, WAL writer…) and the client backends connected to one
     /// of them. Backends of other databases are left out.
     Postgres(Vec<String>),
+    /// The client backends of these databases whose client is one of these
+    /// processes (matched by the backend's client port, from its process
+    /// title, and the TCP sockets the clients hold): the server's work on
+    /// their statements.
+    PostgresClients {
+        /// The databases, as in [`Who::Postgres`].
+        databases: Vec<String>,
+        /// The client processes.
+        clients: Vec<u32>,
+    },
 }
 
 /// A named set of processes to watch.
@@ -36,11 +53,32 @@ pub struct Group {
     pub who: Who,
 }
 
+/// What one process has spent so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Spent {
+    /// utime + stime, clock ticks.
+    ticks: u64,
+    /// Context switches of all its threads, voluntary and not (those of
+    /// threads that have ended are gone from `/proc`).
+    switches: u64,
+}
+
+impl Spent {
+    /// What was spent from `earlier` to `self` (0 where a count fell, as a
+    /// thread's does when it ends).
+    fn since(self, earlier: Spent) -> Spent {
+        Spent {
+            ticks: self.ticks.saturating_sub(earlier.ticks),
+            switches: self.switches.saturating_sub(earlier.switches),
+        }
+    }
+}
+
 /// One reading of one group.
 #[derive(Clone, Debug, Default)]
 struct Reading {
-    /// utime + stime, clock ticks, per process.
-    ticks: BTreeMap<u32, u64>,
+    /// What each process has spent.
+    ticks: BTreeMap<u32, Spent>,
     /// Resident memory (PSS where readable, which does not count shared
     /// pages several times; else RSS), bytes, summed; carried over from
     /// the group's last reading when this one did not read memory (see
@@ -63,6 +101,10 @@ pub struct Usage {
     pub mem_last_mib: Option<f64>,
     /// Processes counted at the last sample (0: none found or unreadable).
     pub processes: usize,
+    /// Context switches over the phase (every thread's, voluntary and
+    /// not): how often its processes went to sleep and were woken, or were
+    /// preempted.
+    pub switches: Option<u64>,
 }
 
 /// One memory sample of one group, for memory-over-time.
@@ -109,7 +151,23 @@ fn read_ticks(pid: u32) -> Option<u64> {
     Some(utime + stime)
 }
 
-fn kib_field(text: &str, key: &str) -> Option<u64> {
+/// Context switches of every thread of `pid` so far (`/proc/PID/task/*/
+/// status`, voluntary and not).
+fn read_switches(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut sum = 0;
+    for task in tasks.filter_map(|e| e.ok()) {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        sum += number_field(&status, "voluntary_ctxt_switches:").unwrap_or(0)
+            + number_field(&status, "nonvoluntary_ctxt_switches:").unwrap_or(0);
+    }
+    Some(sum)
+}
+
+/// The number after `key` on its line of a `/proc` status-like text.
+fn number_field(text: &str, key: &str) -> Option<u64> {
     text.lines()
         .find(|l| l.starts_with(key))?
         .split_whitespace()
@@ -120,12 +178,12 @@ fn kib_field(text: &str, key: &str) -> Option<u64> {
 
 fn read_mem(pid: u32) -> Option<u64> {
     if let Ok(rollup) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        && let Some(pss) = kib_field(&rollup, "Pss:")
+        && let Some(pss) = number_field(&rollup, "Pss:")
     {
         return Some(pss * 1024);
     }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    Some(kib_field(&status, "VmRSS:")? * 1024)
+    Some(number_field(&status, "VmRSS:")? * 1024)
 }
 
 /// The database of a PostgreSQL client backend, from its process title
@@ -143,20 +201,50 @@ fn pg_backend_database(title: &str) -> Option<&str> {
     is_client.then(|| words[1])
 }
 
-/// Whether the PostgreSQL process `pid` works for one of `databases`.
-fn pg_serves(pid: u32, databases: &[String]) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let title = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-    match pg_backend_database(&title) {
-        Some(db) => databases.iter().any(|d| d == db),
-        None => true,
+/// The client's TCP port of a PostgreSQL client backend, from its process
+/// title (`… user db 127.0.0.1(45878) idle`); `None` for a Unix-socket
+/// client (`[local]`) and the server's own processes.
+fn pg_backend_client_port(title: &str) -> Option<u16> {
+    pg_backend_database(title)?;
+    let rest = title.trim().strip_prefix("postgres: ")?;
+    let mut words: Vec<&str> = rest.split_whitespace().collect();
+    if words.first().is_some_and(|w| w.ends_with(':')) {
+        words.remove(0);
     }
+    let host = words.get(2)?;
+    host.strip_suffix(')')?.rsplit_once('(')?.1.parse().ok()
 }
 
-/// Socket inodes listening on TCP `port` (IPv4 or IPv6).
-fn listening_inodes(port: u16) -> Vec<u64> {
+/// The process title of `pid` (its command line, NULs as spaces).
+fn title_of(pid: u32) -> Option<String> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(String::from_utf8_lossy(&cmdline).replace('\0', " "))
+}
+
+/// Socket inodes `pid` holds open.
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let l = std::fs::read_link(e.path()).ok()?;
+            let l = l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+            l.parse::<u64>().ok()
+        })
+        .collect()
+}
+
+/// One line of `/proc/net/tcp` or `/proc/net/tcp6`.
+struct TcpRow {
+    local_port: u16,
+    /// `0A` is listening.
+    state: String,
+    inode: u64,
+}
+
+/// The machine's TCP sockets (this network namespace's).
+fn tcp_table() -> Vec<TcpRow> {
     let mut out = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(table) else {
@@ -167,19 +255,29 @@ fn listening_inodes(port: u16) -> Vec<u64> {
             let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
                 continue;
             };
-            let p = local
+            let port = local
                 .rsplit(':')
                 .next()
                 .and_then(|p| u16::from_str_radix(p, 16).ok());
-            if p == Some(port)
-                && *state == "0A"
-                && let Ok(inode) = inode.parse()
-            {
-                out.push(inode);
+            if let (Some(local_port), Ok(inode)) = (port, inode.parse()) {
+                out.push(TcpRow {
+                    local_port,
+                    state: (*state).to_owned(),
+                    inode,
+                });
             }
         }
     }
     out
+}
+
+/// Socket inodes listening on TCP `port` (IPv4 or IPv6).
+fn listening_inodes(port: u16) -> Vec<u64> {
+    tcp_table()
+        .into_iter()
+        .filter(|row| row.local_port == port && row.state == "0A")
+        .map(|row| row.inode)
+        .collect()
 }
 
 /// The process named `name` that listens on TCP `port`, if readable.
@@ -188,42 +286,136 @@ pub fn pid_listening_on(port: u16, name: &str) -> Option<u32> {
     if inodes.is_empty() {
         return None;
     }
-    let holds = |pid: &u32| {
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            return false;
-        };
-        fds.filter_map(|e| e.ok()).any(|e| {
-            std::fs::read_link(e.path())
-                .ok()
-                .and_then(|l| {
-                    let l = l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
-                    l.parse::<u64>().ok()
-                })
-                .is_some_and(|i| inodes.contains(&i))
-        })
-    };
+    let holds = |pid: &u32| socket_inodes(*pid).iter().any(|i| inodes.contains(i));
     pids_named(name).into_iter().find(holds)
 }
 
-/// One reading of the processes of `who`: CPU always, memory only when
-/// `with_mem` (see [`MEM_EVERY`]).
-fn read(who: &Who, with_mem: bool) -> Reading {
+/// PostgreSQL's processes at one sample: each one's database (`None` for
+/// the server's own) and, for a client backend on TCP, the client process.
+#[derive(Default)]
+struct PgProcesses {
+    procs: Vec<PgProcess>,
+}
+
+struct PgProcess {
+    pid: u32,
+    database: Option<String>,
+    client: Option<u32>,
+}
+
+/// Which process holds the client end of each PostgreSQL backend's
+/// connection, by (backend pid, client port). A backend lives as long as
+/// its pool connection, and reading the TCP table costs milliseconds
+/// (~8 ms here), so each backend is looked up once.
+#[derive(Default)]
+struct PgClients {
+    known: std::collections::HashMap<(u32, u16), Option<u32>>,
+}
+
+impl PgClients {
+    /// Looks up the backends not seen before among `candidates`' sockets.
+    fn resolve(&mut self, backends: &[(u32, u16)], candidates: &[u32]) {
+        let new: Vec<(u32, u16)> = backends
+            .iter()
+            .filter(|b| !self.known.contains_key(b))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        let holder: std::collections::HashMap<u64, u32> = candidates
+            .iter()
+            .flat_map(|pid| socket_inodes(*pid).into_iter().map(move |i| (i, *pid)))
+            .collect();
+        let by_port: std::collections::HashMap<u16, u32> = tcp_table()
+            .into_iter()
+            .filter_map(|row| Some((row.local_port, *holder.get(&row.inode)?)))
+            .collect();
+        for b in new {
+            self.known.insert(b, by_port.get(&b.1).copied());
+        }
+    }
+
+    /// The client process of backend `pid` on client port `port`.
+    fn of(&self, pid: u32, port: u16) -> Option<u32> {
+        self.known.get(&(pid, port)).copied().flatten()
+    }
+}
+
+impl PgProcesses {
+    /// PostgreSQL's processes now, with the clients of the backends of
+    /// `groups`' [`Who::PostgresClients`] looked up.
+    fn read(groups: &[Group], clients: &mut PgClients) -> Self {
+        let candidates: Vec<u32> = groups
+            .iter()
+            .filter_map(|g| match &g.who {
+                Who::PostgresClients { clients, .. } => Some(clients.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let titled: Vec<(u32, String)> = pids_named("postgres")
+            .into_iter()
+            .filter_map(|pid| Some((pid, title_of(pid)?)))
+            .collect();
+        let backends: Vec<(u32, u16)> = titled
+            .iter()
+            .filter_map(|(pid, t)| Some((*pid, pg_backend_client_port(t)?)))
+            .collect();
+        if !candidates.is_empty() {
+            clients.resolve(&backends, &candidates);
+        }
+        let procs = titled
+            .iter()
+            .map(|(pid, t)| PgProcess {
+                pid: *pid,
+                database: pg_backend_database(t).map(str::to_owned),
+                client: pg_backend_client_port(t).and_then(|port| clients.of(*pid, port)),
+            })
+            .collect();
+        Self { procs }
+    }
+
+    /// The server's own processes and the backends of `databases`.
+    fn serving(&self, databases: &[String]) -> Vec<u32> {
+        self.procs
+            .iter()
+            .filter(|p| p.database.as_ref().is_none_or(|d| databases.contains(d)))
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// The backends of `databases` whose client is one of `clients`.
+    fn for_clients(&self, databases: &[String], clients: &[u32]) -> Vec<u32> {
+        self.procs
+            .iter()
+            .filter(|p| p.database.as_ref().is_some_and(|d| databases.contains(d)))
+            .filter(|p| p.client.is_some_and(|c| clients.contains(&c)))
+            .map(|p| p.pid)
+            .collect()
+    }
+}
+
+/// One reading of the processes of `who`: CPU and context switches
+/// always, memory only when `with_mem` (see [`MEM_EVERY`]).
+fn read(who: &Who, with_mem: bool, pg: &PgProcesses) -> Reading {
     let pids = match who {
         Who::Pids(p) => p.clone(),
         Who::Comm(name) => pids_named(name),
-        Who::Postgres(databases) => pids_named("postgres")
-            .into_iter()
-            .filter(|pid| pg_serves(*pid, databases))
-            .collect(),
+        Who::Postgres(databases) => pg.serving(databases),
+        Who::PostgresClients { databases, clients } => pg.for_clients(databases, clients),
     };
     let mut r = Reading::default();
     for pid in pids {
-        let Some(t) = read_ticks(pid) else { continue };
+        let Some(ticks) = read_ticks(pid) else {
+            continue;
+        };
         if with_mem {
             let Some(m) = read_mem(pid) else { continue };
             r.mem_bytes += m;
         }
-        r.ticks.insert(pid, t);
+        let switches = read_switches(pid).unwrap_or(0);
+        r.ticks.insert(pid, Spent { ticks, switches });
         r.procs += 1;
     }
     r
@@ -253,7 +445,9 @@ pub struct Sampler {
     /// exits before the end of the phase is left out. PostgreSQL backends
     /// live as long as their pool connection, so this is small.
     series: Vec<Vec<MemSample>>,
-    seen: Vec<BTreeMap<u32, (u64, u64)>>,
+    seen: Vec<BTreeMap<u32, (Spent, Spent)>>,
+    /// The client process of each PostgreSQL backend seen.
+    pg_clients: PgClients,
 }
 
 impl Sampler {
@@ -270,6 +464,7 @@ impl Sampler {
             peak: vec![0; n],
             series: vec![Vec::new(); n],
             seen: vec![BTreeMap::new(); n],
+            pg_clients: PgClients::default(),
         };
         s.sample();
         s
@@ -281,10 +476,19 @@ impl Sampler {
         let now = Instant::now();
         let mem_due = self.samples.is_multiple_of(MEM_EVERY);
         self.samples += 1;
+        let pg = if self
+            .groups
+            .iter()
+            .any(|g| matches!(g.who, Who::Postgres(_) | Who::PostgresClients { .. }))
+        {
+            PgProcesses::read(&self.groups, &mut self.pg_clients)
+        } else {
+            PgProcesses::default()
+        };
         for (i, g) in self.groups.iter().enumerate() {
             let first_reading = self.first[i].is_none();
             let with_mem = mem_due || first_reading;
-            let mut r = read(&g.who, with_mem);
+            let mut r = read(&g.who, with_mem, &pg);
             if r.procs == 0 {
                 continue;
             }
@@ -292,7 +496,7 @@ impl Sampler {
                 r.mem_bytes = self.last[i].as_ref().map_or(0, |(_, l)| l.mem_bytes);
             }
             for (pid, t) in &r.ticks {
-                let base = if first_reading { *t } else { 0 };
+                let base = if first_reading { *t } else { Spent::default() };
                 self.seen[i]
                     .entry(*pid)
                     .and_modify(|e| e.1 = *t)
@@ -331,12 +535,14 @@ impl Sampler {
                 (Some((t0, _)), Some((t1, r1))) => {
                     let dt = (*t1 - *t0).as_secs_f64();
                     // Processes alive at the last reading, from their first.
-                    let ticks: u64 = r1
+                    let spent: Vec<Spent> = r1
                         .ticks
                         .keys()
                         .filter_map(|pid| self.seen[i].get(pid))
-                        .map(|(a, b)| b.saturating_sub(*a))
-                        .sum();
+                        .map(|(a, b)| b.since(*a))
+                        .collect();
+                    let ticks: u64 = spent.iter().map(|s| s.ticks).sum();
+                    let switches: u64 = spent.iter().map(|s| s.switches).sum();
                     let cpu_seconds = ticks as f64 / self.tck as f64;
                     Usage {
                         cpu_cores: (dt > 0.5).then(|| cpu_seconds / dt),
@@ -344,6 +550,7 @@ impl Sampler {
                         mem_peak_mib: Some(self.peak[i] as f64 / 1048576.0),
                         mem_last_mib: Some(r1.mem_bytes as f64 / 1048576.0),
                         processes: r1.procs,
+                        switches: (dt > 0.5).then_some(switches),
                     }
                 }
                 _ => Usage::default(),
@@ -533,6 +740,71 @@ mod tests {
         ] {
             assert_eq!(pg_backend_database(own), None, "{own}");
         }
+    }
+
+    #[test]
+    fn reads_a_backends_client_port() {
+        let t = "postgres: 15/main: postgres ot_bench_1 127.0.0.1(45878) idle";
+        assert_eq!(pg_backend_client_port(t), Some(45878));
+        let t = "postgres: app shop ::1(40001) UPDATE waiting";
+        assert_eq!(pg_backend_client_port(t), Some(40001));
+        for none in [
+            "postgres: app shop [local] idle",
+            "postgres: 15/main: checkpointer ",
+            "postgres: 15/main: autovacuum worker ot_bench_1",
+        ] {
+            assert_eq!(pg_backend_client_port(none), None, "{none}");
+        }
+    }
+
+    #[test]
+    fn counts_the_context_switches_of_every_thread() {
+        let me = std::process::id();
+        let before = read_switches(me).unwrap();
+        // A thread that sleeps and is woken a few times before it ends.
+        let worker = std::thread::spawn(|| {
+            for _ in 0..20 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let meanwhile = read_switches(me).unwrap();
+        assert!(meanwhile >= before + 20, "{before} -> {meanwhile}");
+        worker.join().unwrap();
+    }
+
+    #[tokio::test]
+    async fn tells_postgres_work_by_whose_statements_it_ran() {
+        use crate::{scratch, shop};
+        let db = scratch::ScratchDatabase::on_test_server("ot_tools_pg_clients");
+        let pool = shop::prepare_database(&db.url().unwrap(), 1)
+            .await
+            .expect("prepare the database");
+        let databases = vec![db.name().to_owned()];
+        let me = std::process::id();
+        let group = |name: &str, clients: Vec<u32>| Group {
+            name: name.into(),
+            who: Who::PostgresClients {
+                databases: databases.clone(),
+                clients,
+            },
+        };
+        // pid 1 holds no connection to this database.
+        let mut s = Sampler::new(vec![group("mine", vec![me]), group("others", vec![1])]);
+        sqlx::query("SELECT count(*) FROM generate_series(1, 3000000)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        // Usage is reported for phases longer than half a second.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        s.sample();
+        let u = s.usage();
+        assert_eq!(u["mine"].processes, 1, "{u:?}");
+        assert!(u["mine"].cpu_seconds.unwrap() > 0.0, "{u:?}");
+        assert!(u["mine"].switches.is_some(), "{u:?}");
+        assert_eq!(u["others"].processes, 0, "{u:?}");
+        pool.close().await;
     }
 
     #[test]
