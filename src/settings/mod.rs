@@ -36,12 +36,14 @@ pub const DEFAULT_INVENTORY_URL: &str = "http://127.0.0.1:50051";
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
 
 /// The batcher's default wait for more due orders ([`Settings::batch_linger`]):
-/// 10 ms, measured with `bench` at 1,000 orders/s on a shared 31 s window
-/// against the 3 ms it was (five runs each, alternating): batches of ~18
-/// orders instead of ~10, PostgreSQL's CPU per order 0.69 instead of 0.80
-/// ms, all processes 1.69 instead of 1.85 ms, lateness p99 15–18 instead of
-/// 9–15 ms (docs/BENCHMARKS.md).
-pub const DEFAULT_BATCH_LINGER: Duration = Duration::from_millis(10);
+/// 25 ms. Measured with `bench` at 1,000 orders/s on a shared 31 s window,
+/// four alternating runs each against 10 ms (docs/BENCHMARKS.md): the
+/// service's statements cost PostgreSQL 0.10 instead of 0.13–0.14 ms of CPU
+/// per order, the reference inventory's 0.03 instead of 0.04–0.05, all
+/// processes 0.91–1.03 instead of 1.00–1.13 ms, for lateness p99 ~30
+/// instead of ~15 ms. (10 ms had replaced 3 ms the same way: 0.69 instead
+/// of 0.80 ms of PostgreSQL per order.)
+pub const DEFAULT_BATCH_LINGER: Duration = Duration::from_millis(25);
 
 /// The longest `batch_linger` accepted: every order may wait this long, so
 /// more is a typo, not a trade-off.
