@@ -769,14 +769,13 @@ fn per_order(phase: &mut PhaseReport, resources: &BTreeMap<String, sys::Usage>, 
     phase.cpu_ms_per_order = per;
     phase.cpu_ms_per_order_total = total;
     phase.switches_per_order = report::switches_per_order(resources, phase.orders, processes);
-    let by_client: Vec<String> = processes.iter().map(|name| pg_client_group(name)).collect();
-    let by_client: Vec<&str> = by_client.iter().map(String::as_str).collect();
-    phase.postgres_ms_per_order_by_client =
-        report::cpu_per_order(resources, phase.orders, &by_client)
-            .0
-            .into_iter()
-            .filter_map(|(k, ms)| Some((k.strip_prefix("postgres:")?.to_owned(), ms)))
-            .collect();
+    let groups: Vec<String> = processes.iter().map(|name| pg_client_group(name)).collect();
+    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+    let (by_group, _) = report::cpu_per_order(resources, phase.orders, &groups);
+    phase.postgres_ms_per_order_by_client = processes
+        .iter()
+        .filter_map(|name| Some(((*name).to_owned(), *by_group.get(&pg_client_group(name))?)))
+        .collect();
 }
 
 /// One design's phase: generate, settle, measure, with the CPU, load and

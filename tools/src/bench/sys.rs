@@ -186,33 +186,34 @@ fn read_mem(pid: u32) -> Option<u64> {
     Some(number_field(&status, "VmRSS:")? * 1024)
 }
 
-/// The database of a PostgreSQL client backend, from its process title
-/// (`postgres: 15/main: user db 127.0.0.1(5432) idle`, the cluster name
-/// optional); `None` for the server's own processes (`postgres: 15/main:
-/// checkpointer`, the postmaster).
-fn pg_backend_database(title: &str) -> Option<&str> {
-    let rest = title.trim().strip_prefix("postgres: ")?;
-    let mut words: Vec<&str> = rest.split_whitespace().collect();
-    if words.first().is_some_and(|w| w.ends_with(':')) {
-        words.remove(0);
-    }
-    let host = words.get(2)?;
-    let is_client = (host.contains('(') && host.ends_with(')')) || *host == "[local]";
-    is_client.then(|| words[1])
+/// A PostgreSQL client backend, read from its process title (`postgres:
+/// 15/main: user db 127.0.0.1(45878) idle`, the cluster name optional).
+#[derive(Debug, PartialEq)]
+struct PgBackend<'a> {
+    /// Its database.
+    database: &'a str,
+    /// The client's TCP port; `None` for a Unix-socket client (`[local]`).
+    client_port: Option<u16>,
 }
 
-/// The client's TCP port of a PostgreSQL client backend, from its process
-/// title (`… user db 127.0.0.1(45878) idle`); `None` for a Unix-socket
-/// client (`[local]`) and the server's own processes.
-fn pg_backend_client_port(title: &str) -> Option<u16> {
-    pg_backend_database(title)?;
+/// The backend a process title describes; `None` for the server's own
+/// processes (`postgres: 15/main: checkpointer`, the postmaster).
+fn pg_backend(title: &str) -> Option<PgBackend<'_>> {
     let rest = title.trim().strip_prefix("postgres: ")?;
     let mut words: Vec<&str> = rest.split_whitespace().collect();
     if words.first().is_some_and(|w| w.ends_with(':')) {
         words.remove(0);
     }
-    let host = words.get(2)?;
-    host.strip_suffix(')')?.rsplit_once('(')?.1.parse().ok()
+    let host = *words.get(2)?;
+    let client_port = match host.strip_suffix(')').and_then(|h| h.rsplit_once('(')) {
+        Some((_, port)) => Some(port.parse().ok()),
+        None if host == "[local]" => Some(None),
+        None => None,
+    }?;
+    Some(PgBackend {
+        database: words[1],
+        client_port,
+    })
 }
 
 /// The process title of `pid` (its command line, NULs as spaces).
@@ -238,8 +239,8 @@ fn socket_inodes(pid: u32) -> Vec<u64> {
 /// One line of `/proc/net/tcp` or `/proc/net/tcp6`.
 struct TcpRow {
     local_port: u16,
-    /// `0A` is listening.
-    state: String,
+    /// In the `LISTEN` state (`0A`).
+    listening: bool,
     inode: u64,
 }
 
@@ -262,7 +263,7 @@ fn tcp_table() -> Vec<TcpRow> {
             if let (Some(local_port), Ok(inode)) = (port, inode.parse()) {
                 out.push(TcpRow {
                     local_port,
-                    state: (*state).to_owned(),
+                    listening: *state == "0A",
                     inode,
                 });
             }
@@ -275,7 +276,7 @@ fn tcp_table() -> Vec<TcpRow> {
 fn listening_inodes(port: u16) -> Vec<u64> {
     tcp_table()
         .into_iter()
-        .filter(|row| row.local_port == port && row.state == "0A")
+        .filter(|row| row.local_port == port && row.listening)
         .map(|row| row.inode)
         .collect()
 }
@@ -354,23 +355,30 @@ impl PgProcesses {
             })
             .flatten()
             .collect();
-        let titled: Vec<(u32, String)> = pids_named("postgres")
+        // (pid, database, client port) of every process, the server's own
+        // with neither.
+        let read: Vec<(u32, Option<String>, Option<u16>)> = pids_named("postgres")
             .into_iter()
-            .filter_map(|pid| Some((pid, title_of(pid)?)))
-            .collect();
-        let backends: Vec<(u32, u16)> = titled
-            .iter()
-            .filter_map(|(pid, t)| Some((*pid, pg_backend_client_port(t)?)))
+            .filter_map(|pid| {
+                let title = title_of(pid)?;
+                let backend = pg_backend(&title);
+                let port = backend.as_ref().and_then(|b| b.client_port);
+                Some((pid, backend.map(|b| b.database.to_owned()), port))
+            })
             .collect();
         if !candidates.is_empty() {
+            let backends: Vec<(u32, u16)> = read
+                .iter()
+                .filter_map(|(pid, _, port)| Some((*pid, (*port)?)))
+                .collect();
             clients.resolve(&backends, &candidates);
         }
-        let procs = titled
-            .iter()
-            .map(|(pid, t)| PgProcess {
-                pid: *pid,
-                database: pg_backend_database(t).map(str::to_owned),
-                client: pg_backend_client_port(t).and_then(|port| clients.of(*pid, port)),
+        let procs = read
+            .into_iter()
+            .map(|(pid, database, port)| PgProcess {
+                pid,
+                database,
+                client: port.and_then(|port| clients.of(pid, port)),
             })
             .collect();
         Self { procs }
@@ -729,31 +737,31 @@ mod tests {
     #[test]
     fn tells_postgres_backends_by_database() {
         let t = "postgres: 15/main: postgres ot_bench_1 127.0.0.1(45878) idle";
-        assert_eq!(pg_backend_database(t), Some("ot_bench_1"));
+        assert_eq!(pg_backend(t).map(|b| b.database), Some("ot_bench_1"));
         let t = "postgres: app shop [local] UPDATE waiting";
-        assert_eq!(pg_backend_database(t), Some("shop"));
+        assert_eq!(pg_backend(t).map(|b| b.database), Some("shop"));
         for own in [
             "postgres: 15/main: checkpointer ",
             "postgres: 15/main: logical replication launcher",
             "postgres: 15/main: autovacuum worker ot_bench_1",
             "/usr/lib/postgresql/15/bin/postgres -D /var/lib/postgresql/15/main",
         ] {
-            assert_eq!(pg_backend_database(own), None, "{own}");
+            assert_eq!(pg_backend(own), None, "{own}");
         }
     }
 
     #[test]
     fn reads_a_backends_client_port() {
         let t = "postgres: 15/main: postgres ot_bench_1 127.0.0.1(45878) idle";
-        assert_eq!(pg_backend_client_port(t), Some(45878));
+        assert_eq!(pg_backend(t).and_then(|b| b.client_port), Some(45878));
         let t = "postgres: app shop ::1(40001) UPDATE waiting";
-        assert_eq!(pg_backend_client_port(t), Some(40001));
+        assert_eq!(pg_backend(t).and_then(|b| b.client_port), Some(40001));
         for none in [
             "postgres: app shop [local] idle",
             "postgres: 15/main: checkpointer ",
             "postgres: 15/main: autovacuum worker ot_bench_1",
         ] {
-            assert_eq!(pg_backend_client_port(none), None, "{none}");
+            assert_eq!(pg_backend(none).and_then(|b| b.client_port), None, "{none}");
         }
     }
 
