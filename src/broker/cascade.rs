@@ -77,12 +77,25 @@ pub struct DelayRoute {
 /// hold so that it can pick a delay with fewer hops.
 pub const HOLD_WINDOW_SECS: u64 = 2;
 
+/// The least a delay leaves for the in-process hold afterwards, in
+/// milliseconds: the delay is chosen from the time the message was
+/// delivered, but its TTL starts only when the broker enqueues the
+/// re-published copy. Without this margin a delay could leave a few
+/// milliseconds, and whatever the publish waits for (the channel, a broker
+/// busy starting up) made the order late by as much: the demo's first
+/// second of orders came back from a 2 s delay 40–285 ms late, their
+/// re-publish confirmed 170–200 ms after the delivery. With it, a publish
+/// may take up to half a second before anything is late.
+pub const HOLD_SLACK_MS: u64 = 500;
+
 /// The whole-second cascade delay for a message due in `remaining_ms`
 /// (≥ 1 s; the consumer holds anything sooner, and retries from 1 s on go
-/// through the cascade): of the delays that leave less than
-/// [`HOLD_WINDOW_SECS`] s to hold afterwards, the one with the fewest set
-/// bits (= hops), the longest among equals. Never longer than the time
-/// left, so never early.
+/// through the cascade): of the delays that leave at least
+/// [`HOLD_SLACK_MS`] and less than [`HOLD_WINDOW_SECS`] s to hold
+/// afterwards, the one with the fewest set bits (= hops), the longest among
+/// equals. Never longer than the time left, so never early; a retry due in
+/// less than 1.5 s gets the one-second delay and less slack (a retry's
+/// moment is a backoff, not a deadline).
 ///
 /// Why: a timeout arrives a few milliseconds after its order was created,
 /// so a "round" 10 s timeout has 9.99 s left: 9 s = `1001` is 2 hops, while
@@ -91,7 +104,7 @@ pub const HOLD_WINDOW_SECS: u64 = 2;
 /// work here (docs/BENCHMARKS.md); odd second counts lose one hop, half a
 /// hop saved per cascade message on average.
 pub fn cascade_delay_secs(remaining_ms: u64) -> u64 {
-    let longest = (remaining_ms / 1000).max(1);
+    let longest = (remaining_ms.saturating_sub(HOLD_SLACK_MS) / 1000).max(1);
     let shortest = (remaining_ms + 1)
         .saturating_sub(HOLD_WINDOW_SECS * 1000)
         .div_ceil(1000)
@@ -171,7 +184,9 @@ pub(crate) mod tests {
         assert_eq!(cascade_delay_secs(4_990), 4);
         // 30 minutes: 1,799 s (6 hops) -> 1,798 s (5 hops).
         assert_eq!(cascade_delay_secs(1_799_990), 1_798);
-        assert_eq!(cascade_delay_secs(2_000), 2);
+        // The hold keeps its slack: 2 s would leave 10 ms.
+        assert_eq!(cascade_delay_secs(2_010), 1);
+        assert_eq!(cascade_delay_secs(2_500), 2);
         assert_eq!(cascade_delay_secs(3_500), 2);
         // A retry due in 1-2 s: one second, the rest held.
         assert_eq!(cascade_delay_secs(1_000), 1);
@@ -183,13 +198,18 @@ pub(crate) mod tests {
             let d = cascade_delay_secs(remaining_ms);
             let left = remaining_ms as i64 - (d * 1000) as i64;
             assert!(left >= 0, "{remaining_ms} ms: {d} s would be early");
+            assert!(
+                left >= HOLD_SLACK_MS as i64,
+                "{remaining_ms} ms: {d} s leaves only {left} ms to hold"
+            );
             if remaining_ms <= MAX_CASCADE_SECS * 1000 {
                 assert!(
                     left < (HOLD_WINDOW_SECS * 1000) as i64,
                     "{remaining_ms} ms: {d} s leaves {left} ms to hold"
                 );
-                let floor = remaining_ms / 1000;
-                assert!(d.count_ones() <= floor.count_ones(), "{remaining_ms}");
+                // No more hops than the longest delay that keeps the slack.
+                let longest = (remaining_ms - HOLD_SLACK_MS) / 1000;
+                assert!(d.count_ones() <= longest.count_ones(), "{remaining_ms}");
             }
         }
     }

@@ -12,7 +12,8 @@
 //! 0) and `order-timeout.lane.<W>s.sS`, each holding messages W − 2 s
 //! ([`lane_ttl_ms`]) and dead-lettering them, at least once, into the
 //! cascade's exit (`order-timeout.ready`). A message fits lane W when it is
-//! due in [W − 2 s, W): after the lane's TTL it is due within 2 s, and the
+//! due in [W − 1.5 s, W): after the lane's TTL it is due in 0.5–2 s
+//! ([`HOLD_SLACK_MS`]: room for the re-publish to reach the queue), and the
 //! consumer holds it in-process until its exact deadline, as after the
 //! cascade, so a lane is never early. A fresh order with the shop's window
 //! is seen a few milliseconds after it was created, so it fits; anything
@@ -25,7 +26,9 @@
 //! [`super::topology::lane_entry_key`], bound to shard 0), which skips the
 //! due queue and the consumer before the wait.
 
-use super::cascade::{DelayRoute, HOLD_WINDOW_SECS, cascade_delay_secs, cascade_route, shard_for};
+use super::cascade::{
+    DelayRoute, HOLD_SLACK_MS, HOLD_WINDOW_SECS, cascade_delay_secs, cascade_route, shard_for,
+};
 use crate::settings::{Lane, Shards};
 
 /// Name of lane `lane`'s queue in shard `shard`.
@@ -44,15 +47,15 @@ pub fn lane_ttl_ms(lane: Lane) -> u64 {
 }
 
 /// The lane a message due in `remaining_ms` fits, if any: the one whose
-/// TTL leaves it less than the hold window to wait afterwards (the longest
-/// such lane when windows overlap).
+/// TTL leaves it at least [`HOLD_SLACK_MS`] and less than the hold window
+/// to wait afterwards (the longest such lane when windows overlap).
 pub fn lane_for(remaining_ms: u64, lanes: &[Lane]) -> Option<Lane> {
     lanes
         .iter()
         .copied()
         .filter(|&lane| {
             let ttl = lane_ttl_ms(lane);
-            ttl <= remaining_ms && remaining_ms < ttl + HOLD_WINDOW_SECS * 1000
+            ttl + HOLD_SLACK_MS <= remaining_ms && remaining_ms < ttl + HOLD_WINDOW_SECS * 1000
         })
         .max()
 }
@@ -102,7 +105,7 @@ mod tests {
         let r = delay_route(7_199_990, "order-1", &lanes, shards(8), shards(4));
         assert!(r.routing_key.starts_with("order-timeout.lane.7200s"), "{r:?}");
         // Another window, a retry, a deadline past the window: the cascade.
-        for remaining_ms in [600_000, 4_000, 1_800_000, 1_797_999] {
+        for remaining_ms in [600_000, 4_000, 1_800_000, 1_797_999, 1_798_400] {
             let r = delay_route(remaining_ms, "order-1", &lanes, shards(8), shards(4));
             assert!(r.exchange.starts_with("order-timeout.delay."), "{r:?}");
         }
@@ -115,6 +118,7 @@ mod tests {
             if let Some(l) = lane_for(remaining_ms, &lanes) {
                 let left = remaining_ms as i64 - lane_ttl_ms(l) as i64;
                 assert!(left >= 0, "{remaining_ms} ms in {l} would be early");
+                assert!(left >= HOLD_SLACK_MS as i64, "{remaining_ms} ms in {l}: {left} ms");
                 assert!(left < (HOLD_WINDOW_SECS * 1000) as i64, "{remaining_ms}");
             }
         }
