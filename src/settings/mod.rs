@@ -267,8 +267,10 @@ pub struct Settings {
     /// shop's whole load, so it gets more than a cascade level.
     pub lane_shards: Shards,
     /// Unacknowledged deliveries the consumer may hold at once. Messages held
-    /// for the last (up to 2) seconds before their deadline count against
-    /// it, so it must exceed (orders/s due) x 2 s.
+    /// for the last 0.5–2 seconds before their deadline count against it,
+    /// so keep it above (orders/s due) x 2 s: the messages that find no
+    /// slot wait in the due queue, late only if that wait outlasts the time
+    /// they have left (README, *Limits*).
     pub prefetch: u16,
     /// Most orders cancelled in one database statement.
     pub batch_max: usize,
