@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::common::{STOCK, TestEnv};
+use crate::common::{STOCK, TestEnv, http_get};
 use crate::store::mysql_base;
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
@@ -322,6 +322,12 @@ async fn publish_with(
 /// Limits the parked queue and the cascade's level 4 (16 s) to `max`
 /// messages, refusing publishes beyond (`reject-publish`).
 fn set_limit(env: &TestEnv, max: u32) {
+    set_limit_on(env, r"^order-timeout\.(parked|delay\.04(\.s[0-9]+)?)$", max);
+}
+
+/// Limits the queues whose names match `pattern` to `max` messages,
+/// refusing publishes beyond (`reject-publish`).
+fn set_limit_on(env: &TestEnv, pattern: &str, max: u32) {
     scratch::rabbitmqctl(&[
         "-q",
         "set_policy",
@@ -330,10 +336,27 @@ fn set_limit(env: &TestEnv, max: u32) {
         "--apply-to",
         "queues",
         "limit",
-        r"^order-timeout\.(parked|delay\.04(\.s[0-9]+)?)$",
+        pattern,
         &format!(r#"{{"max-length":{max},"overflow":"reject-publish"}}"#),
     ])
     .unwrap();
+}
+
+/// Fills cascade level `level` of every shard with one message of the
+/// paid order `filler`, so that a limit of 0 refuses more.
+async fn fill_level(env: &TestEnv, level: u32) {
+    let delay = 1u64 << level;
+    let route = cascade_route(delay, 0);
+    for shard in 0..env.settings.cascade_shards.get() {
+        publish_with(
+            env,
+            &cascade_route(delay, shard).exchange,
+            &route.routing_key,
+            br#"{"order_id":"filler"}"#,
+            FieldTable::default(),
+        )
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,19 +373,7 @@ async fn publishes_the_broker_refuses_back_off_instead_of_spinning() {
         .await
         .unwrap();
     publish_with(&env, "", PARKED_QUEUE, b"filler", FieldTable::default()).await;
-    let sixteen = cascade_route(16, 0);
-    for shard in 0..env.settings.cascade_shards.get() {
-        let route = cascade_route(16, shard);
-        assert!(route.exchange.ends_with(".04") || route.exchange.contains(".04.s"));
-        publish_with(
-            &env,
-            &route.exchange,
-            &sixteen.routing_key,
-            br#"{"order_id":"filler"}"#,
-            FieldTable::default(),
-        )
-        .await;
-    }
+    fill_level(&env, 4).await;
     set_limit(&env, 0);
 
     let service = env.service().await;
@@ -440,6 +451,104 @@ async fn publishes_the_broker_refuses_back_off_instead_of_spinning() {
     );
     kinds.extend(parked(&env).await.into_iter().map(|(kind, ..)| kind));
     assert_eq!(kinds, ["not_json"]);
+    service.stop().await.unwrap();
+}
+
+/// A re-schedule the broker refuses is routed again at each try by the
+/// time left then, so it goes around a full cascade level within a second
+/// or two instead of waiting out the publish patience (8 s) and going back
+/// to the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_re_schedule_takes_another_route_by_the_time_left() {
+    let env = TestEnv::new().await;
+    env.stock_skus(1).await;
+    // Level 4 (16 s) of every shard holds a message and refuses more.
+    let paid = env
+        .create_order("filler", Duration::from_secs(3600), &[(0, 1)])
+        .await;
+    order_timeout_tools::shop::pay(&env.pool, &paid.id)
+        .await
+        .unwrap();
+    fill_level(&env, 4).await;
+    set_limit(&env, 0);
+
+    let service = env.service().await;
+    // 17.8 s away: 16 s (one hop, refused) while more than 16.5 s are
+    // left, then 15 s (levels 3 to 0), which the broker takes.
+    let order = env
+        .create_order("rerouted-1", Duration::from_millis(17_800), &[(0, 2)])
+        .await;
+    env.publish_timeout(&order).await;
+    let (status, expires_at, cancelled_at) = env
+        .wait_settled("rerouted-1", Duration::from_secs(30))
+        .await;
+    assert_eq!(status, "CANCELLED");
+    let late = cancelled_at.unwrap() - expires_at;
+    assert!(
+        late >= chrono::Duration::zero() && late < late_ok(),
+        "on time: {late}"
+    );
+    let failures = service.metrics.publish_failures();
+    assert!(
+        (1..=8).contains(&failures),
+        "refused into level 4, then taken by another route: {failures} failed publishes"
+    );
+    assert_eq!(
+        service.metrics.requeued_total(),
+        0,
+        "the delivery was not returned to the queue after the publish patience"
+    );
+    service.stop().await.unwrap();
+}
+
+/// A re-schedule the broker refuses on every route until its deadline is
+/// within the hold window is held in-process then, not returned to the
+/// queue seconds later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_schedule_refused_until_the_hold_window_is_held() {
+    let env = TestEnv::new().await;
+    env.stock_skus(1).await;
+    let service = env.service().await;
+    let addr = service.http_addr;
+    env.eventually(
+        Duration::from_secs(10),
+        "ready (topology declared)",
+        || async { http_get(addr, "/readyz").await.0 == 200 },
+    )
+    .await;
+    // Levels 0 (1 s) and 1 (2 s) lose their queues' bindings: a delay of
+    // 1 or 2 s is unroutable (the publish is mandatory), so refused.
+    let channel = env.amqp.create_channel().await.unwrap();
+    for shard in 0..env.settings.cascade_shards.get() {
+        for level in [0, 1] {
+            let name = order_timeout::broker::cascade::shard_level_name(shard, level);
+            let pattern = format!("{}1.#", "*.".repeat(27 - level as usize));
+            channel
+                .queue_unbind(
+                    name.as_str().into(),
+                    name.as_str().into(),
+                    pattern.as_str().into(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    // 3.4 s away: 2 s, then 1 s, both refused, then held at under 2 s.
+    let order = env
+        .create_order("held-1", Duration::from_millis(3_400), &[(0, 2)])
+        .await;
+    env.publish_timeout(&order).await;
+    let (status, expires_at, cancelled_at) =
+        env.wait_settled("held-1", Duration::from_secs(20)).await;
+    assert_eq!(status, "CANCELLED");
+    let late = cancelled_at.unwrap() - expires_at;
+    assert!(
+        late >= chrono::Duration::zero() && late < chrono::Duration::seconds(1),
+        "held until its deadline, not returned after the publish patience (8 s): {late}"
+    );
+    assert!(service.metrics.publish_failures() >= 1);
+    assert_eq!(service.metrics.requeued_total(), 0);
     service.stop().await.unwrap();
 }
 
