@@ -163,26 +163,25 @@ async fn schedule_page(
                 timer: timer.clone(),
             };
             let body = request.to_json();
-            let now = Utc::now();
-            let remaining = (deadline - now).to_std().unwrap_or_default();
             let attempts = Attempts::default();
-            let published = if remaining < HOLD_BELOW {
-                ctx.publish_patiently("watch", || ctx.publisher.schedule(&request))
-                    .await
-            } else {
-                ctx.publish_patiently("watch", || {
-                    ctx.publisher.delay(
-                        &body,
-                        &request.order_id,
-                        deadline,
-                        now,
-                        &attempts,
-                        &ctx.layout,
-                    )
+            let (publisher, layout, request, body, attempts) =
+                (&ctx.publisher, &ctx.layout, &request, &body, &attempts);
+            // Routed by the time left at each try: a publish the broker took
+            // after refusals does not spend them in the delay store too.
+            let published = ctx
+                .publish_patiently("watch", move || async move {
+                    let now = Utc::now();
+                    let remaining = (deadline - now).to_std().unwrap_or_default();
+                    if remaining < HOLD_BELOW {
+                        publisher.schedule(request).await
+                    } else {
+                        publisher
+                            .delay(body, &request.order_id, deadline, now, attempts, layout)
+                            .await
+                            .map(drop)
+                    }
                 })
-                .await
-                .map(drop)
-            };
+                .await;
             published.map_err(Failure::from)
         })
         .buffer_unordered(PUBLISHES_IN_FLIGHT)
