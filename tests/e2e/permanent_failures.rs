@@ -342,6 +342,17 @@ fn set_limit_on(env: &TestEnv, pattern: &str, max: u32) {
     .unwrap();
 }
 
+/// The paid order `filler`, whose messages fill queues (acked as paid
+/// when they reach the consumer).
+async fn paid_filler(env: &TestEnv) {
+    let paid = env
+        .create_order("filler", Duration::from_secs(3600), &[(0, 1)])
+        .await;
+    order_timeout_tools::shop::pay(&env.pool, &paid.id)
+        .await
+        .unwrap();
+}
+
 /// Fills cascade level `level` of every shard with one message of the
 /// paid order `filler`, so that a limit of 0 refuses more.
 async fn fill_level(env: &TestEnv, level: u32) {
@@ -366,12 +377,7 @@ async fn publishes_the_broker_refuses_back_off_instead_of_spinning() {
     // The parked queue and the first cascade level of a 16 s delay are
     // full and refuse publishes (a quorum queue over `max-length` with
     // `reject-publish`): one message in each, a limit of 0.
-    let paid = env
-        .create_order("filler", Duration::from_secs(3600), &[(0, 1)])
-        .await;
-    order_timeout_tools::shop::pay(&env.pool, &paid.id)
-        .await
-        .unwrap();
+    paid_filler(&env).await;
     publish_with(&env, "", PARKED_QUEUE, b"filler", FieldTable::default()).await;
     fill_level(&env, 4).await;
     set_limit(&env, 0);
@@ -463,12 +469,7 @@ async fn a_refused_re_schedule_takes_another_route_by_the_time_left() {
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
     // Level 4 (16 s) of every shard holds a message and refuses more.
-    let paid = env
-        .create_order("filler", Duration::from_secs(3600), &[(0, 1)])
-        .await;
-    order_timeout_tools::shop::pay(&env.pool, &paid.id)
-        .await
-        .unwrap();
+    paid_filler(&env).await;
     fill_level(&env, 4).await;
     set_limit(&env, 0);
 
