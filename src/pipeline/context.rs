@@ -9,15 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
+use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use super::job::Job;
 use super::retry::RetryPolicy;
 use crate::broker::acks::Acks;
+use crate::broker::headers::Attempts;
 use crate::broker::publisher::{PublishError, Publisher};
 use crate::broker::topology::Layout;
 use crate::inventory::InventoryClient;
+use crate::message::OrderId;
 use crate::observe::metrics::{Metrics, Stage};
 use crate::settings::Settings;
 use crate::store::Stores;
@@ -91,6 +94,52 @@ impl Context {
             })
             .await
     }
+
+    /// Publishes `body` into the delay store toward `deadline`, tried again
+    /// like [`Self::publish_patiently`]. Each try routes by the time left
+    /// at that try (`now`, on the caller's clock, moved on by the time
+    /// spent since): a message the broker took after two seconds of
+    /// refusals would otherwise come back two seconds late, and the time
+    /// left picks another route, around a full queue. Once less than
+    /// `hold_below` is left, nothing is published and the caller gets the
+    /// time left to wait out another way ([`Delayed::TooClose`]).
+    pub(crate) async fn delay_patiently(
+        &self,
+        body: &[u8],
+        order_id: &OrderId,
+        deadline: DateTime<Utc>,
+        now: DateTime<Utc>,
+        attempts: &Attempts,
+        hold_below: Duration,
+    ) -> Result<Delayed, PublishError> {
+        let since = std::time::Instant::now();
+        let (publisher, layout) = (&self.publisher, &self.layout);
+        self.publish_patiently("delay", move || async move {
+            let now = now + since.elapsed();
+            let left = (deadline - now).to_std().unwrap_or_default();
+            if left < hold_below {
+                return Ok(Delayed::TooClose(left));
+            }
+            let hops = publisher
+                .delay(body, order_id, deadline, now, attempts, layout)
+                .await?;
+            Ok(Delayed::Published { hops })
+        })
+        .await
+    }
+}
+
+/// What [`Context::delay_patiently`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Delayed {
+    /// The broker took it, on a route of `hops` delay queues.
+    Published {
+        /// Delay queues on its route.
+        hops: u32,
+    },
+    /// Nothing was published: only this much is left, less than the hold
+    /// threshold asked for.
+    TooClose(Duration),
 }
 
 /// 100 ms doubling to 2 s, with jitter, [`PUBLISH_PATIENCE`] in all.

@@ -9,11 +9,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
-use super::context::{Context, Worker};
+use super::context::{Context, Delayed, Worker};
 use super::job::{Job, ack_all};
 use crate::broker::cascade::HOLD_WINDOW_SECS;
 use crate::broker::headers::Attempts;
-use crate::broker::publisher::PublishError;
 use crate::observe::metrics::{Metrics, Outcome};
 
 /// Remaining time below which a message is held in-process instead of going
@@ -109,20 +108,24 @@ impl Job {
             hold(job, remaining, due, &ctx.metrics).await;
             return;
         }
-        let started = std::time::Instant::now();
-        match self
-            .publish_delay(ctx, deadline, now, &attempts, hold_below)
-            .await
-        {
-            Ok(Some(hops)) => {
+        let delayed = ctx
+            .delay_patiently(
+                &self.delivery.data,
+                self.order_id(),
+                deadline,
+                now,
+                &attempts,
+                hold_below,
+            )
+            .await;
+        match delayed {
+            Ok(Delayed::Published { hops }) => {
                 tracing::debug!(order_id = %self.order_id(), %deadline, hops, "scheduled in the delay store");
                 self.ack(&ctx.metrics, outcome).await;
             }
-            Ok(None) => {
+            Ok(Delayed::TooClose(remaining)) => {
                 // The broker refused the re-schedule until the deadline came
                 // within the hold window: held like any message due so soon.
-                let now = now + started.elapsed();
-                let remaining = (deadline - now).to_std().unwrap_or_default();
                 tracing::info!(order_id = %self.order_id(), ?remaining, "re-schedule refused until the deadline came close; holding the message in-process");
                 let mut job = self;
                 job.attempts = attempts;
@@ -133,39 +136,6 @@ impl Job {
                 self.requeue(&ctx.metrics).await;
             }
         }
-    }
-
-    /// Publishes the message into the delay store toward `deadline`,
-    /// retrying while the broker refuses ([`Context::publish_patiently`]).
-    /// Each try routes by the time left at that try (`now`, on the caller's
-    /// clock, moved on by the time spent since): a re-schedule the broker
-    /// took after two seconds of refusals would otherwise come back two
-    /// seconds late, and the time left picks another route, around a full
-    /// queue. `Ok(None)` when the time left fell under `hold_below` before
-    /// the broker took it: nothing was published, the caller holds it.
-    async fn publish_delay(
-        &self,
-        ctx: &Context,
-        deadline: DateTime<Utc>,
-        now: DateTime<Utc>,
-        attempts: &Attempts,
-        hold_below: Duration,
-    ) -> Result<Option<u32>, PublishError> {
-        let started = std::time::Instant::now();
-        let (publisher, layout) = (&ctx.publisher, &ctx.layout);
-        let (body, order_id) = (&self.delivery.data, self.order_id());
-        ctx.publish_patiently("re-schedule", move || async move {
-            let now = now + started.elapsed();
-            let left = (deadline - now).to_std().unwrap_or_default();
-            if left < hold_below {
-                return Ok(None);
-            }
-            publisher
-                .delay(body, order_id, deadline, now, attempts, layout)
-                .await
-                .map(Some)
-        })
-        .await
     }
 }
 

@@ -30,7 +30,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::{StreamExt, TryStreamExt, stream};
 
-use super::context::{Context, Worker};
+use super::context::{Context, Delayed, Worker};
 use super::failure::Failure;
 use super::schedule::HOLD_BELOW;
 use crate::broker::headers::Attempts;
@@ -164,24 +164,25 @@ async fn schedule_page(
             };
             let body = request.to_json();
             let attempts = Attempts::default();
-            let (publisher, layout, request, body, attempts) =
-                (&ctx.publisher, &ctx.layout, &request, &body, &attempts);
-            // Routed by the time left at each try: a publish the broker took
-            // after refusals does not spend them in the delay store too.
-            let published = ctx
-                .publish_patiently("watch", move || async move {
-                    let now = Utc::now();
-                    let remaining = (deadline - now).to_std().unwrap_or_default();
-                    if remaining < HOLD_BELOW {
-                        publisher.schedule(request).await
-                    } else {
-                        publisher
-                            .delay(body, &request.order_id, deadline, now, attempts, layout)
-                            .await
-                            .map(drop)
-                    }
-                })
+            let delayed = ctx
+                .delay_patiently(
+                    &body,
+                    &request.order_id,
+                    deadline,
+                    Utc::now(),
+                    &attempts,
+                    HOLD_BELOW,
+                )
                 .await;
+            // Due within the hold window (at once, or after refusals): the
+            // entry exchange, and the consumer holds it.
+            let published = match delayed {
+                Ok(Delayed::TooClose(_)) => {
+                    ctx.publish_patiently("watch", || ctx.publisher.schedule(&request))
+                        .await
+                }
+                other => other.map(drop),
+            };
             published.map_err(Failure::from)
         })
         .buffer_unordered(PUBLISHES_IN_FLIGHT)
