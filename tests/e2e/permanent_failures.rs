@@ -13,9 +13,9 @@ use crate::store::mysql_base;
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use order_timeout::broker::cascade::cascade_route;
+use order_timeout::broker::cascade::{cascade_route, shard_level_name};
 use order_timeout::broker::headers::{header_int, header_str};
-use order_timeout::broker::topology::{self, DELIVERY_LIMIT, PARKED_QUEUE};
+use order_timeout::broker::topology::{self, BindingDestination, DELIVERY_LIMIT, PARKED_QUEUE};
 use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::SecretUrl;
 use order_timeout::shutdown::Shutdown;
@@ -322,12 +322,6 @@ async fn publish_with(
 /// Limits the parked queue and the cascade's level 4 (16 s) to `max`
 /// messages, refusing publishes beyond (`reject-publish`).
 fn set_limit(env: &TestEnv, max: u32) {
-    set_limit_on(env, r"^order-timeout\.(parked|delay\.04(\.s[0-9]+)?)$", max);
-}
-
-/// Limits the queues whose names match `pattern` to `max` messages,
-/// refusing publishes beyond (`reject-publish`).
-fn set_limit_on(env: &TestEnv, pattern: &str, max: u32) {
     scratch::rabbitmqctl(&[
         "-q",
         "set_policy",
@@ -336,7 +330,7 @@ fn set_limit_on(env: &TestEnv, pattern: &str, max: u32) {
         "--apply-to",
         "queues",
         "limit",
-        pattern,
+        r"^order-timeout\.(parked|delay\.04(\.s[0-9]+)?)$",
         &format!(r#"{{"max-length":{max},"overflow":"reject-publish"}}"#),
     ])
     .unwrap();
@@ -359,9 +353,11 @@ async fn fill_level(env: &TestEnv, level: u32) {
     let delay = 1u64 << level;
     let route = cascade_route(delay, 0);
     for shard in 0..env.settings.cascade_shards.get() {
+        let exchange = cascade_route(delay, shard).exchange;
+        assert_eq!(exchange, shard_level_name(shard, level));
         publish_with(
             env,
-            &cascade_route(delay, shard).exchange,
+            &exchange,
             &route.routing_key,
             br#"{"order_id":"filler"}"#,
             FieldTable::default(),
@@ -433,9 +429,7 @@ async fn publishes_the_broker_refuses_back_off_instead_of_spinning() {
     for shard in 0..env.settings.cascade_shards.get() {
         purge
             .queue_purge(
-                order_timeout::broker::cascade::shard_level_name(shard, 4)
-                    .as_str()
-                    .into(),
+                shard_level_name(shard, 4).as_str().into(),
                 lapin::options::QueuePurgeOptions::default(),
             )
             .await
@@ -519,21 +513,27 @@ async fn a_re_schedule_refused_until_the_hold_window_is_held() {
     .await;
     // Levels 0 (1 s) and 1 (2 s) lose their queues' bindings: a delay of
     // 1 or 2 s is unroutable (the publish is mandatory), so refused.
+    let levels: Vec<String> = (0..env.settings.cascade_shards.get())
+        .flat_map(|shard| [0, 1].map(|level| shard_level_name(shard, level)))
+        .collect();
     let channel = env.amqp.create_channel().await.unwrap();
-    for shard in 0..env.settings.cascade_shards.get() {
-        for level in [0, 1] {
-            let name = order_timeout::broker::cascade::shard_level_name(shard, level);
-            let pattern = format!("{}1.#", "*.".repeat(27 - level as usize));
-            channel
-                .queue_unbind(
-                    name.as_str().into(),
-                    name.as_str().into(),
-                    pattern.as_str().into(),
-                    FieldTable::default(),
-                )
-                .await
-                .unwrap();
+    let specs = topology::binding_specs(&topology::Layout::of(&env.settings));
+    for spec in specs {
+        let BindingDestination::Queue(queue) = &spec.destination else {
+            continue;
+        };
+        if !levels.contains(queue) {
+            continue;
         }
+        channel
+            .queue_unbind(
+                queue.as_str().into(),
+                spec.source.as_str().into(),
+                spec.routing_key.as_str().into(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
     }
     // 3.4 s away: 2 s, then 1 s, both refused, then held at under 2 s.
     let order = env

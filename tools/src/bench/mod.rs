@@ -770,11 +770,12 @@ fn per_order(phase: &mut PhaseReport, resources: &BTreeMap<String, sys::Usage>, 
     phase.cpu_ms_per_order_total = total;
     phase.switches_per_order = report::switches_per_order(resources, phase.orders, processes);
     let groups: Vec<String> = processes.iter().map(|name| pg_client_group(name)).collect();
-    let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-    let (by_group, _) = report::cpu_per_order(resources, phase.orders, &groups);
+    let group_names: Vec<&str> = groups.iter().map(String::as_str).collect();
+    let (by_group, _) = report::cpu_per_order(resources, phase.orders, &group_names);
     phase.postgres_ms_per_order_by_client = processes
         .iter()
-        .filter_map(|name| Some(((*name).to_owned(), *by_group.get(&pg_client_group(name))?)))
+        .zip(&groups)
+        .filter_map(|(name, group)| Some(((*name).to_owned(), *by_group.get(group)?)))
         .collect();
 }
 
