@@ -8,7 +8,9 @@
 //! from the generator's), and then, in order:
 //!
 //! 1. with `--baseline broker-ceiling`: the one-hop broker ceiling
-//!    ([`baseline::broker_ceiling`]);
+//!    ([`baseline::broker_ceiling`]); with `--baseline broker-paths`, the
+//!    broker's CPU per message on each way a timeout can cross it, paced
+//!    at `--rate` ([`paths`]);
 //! 2. the product: `--rate` orders/s for `--duration`, the `--workload`'s
 //!    timeouts (`shop`: every order the same `--timeout`, default 31 s;
 //!    `mix`: 0.5/1/5/10 s), `--paid-ratio` of them paid before their
@@ -33,6 +35,7 @@ pub mod baseline;
 mod checkpoints;
 pub mod env;
 pub mod load;
+pub mod paths;
 mod pending;
 pub mod plot;
 pub mod report;
@@ -104,6 +107,12 @@ pub enum Baseline {
     /// Publish → fixed-TTL queue → dead-letter → consume, no database,
     /// saturated: what one hop can carry on this machine (measured first).
     BrokerCeiling,
+    /// Publish → 2 s TTL queue → dead-letter → consume, paced at `--rate`
+    /// for `--duration`, no database: the broker's CPU per message on the
+    /// service's lane path (quorum queues, at-least-once dead-lettering),
+    /// with and without the event, and on the seed design's classic path
+    /// (measured first, one path at a time).
+    BrokerPaths,
     /// The seed design: one classic queue with per-message `expiration`
     /// into a plain consumer doing one conditional UPDATE per order (no
     /// stock release, no event): the same workload, after the product's,
@@ -173,7 +182,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub consumers: usize,
     /// Comparisons to run in the same run: `single-queue`, `seed`,
-    /// `broker-ceiling` (repeat the flag or separate with commas).
+    /// `broker-ceiling`, `broker-paths` (repeat the flag or separate with
+    /// commas).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub baseline: Vec<Baseline>,
     /// How long the broker ceiling publishes.
@@ -201,7 +211,9 @@ pub struct BenchArgs {
     pub plot: Option<PathBuf>,
     /// Run the workload this many times in a row (the same vhost, database
     /// and services; the broker ceiling once, first), one line per run and
-    /// a verdict at the end: were all runs within `--p99-target`?
+    /// a verdict at the end: were all runs within `--p99-target`? With
+    /// `--baseline broker-paths`, also the rounds of the paths (all paths in
+    /// turn, round after round, before the workload).
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
     /// With `--repeat`: start every run after the first on empty tables
@@ -253,6 +265,12 @@ impl BenchArgs {
             && self.ceiling_duration < Duration::from_secs(3)
         {
             return bad("--ceiling-duration must be at least 3s (the TTL is 1 s)");
+        }
+        if self.baseline.contains(&Baseline::BrokerPaths) && self.duration < Duration::from_secs(8)
+        {
+            return bad(
+                "--duration must be at least 8s for broker-paths (2 s TTL, 2 s hold, 1 s warm-up)",
+            );
         }
         if !(1..=64).contains(&self.publish_channels) {
             return bad("--publish-channels must be 1..=64");
@@ -456,6 +474,22 @@ async fn run_in(
     let mut ok = true;
     if args.baseline.contains(&Baseline::BrokerCeiling) {
         report.broker_ceiling = Some(measure_ceiling(env, args, &sampling).await?);
+    }
+    if args.baseline.contains(&Baseline::BrokerPaths) {
+        eprintln!(
+            "== broker paths: publish → {:?} TTL queue → dead-letter → consume, {}/s for {:?} each, no database",
+            paths::PATH_TTL,
+            args.rate,
+            args.duration
+        );
+        report.broker_paths = paths::measure(
+            &env.settings.amqp_url,
+            args.rate,
+            args.duration,
+            args.repeat,
+            &sampling,
+        )
+        .await?;
     }
     if let Some(n) = args.pending {
         let p = pending::measure(env, args, n, declare_seconds, &sampling).await?;

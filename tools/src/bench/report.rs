@@ -408,6 +408,9 @@ pub struct BenchReport {
     pub settings: BTreeMap<String, String>,
     /// The one-hop broker ceiling, if measured.
     pub broker_ceiling: Option<CeilingReport>,
+    /// The broker's CPU per message on each delay path, if measured
+    /// (`--baseline broker-paths`).
+    pub broker_paths: Vec<super::paths::PathCost>,
     /// The workload's runs (one unless `--repeat`).
     pub runs: Vec<RunReport>,
     /// Per design: were all runs within the lateness target?

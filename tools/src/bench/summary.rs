@@ -176,6 +176,38 @@ fn print_slow_seconds(p: &PhaseReport) {
     }
 }
 
+/// `--baseline broker-paths`: one line per path, its median over the
+/// rounds and their range.
+fn print_paths(costs: &[super::paths::PathCost]) {
+    use super::paths::{PathSummary, summarize};
+    if costs.is_empty() {
+        return;
+    }
+    let rounds = costs.iter().map(|c| c.round).max().unwrap_or(1);
+    println!(
+        "broker CPU per message, paced, no database (TTL {:?}; median of {rounds} round(s), range):",
+        super::paths::PATH_TTL
+    );
+    for p in summarize(costs) {
+        let range = |v: &[f64], digits: usize| match PathSummary::median(v) {
+            None => "?".to_owned(),
+            Some(m) => {
+                let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                format!("{m:.digits$} ({lo:.digits$}–{hi:.digits$})")
+            }
+        };
+        println!(
+            "   {}: {} ms, {} switches; {} not consumed — {}",
+            p.path,
+            range(&p.ms, 3),
+            range(&p.switches, 1),
+            p.lost,
+            p.what
+        );
+    }
+}
+
 pub(super) fn print_summary(r: &BenchReport) {
     println!("== summary");
     if let Some(c) = &r.broker_ceiling {
@@ -189,6 +221,7 @@ pub(super) fn print_summary(r: &BenchReport) {
             fmt_usage(&c.resources)
         );
     }
+    print_paths(&r.broker_paths);
     if let [run] = r.runs.as_slice() {
         for p in &run.phases {
             print_phase(p);
