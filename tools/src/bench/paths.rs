@@ -249,6 +249,8 @@ pub fn summarize(costs: &[PathCost]) -> Vec<PathSummary> {
     out
 }
 
+/// Runs one path: declares its queues, consumes and publishes for
+/// `duration`, waits for the last messages, and removes the queues.
 async fn measure_one(
     amqp_url: &SecretUrl,
     path: Path,
@@ -272,10 +274,14 @@ async fn measure_one(
         .await?;
     let consumed = Arc::new(AtomicU64::new(0));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let events = if path.event {
+        Some(confirm_channels(&sub_conn, 1).await?.remove(0))
+    } else {
+        None
+    };
     let consumer = tokio::spawn(consume(
         sub_conn.create_channel().await?,
-        path.event
-            .then_some(confirm_channels(&sub_conn, 1).await?.remove(0)),
+        events,
         due.clone(),
         path,
         consumed.clone(),
@@ -294,7 +300,11 @@ async fn measure_one(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = stop.send(());
-    let _ = consumer.await;
+    match consumer.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("warning: path {}: the consumer stopped: {e}", path.name),
+        Err(e) => eprintln!("warning: path {}: the consumer task failed: {e}", path.name),
+    }
     cost.lost = published.saturating_sub(consumed.load(Ordering::Relaxed));
     for q in [&delay, &due] {
         let _ = setup

@@ -191,6 +191,7 @@ fn print_paths(costs: &[super::paths::PathCost]) {
     for p in summarize(costs) {
         let range = |v: &[f64], digits: usize| match PathSummary::median(v) {
             None => "?".to_owned(),
+            Some(m) if v.len() == 1 => format!("{m:.digits$}"),
             Some(m) => {
                 let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
                 let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
