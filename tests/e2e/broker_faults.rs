@@ -20,7 +20,7 @@ use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster, wait_for};
 
-use crate::common::{TestEnv, http_get};
+use crate::common::{TestEnv, ready};
 
 const SKUS: usize = 8;
 
@@ -132,10 +132,6 @@ fn advanced_config(retry_ms: Option<u64>) -> String {
         ),
         None => shipped.to_owned(),
     }
-}
-
-async fn ready(addr: std::net::SocketAddr) -> bool {
-    http_get(addr, "/readyz").await.0 == 200
 }
 
 /// Orders published once the broker is back, due 6 to 10 s later: however

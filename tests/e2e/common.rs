@@ -718,6 +718,13 @@ pub async fn declare_durable_queue(
         .unwrap();
 }
 
+/// Whether the service at `addr` is ready (`/readyz` answers 200): its
+/// topology declared, so what tests then bind, unbind or publish with a
+/// lane entry key meets the service's queues.
+pub async fn ready(addr: std::net::SocketAddr) -> bool {
+    http_get(addr, "/readyz").await.0 == 200
+}
+
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{STOCK, TestEnv, http_get};
+use crate::common::{STOCK, TestEnv, http_get, ready};
 use chrono::Utc;
 use order_timeout::broker::headers::{header_int, header_str};
 use order_timeout::message::format_instant;
@@ -513,10 +513,8 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows() {
     env.stock_skus(1).await;
     let service = env.service().await;
     let addr = service.http_addr;
-    env.eventually(Duration::from_secs(10), "ready", || async {
-        http_get(addr, "/readyz").await.0 == 200
-    })
-    .await;
+    env.eventually(Duration::from_secs(10), "ready", || ready(addr))
+        .await;
     let before: Vec<_> = (0..20).map(|i| format!("conn-a-{i:02}")).collect();
     for (i, id) in before.iter().enumerate() {
         let order = env
@@ -563,7 +561,7 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows() {
         ".*",
     ]);
     env.eventually(Duration::from_secs(40), "ready again", || async {
-        http_get(addr, "/readyz").await.0 == 200 && service_connections(&env.name).len() == 1
+        ready(addr).await && service_connections(&env.name).len() == 1
     })
     .await;
     for i in 0..10 {
@@ -652,10 +650,8 @@ async fn metrics_health_and_readiness_are_served() {
     .await;
 
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
-    env.eventually(Duration::from_secs(10), "ready", || async {
-        http_get(addr, "/readyz").await.0 == 200
-    })
-    .await;
+    env.eventually(Duration::from_secs(10), "ready", || ready(addr))
+        .await;
     let (status, body) = http_get(addr, "/metrics").await;
     assert_eq!(status, 200);
     for expected in [
@@ -690,9 +686,7 @@ async fn metrics_health_and_readiness_are_served() {
     .await;
     assert_eq!(http_get(addr, "/healthz").await.0, 200, "still alive");
     env.start_inventory().await;
-    env.eventually(Duration::from_secs(10), "ready again", || async {
-        http_get(addr, "/readyz").await.0 == 200
-    })
-    .await;
+    env.eventually(Duration::from_secs(10), "ready again", || ready(addr))
+        .await;
     service.stop().await.unwrap();
 }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::common::{TestEnv, http_get};
+use crate::common::{TestEnv, ready};
 use order_timeout::broker::lanes::lane_name;
 use order_timeout::broker::topology::{DUE_QUEUE, lane_entry_key};
 use order_timeout::observe::metrics::Outcome;
@@ -116,8 +116,8 @@ async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
     // The service binds the lane entry when it declares its topology, before
     // it consumes; until then the broker drops what is published with the
     // key (the README says so: start the service with the lane first).
-    env.eventually(Duration::from_secs(10), "the service ready", || async {
-        http_get(service.http_addr, "/readyz").await.0 == 200
+    env.eventually(Duration::from_secs(10), "the service ready", || {
+        ready(service.http_addr)
     })
     .await;
     let key = lane_entry_key(lane);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::common::{STOCK, TestEnv, http_get};
+use crate::common::{STOCK, TestEnv, ready};
 use crate::store::mysql_base;
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
@@ -505,11 +505,9 @@ async fn a_re_schedule_refused_until_the_hold_window_is_held() {
     env.stock_skus(1).await;
     let service = env.service().await;
     let addr = service.http_addr;
-    env.eventually(
-        Duration::from_secs(10),
-        "ready (topology declared)",
-        || async { http_get(addr, "/readyz").await.0 == 200 },
-    )
+    env.eventually(Duration::from_secs(10), "ready (topology declared)", || {
+        ready(addr)
+    })
     .await;
     // Levels 0 (1 s) and 1 (2 s) lose their queues' bindings: a delay of
     // 1 or 2 s is unroutable (the publish is mandatory), so refused.
