@@ -114,8 +114,10 @@ pub enum QueuePair {
     Classic,
 }
 
-/// Declares a delay path: `due`, and `delay` dead-lettering into it
-/// (through the default exchange), with a queue TTL of `ttl` if given.
+/// Declares a delay path, durable: `due`, and `delay` dead-lettering into
+/// it (through the default exchange), with a queue TTL of `ttl` if given.
+/// The seed design's queues ([`super::seed`]) and the broker paths'
+/// ([`super::paths`]).
 pub async fn declare_pair(
     channel: &Channel,
     pair: QueuePair,
@@ -131,18 +133,6 @@ pub async fn declare_pair(
     declare(channel, due, args(queue_type, None, None)).await?;
     let a = dead_letter_args(queue_type, ttl_ms, Some(("", due)), at_least_once);
     declare(channel, delay, a).await
-}
-
-/// Declares a durable classic queue that dead-letters (through the default
-/// exchange) into the queue `dead_letter_to`, if given: the seed design's
-/// queues ([`super::seed`]).
-pub async fn declare_classic(
-    channel: &Channel,
-    name: &str,
-    dead_letter_to: Option<&str>,
-) -> Result<(), BenchError> {
-    let dlx = dead_letter_to.map(|q| ("", q));
-    declare(channel, name, args(QueueType::Classic, None, dlx)).await
 }
 
 /// Declares the single-queue baseline's delay queue (per-message TTL,

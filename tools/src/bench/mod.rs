@@ -266,11 +266,11 @@ impl BenchArgs {
         {
             return bad("--ceiling-duration must be at least 3s (the TTL is 1 s)");
         }
-        if self.baseline.contains(&Baseline::BrokerPaths) && self.duration < Duration::from_secs(8)
-        {
-            return bad(
-                "--duration must be at least 8s for broker-paths (2 s TTL, 2 s hold, 1 s warm-up)",
-            );
+        if self.baseline.contains(&Baseline::BrokerPaths) && self.duration < paths::MIN_DURATION {
+            return Err(BenchError::Args(format!(
+                "--duration must be at least {:?} for broker-paths (the TTL, the hold, a warm-up and 3 s of readings)",
+                paths::MIN_DURATION
+            )));
         }
         if !(1..=64).contains(&self.publish_channels) {
             return bad("--publish-channels must be 1..=64");

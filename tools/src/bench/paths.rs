@@ -40,6 +40,10 @@ pub const PATH_TTL: Duration = Duration::from_secs(2);
 /// Readings start this long after the first message was due to be acked,
 /// so that the window holds only the steady state.
 const WARM_UP: Duration = Duration::from_secs(1);
+/// The shortest `--duration` for the paths: the TTL, the longest hold and
+/// the warm-up before the readings, and 3 s of readings.
+pub const MIN_DURATION: Duration =
+    Duration::from_secs(PATH_TTL.as_secs() + LANE_HOLD.as_secs() + WARM_UP.as_secs() + 3);
 /// Generator ticks per second (as the workload's generator).
 const TICKS_PER_SEC: u64 = 100;
 /// The consumer acks what it got every this often, as the service acks a
@@ -213,15 +217,6 @@ pub struct PathSummary {
     pub switches: Vec<f64>,
     /// Messages not consumed, all rounds together.
     pub lost: u64,
-}
-
-impl PathSummary {
-    /// The median of `v` (the upper one of an even count); `None` if empty.
-    pub fn median(v: &[f64]) -> Option<f64> {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied()
-    }
 }
 
 /// `costs` grouped by path, in the order the paths first appear.
@@ -501,6 +496,7 @@ async fn publish_events(
 mod tests {
     use std::collections::HashSet;
 
+    use super::super::report::median;
     use super::*;
 
     #[test]
@@ -542,10 +538,10 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].path.as_str(), s[1].path.as_str()), ("lane", "seed"));
         assert_eq!(s[0].ms, [0.30, 0.10, 0.20]);
-        assert_eq!(PathSummary::median(&s[0].ms), Some(0.20));
+        assert_eq!(median(&s[0].ms), Some(0.20));
         assert_eq!(s[1].ms, [0.20]);
         assert_eq!(s[1].lost, 1);
-        assert_eq!(PathSummary::median(&[]), None);
+        assert_eq!(median(&[]), None);
     }
 
     #[test]

@@ -85,6 +85,18 @@ pub struct SecondStats {
     pub max_ms: f64,
 }
 
+/// The median of `values` (the mean of the middle two for an even count);
+/// `None` if there are none.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
 /// Per-second lateness, by deadline: `points` are `(seconds since start,
 /// lateness ms)` of each cancelled order.
 pub fn per_second(points: &[(f64, f64)]) -> Vec<SecondStats> {
@@ -422,6 +434,13 @@ pub struct BenchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[4.0, 1.0, 3.0]), Some(3.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
 
     #[test]
     fn percentiles_and_early_count() {

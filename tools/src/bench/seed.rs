@@ -26,7 +26,7 @@ use lapin::types::FieldTable;
 use sqlx::{ConnectOptions, Connection as _, MySqlConnection, PgConnection};
 
 use super::BenchError;
-use super::baseline::declare_classic;
+use super::baseline::{QueuePair, declare_pair};
 use order_timeout::broker::connect_amqp;
 use order_timeout::settings::SecretUrl;
 
@@ -42,8 +42,14 @@ pub const SEED_PREFETCH: u16 = 100;
 /// Declares the seed's two classic queues (durable).
 pub async fn declare(conn: &Connection) -> Result<(), BenchError> {
     let ch = conn.create_channel().await?;
-    declare_classic(&ch, SEED_CANCEL_QUEUE, None).await?;
-    declare_classic(&ch, SEED_DELAY_QUEUE, Some(SEED_CANCEL_QUEUE)).await?;
+    declare_pair(
+        &ch,
+        QueuePair::Classic,
+        SEED_DELAY_QUEUE,
+        SEED_CANCEL_QUEUE,
+        None,
+    )
+    .await?;
     let _ = ch.close(200, "ok".into()).await;
     Ok(())
 }

@@ -179,7 +179,8 @@ fn print_slow_seconds(p: &PhaseReport) {
 /// `--baseline broker-paths`: one line per path, its median over the
 /// rounds and their range.
 fn print_paths(costs: &[super::paths::PathCost]) {
-    use super::paths::{PathSummary, summarize};
+    use super::paths::summarize;
+    use super::report::median;
     if costs.is_empty() {
         return;
     }
@@ -189,7 +190,7 @@ fn print_paths(costs: &[super::paths::PathCost]) {
         super::paths::PATH_TTL
     );
     for p in summarize(costs) {
-        let range = |v: &[f64], digits: usize| match PathSummary::median(v) {
+        let range = |v: &[f64], digits: usize| match median(v) {
             None => "?".to_owned(),
             Some(m) if v.len() == 1 => format!("{m:.digits$}"),
             Some(m) => {

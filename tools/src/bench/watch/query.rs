@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use super::super::BenchError;
 use super::super::env::BenchEnv;
+use super::super::report::median;
 use super::table::{self, Filled, Plan};
 
 /// Rows per statement of a scan: `src/pipeline/watch.rs` `PAGE`.
@@ -114,16 +115,6 @@ async fn scan(
         rows,
         middle,
     })
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// A window part (a) times: (`after`, `until`], and the rows the fill
@@ -279,7 +270,7 @@ async fn measure_window(
             ));
         }
     }
-    let m = median(&runs_ms);
+    let m = median(&runs_ms).unwrap_or(0.0);
     Ok(WindowCost {
         window: label.clone(),
         rows: got,
