@@ -140,6 +140,30 @@ impl IdColumn {
         Ok(Self { shown, kind })
     }
 
+    /// A statement parameter of the PostgreSQL base type `type_name`
+    /// (`pg_type.typname`: `int4`, `numeric`, `text`, …) as a column the
+    /// order id is bound to: [`IdColumn::value`] then gives the id in
+    /// exactly that type, or why it cannot be one (`abc` for `int8`).
+    /// `None`: a type no order id is bound as (a date, `bytea`, …).
+    pub(crate) fn of_parameter(type_name: &str) -> Option<Self> {
+        let kind = match type_name {
+            "uuid" => IdType::Uuid,
+            "numeric" => IdType::Decimal {
+                digits: None,
+                unsigned: false,
+            },
+            "text" | "varchar" | "bpchar" | "name" | "citext" | "unknown" => IdType::Text {
+                max_chars: None,
+                pads: false,
+            },
+            name => integer_range(integer_bits(name).filter(|b| *b >= 16)?, false),
+        };
+        Some(Self {
+            shown: type_name.to_owned(),
+            kind,
+        })
+    }
+
     /// The kind shown in the schema report.
     pub(crate) fn kind(&self) -> super::IdKind {
         match self.kind {

@@ -38,7 +38,7 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row, SqlSafeStr}
 
 use super::ids::{IdColumn, IdValue, uuid_text};
 use super::shape::{self, Column, Columns, OrdersColumns};
-use super::sql::{ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
+use super::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
 use super::state::StateRow;
 use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
 use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
@@ -789,16 +789,20 @@ impl SqlDialect for MySql {
         ))
     }
 
-    fn to_check(timer: &Timer, sql: &Sql) -> Vec<(&'static str, String)> {
-        let mut checks = vec![(
+    /// With one id: the flip binds cancelled, the id, unpaid; the items
+    /// the id; a watch's scan seven values.
+    fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
+        let check = |key, sql: String, binds| Check { key, sql, binds };
+        let mut checks = vec![check(
             timer.key(TimerKey::Flip),
             sql.update.replace("{ids}", "?"),
+            3,
         )];
         if let Some(items) = &sql.items {
-            checks.push(("[items]", items.replace("{ids}", "?")));
+            checks.push(check("[items]", items.replace("{ids}", "?"), 1));
         }
         if let Some(due) = &sql.due {
-            checks.push((timer.key(TimerKey::DeadlineGuard), due.clone()));
+            checks.push(check(timer.key(TimerKey::DeadlineGuard), due.clone(), 7));
         }
         checks
     }
@@ -809,6 +813,15 @@ impl SqlDialect for MySql {
             .prepare(AssertSqlSafe(statement.to_owned()).into_sql_str())
             .await?;
         Ok(sqlx::Statement::parameters(&prepared).map_or(0, |p| p.either(|t| t.len(), |n| n)))
+    }
+
+    /// How many `?` the statement has: MySQL gives its parameters no
+    /// types, each is sent the id in the id column's own type, and the
+    /// server converts it as the statement needs.
+    type AlsoParams = usize;
+
+    async fn also_parameters(store: &MySqlStore, statement: &str) -> Result<usize, AlsoCheckError> {
+        Ok(Self::parameters(store, statement).await?)
     }
 
     async fn unvacuumed(_: &MySqlStore, _: &[&str]) -> Result<Vec<String>, sqlx::Error> {

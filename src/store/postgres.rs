@@ -18,12 +18,14 @@ use std::time::Duration;
 use sqlx::encode::{Encode, IsNull};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::types::Oid;
-use sqlx::postgres::{PgArgumentBuffer, PgConnectOptions, PgPool, PgPoolOptions, PgTypeInfo};
+use sqlx::postgres::{
+    PgArgumentBuffer, PgConnectOptions, PgPool, PgPoolOptions, PgTypeInfo, PgTypeKind,
+};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
 use super::ids::{IdColumn, IdValue};
 use super::shape::{self, Column, Columns, OrdersColumns};
-use super::sql::{ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
+use super::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
 use super::state::StateRow;
 use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
 use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
@@ -188,20 +190,38 @@ impl SqlDialect for Postgres {
         Ok(Sql::render(&store.timer, orders, items_base))
     }
 
-    fn to_check(timer: &Timer, sql: &Sql) -> Vec<(&'static str, String)> {
-        let mut checks = vec![(timer.key(TimerKey::Flip), sql.cancel.clone())];
-        checks.extend(sql.items.iter().map(|items| ("[items]", items.clone())));
+    fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
+        let check = |key, sql: &String, binds| Check {
+            key,
+            sql: sql.clone(),
+            binds,
+        };
+        let mut checks = vec![check(timer.key(TimerKey::Flip), &sql.cancel, 7)];
+        checks.extend(sql.items.iter().map(|items| check("[items]", items, 1)));
         let watch = timer.key(TimerKey::DeadlineGuard);
-        checks.extend(sql.due.iter().map(|due| (watch, due.clone())));
+        checks.extend(sql.due.iter().map(|due| check(watch, due, 5)));
         checks
     }
 
     async fn parameters(store: &PgStore, statement: &str) -> Result<usize, sqlx::Error> {
-        let mut conn = store.pool.acquire().await?;
-        let prepared = conn
-            .prepare(AssertSqlSafe(statement.to_owned()).into_sql_str())
-            .await?;
-        Ok(sqlx::Statement::parameters(&prepared).map_or(0, |p| p.either(|t| t.len(), |n| n)))
+        Ok(parameter_types(store, statement).await?.len())
+    }
+
+    type AlsoParams = Vec<AlsoParam>;
+
+    /// The types PostgreSQL infers for the statement's parameters, each
+    /// the order id is then bound as ([`AlsoParam`]).
+    async fn also_parameters(
+        store: &PgStore,
+        statement: &str,
+    ) -> Result<Vec<AlsoParam>, AlsoCheckError> {
+        let types = parameter_types(store, statement).await?;
+        let params = types
+            .into_iter()
+            .enumerate()
+            .map(|(n, ty)| AlsoParam::new(n + 1, ty))
+            .collect::<Result<_, _>>()?;
+        Ok(params)
     }
 
     async fn unvacuumed(store: &PgStore, tables: &[&str]) -> Result<Vec<String>, sqlx::Error> {
@@ -262,12 +282,15 @@ impl SqlDialect for Postgres {
         let mut tx = store.pool.begin().await?;
         let rows = query.fetch_all(&mut *tx).await?;
         for row in rows.iter().filter(|r| r.just_cancelled) {
-            let id = prepared.id_value(&row.id)?;
-            for statement in &o.also {
-                sqlx::query(AssertSqlSafe(statement.clone()))
-                    .bind(id.clone())
-                    .execute(&mut *tx)
-                    .await?;
+            for (statement, params) in o.also.iter().zip(&prepared.also_params) {
+                let mut also = sqlx::query(AssertSqlSafe(statement.clone()));
+                for param in params {
+                    also = also.bind(param.bind(&row.id).map_err(|problem| StoreError::Schema {
+                        key: o.key(TimerKey::Also),
+                        problem,
+                    })?);
+                }
+                also.execute(&mut *tx).await?;
             }
         }
         tx.commit().await?;
@@ -866,6 +889,116 @@ fn items_statement(timer: &Timer, order_id_base: &str) -> String {
 /// `numeric`, `uuid` (no sqlx feature names them here).
 const NUMERIC: Oid = Oid(1700);
 const UUID: Oid = Oid(2950);
+
+/// Prepares `statement` on a connection of the pool, returning the types
+/// PostgreSQL inferred for its parameters. The statement stays in that
+/// connection's statement cache with those types, which is why every
+/// value later bound to it must be encoded as them ([`AlsoParam`]).
+async fn parameter_types(store: &PgStore, statement: &str) -> Result<Vec<PgTypeInfo>, sqlx::Error> {
+    let mut conn = store.pool.acquire().await?;
+    let prepared = conn
+        .prepare(AssertSqlSafe(statement.to_owned()).into_sql_str())
+        .await?;
+    Ok(sqlx::Statement::parameters(&prepared)
+        .and_then(|p| p.left())
+        .map(<[PgTypeInfo]>::to_vec)
+        .unwrap_or_default())
+}
+
+/// How the order id is bound to one parameter of an `also` statement: as
+/// the type PostgreSQL inferred for the parameter when the check prepared
+/// the statement (`text` for `$1::text` or a text column, `bigint` where
+/// it is compared with a bigint column, the id column's own type, …).
+///
+/// sqlx keeps a prepared statement in each connection's cache under its
+/// text, with the parameter types of its first preparation: on the
+/// connection the check prepared it on, the types the server inferred; on
+/// the others, the types of the values first bound. An id encoded as
+/// another type than the statement's parameter (an `int4` sent to a
+/// parameter inferred as `text`) is read as that type's bytes there
+/// (`invalid byte sequence for encoding "UTF8": 0x00`), so every
+/// connection must be sent the same type: the inferred one.
+#[derive(Clone, Debug)]
+pub(crate) struct AlsoParam {
+    /// `$n`.
+    n: usize,
+    /// The parameter's type, as PostgreSQL inferred it (a domain's own).
+    ty: PgTypeInfo,
+    /// The type's base, as a column an id can be a value of.
+    base: IdColumn,
+}
+
+impl AlsoParam {
+    /// Parameter `$n` of type `ty`, if an order id can be bound as it.
+    fn new(n: usize, ty: PgTypeInfo) -> Result<Self, AlsoCheckError> {
+        let name = base_type_name(&ty);
+        match IdColumn::of_parameter(&name) {
+            Some(base) => Ok(Self { n, ty, base }),
+            None => Err(AlsoCheckError::Unbindable(format!(
+                "parameter ${n} is of type {name} in this statement: the order id is bound as \
+                 text, an integer, numeric or uuid; cast it (${n}::text, ${n}::bigint)"
+            ))),
+        }
+    }
+
+    /// The order `id` (canonical for the id column) as this parameter's
+    /// value, or why it cannot be one (`abc` for a `bigint` parameter).
+    fn bind(&self, id: &str) -> Result<BoundId<'_>, String> {
+        match self.base.value(id) {
+            Ok(value) => Ok(BoundId { ty: &self.ty, value }),
+            Err(rejected) => Err(format!(
+                "order id {id:?} cannot be bound to ${} of an `also` statement: {rejected}",
+                self.n
+            )),
+        }
+    }
+}
+
+/// The name of `ty`'s base type (`pg_type.typname`): a domain's base, a
+/// built-in type by its oid, another type by its name (`citext`).
+fn base_type_name(ty: &PgTypeInfo) -> String {
+    if let PgTypeKind::Domain(base) = ty.kind() {
+        return base_type_name(base);
+    }
+    let builtin = match ty.oid().map(|oid| oid.0) {
+        Some(21) => "int2",
+        Some(23) => "int4",
+        Some(20) => "int8",
+        Some(1700) => "numeric",
+        Some(2950) => "uuid",
+        Some(25) => "text",
+        Some(1043) => "varchar",
+        Some(1042) => "bpchar",
+        Some(19) => "name",
+        Some(705) => "unknown",
+        _ => return sqlx::TypeInfo::name(ty).to_ascii_lowercase(),
+    };
+    builtin.to_owned()
+}
+
+/// An order id bound as an [`AlsoParam`]'s type: its value encoded in the
+/// parameter's base type, declared as the parameter's own type.
+#[derive(Debug)]
+pub(crate) struct BoundId<'a> {
+    ty: &'a PgTypeInfo,
+    value: IdValue,
+}
+
+impl sqlx::Type<sqlx::Postgres> for BoundId<'_> {
+    fn type_info() -> PgTypeInfo {
+        <str as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+}
+
+impl Encode<'_, sqlx::Postgres> for BoundId<'_> {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        self.value.encode_by_ref(buf)
+    }
+
+    fn produces(&self) -> Option<PgTypeInfo> {
+        Some(self.ty.clone())
+    }
+}
 
 /// Bound as text unless [`Encode::produces`] says otherwise per value.
 impl sqlx::Type<sqlx::Postgres> for IdValue {

@@ -78,13 +78,25 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
 
     /// The rendered statements to prepare during the check, each with the
     /// config keys (of `timer`) a failure names.
-    fn to_check(timer: &Timer, sql: &Self::Statements) -> Vec<(&'static str, String)>;
+    fn to_check(timer: &Timer, sql: &Self::Statements) -> Vec<Check>;
 
     /// Prepares `statement`, returning how many parameters it takes.
     fn parameters(
         store: &SqlStore<Self>,
         statement: &str,
     ) -> impl Future<Output = Result<usize, sqlx::Error>> + Send;
+
+    /// How the order id is bound to every parameter of one `also`
+    /// statement.
+    type AlsoParams: fmt::Debug + Send + Sync;
+
+    /// Prepares the `also` statement `statement`, returning how the order
+    /// id is bound to each of its parameters, or why it cannot be (a
+    /// parameter of a type no id is).
+    fn also_parameters(
+        store: &SqlStore<Self>,
+        statement: &str,
+    ) -> impl Future<Output = Result<Self::AlsoParams, AlsoCheckError>> + Send;
 
     /// Rows in the `from` status passing the guard, and how many of them
     /// are overdue.
@@ -214,6 +226,35 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
+/// A rendered statement the check prepares: the config key a failure
+/// names, the statement, and how many parameters the service binds to it
+/// (a placeholder written into a guard, a deadline or a `set` value would
+/// shift every value after it).
+#[derive(Debug)]
+pub(crate) struct Check {
+    /// The config key a failure names.
+    pub(crate) key: &'static str,
+    /// The statement.
+    pub(crate) sql: String,
+    /// Its parameters, as the service binds them.
+    pub(crate) binds: usize,
+}
+
+/// Why an `also` statement cannot take the order id.
+#[derive(Debug)]
+pub(crate) enum AlsoCheckError {
+    /// Preparing it failed.
+    Sql(sqlx::Error),
+    /// It prepared, but a parameter cannot be bound an order id.
+    Unbindable(String),
+}
+
+impl From<sqlx::Error> for AlsoCheckError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
 /// A waiting row's id and deadline (NULL: none), as a page of
 /// [`SqlDialect::waiting_page`] reads it.
 pub(crate) type PageRow = (String, Option<DateTime<Utc>>);
@@ -257,9 +298,8 @@ pub(crate) struct Prepared<D: SqlDialect> {
     pub(crate) id_key: &'static str,
     /// The items table's order id column, when the items are read.
     pub(crate) items_id: Option<IdColumn>,
-    /// How many parameters each `also` statement has (each is bound the
-    /// order id).
-    pub(crate) also_params: Vec<usize>,
+    /// How each `also` statement's parameters are bound the order id.
+    pub(crate) also_params: Vec<D::AlsoParams>,
     /// What `schema check` prints.
     pub(crate) report: SchemaReport,
 }
@@ -340,8 +380,10 @@ impl<D: SqlDialect> SqlStore<D> {
             Release::None => None,
         };
         let sql = D::statements(self, &orders, items.as_ref()).await?;
-        let unpaid = self.count_waiting(&sql).await?;
+        // The statements first: a placeholder in the guard would make the
+        // count fail with a less helpful error.
         let also_params = self.check_statements(&sql).await?;
+        let unpaid = self.count_waiting(&sql).await?;
         let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
         Ok(Prepared {
             sql,
@@ -383,27 +425,56 @@ impl<D: SqlDialect> SqlStore<D> {
     }
 
     /// Prepares the rendered statements and the `also` statements (a
-    /// mistake is reported with its key), returning each `also` statement's
-    /// parameter count.
-    async fn check_statements(&self, sql: &D::Statements) -> Result<Vec<usize>, StoreError> {
-        let prepare = async |key: &'static str, statement: &str| {
-            D::parameters(self, statement)
+    /// mistake is reported with its key), returning how each `also`
+    /// statement is bound the order id. A rendered statement must take
+    /// exactly the parameters the service binds. A failure waiting can fix
+    /// (the connection) stays transient.
+    async fn check_statements(&self, sql: &D::Statements) -> Result<Vec<D::AlsoParams>, StoreError> {
+        let schema = |key: &'static str, statement: &str, e: sqlx::Error| match StoreError::Sql(e)
+        {
+            error if !error.is_permanent() => error,
+            error => StoreError::Schema {
+                key,
+                problem: format!("{error}: {statement}"),
+            },
+        };
+        let prepare = async |check: &Check| {
+            let found = D::parameters(self, &check.sql)
                 .await
-                .map_err(|e| StoreError::Schema {
-                    key,
-                    problem: format!("{e}: {statement}"),
-                })
+                .map_err(|e| schema(check.key, &check.sql, e))?;
+            if found != check.binds {
+                return Err(StoreError::Schema {
+                    key: check.key,
+                    problem: format!(
+                        "the statement takes {found} parameters where the service binds {}: \
+                         the guard, the deadline and the `set` values take none \
+                         (no `$1` or `?` in them): {}",
+                        check.binds, check.sql
+                    ),
+                });
+            }
+            Ok(())
         };
         let mut checks = D::to_check(&self.timer, sql).into_iter();
-        if let Some((key, statement)) = checks.next() {
-            prepare(key, &statement).await?;
+        if let Some(check) = checks.next() {
+            prepare(&check).await?;
         }
+        let key = self.timer.key(TimerKey::Also);
         let mut also_params = Vec::new();
         for statement in &self.timer.also {
-            also_params.push(prepare(self.timer.key(TimerKey::Also), statement).await?);
+            let params = D::also_parameters(self, statement)
+                .await
+                .map_err(|e| match e {
+                    AlsoCheckError::Sql(e) => schema(key, statement, e),
+                    AlsoCheckError::Unbindable(problem) => StoreError::Schema {
+                        key,
+                        problem: format!("{problem}: {statement}"),
+                    },
+                })?;
+            also_params.push(params);
         }
-        for (key, statement) in checks {
-            prepare(key, &statement).await?;
+        for check in checks {
+            prepare(&check).await?;
         }
         Ok(also_params)
     }

@@ -18,6 +18,7 @@ use order_timeout::store::{
     self, Cancellation, Dialect, OrderState, OrderStore, ShopSchema, Store,
 };
 
+mod bindings;
 mod effects;
 mod id_columns;
 mod locks;
@@ -769,6 +770,10 @@ macro_rules! store_suite {
             );
             store_suite!(@in id_columns $fixture;
                 ids_are_compared_exactly_in_every_id_column_type,
+            );
+            store_suite!(@in bindings $fixture;
+                parameters_bind_in_every_form_on_every_connection,
+                a_misplaced_or_unbindable_parameter_is_refused_at_the_check,
             );
             store_suite!(@in locks $fixture;
                 a_held_row_delays_only_its_own_order,
