@@ -98,16 +98,16 @@ async fn backfill_timer(
         ))
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut after = None;
+    let mut after: Option<String> = None;
     let mut scheduled = 0u64;
     loop {
+        // Pages go on from the last row read, also when a page's rows were
+        // all left out (ids that are no order ids).
         let page = store
-            .waiting_page(after.as_ref(), args.batch.max(1))
+            .waiting_page(after.as_deref(), args.batch.max(1))
             .await?;
-        let Some((last, _)) = page.last() else { break };
-        after = Some(last.clone());
-        let n = page.len() as u64;
-        stream::iter(page)
+        let n = page.rows.len() as u64;
+        stream::iter(page.rows)
             .map(|(order_id, deadline)| async move {
                 let request = TimeoutRequest {
                     order_id,
@@ -121,6 +121,10 @@ async fn backfill_timer(
             .await?;
         scheduled += n;
         bar.inc(n);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
     }
     bar.finish_and_clear();
     if timer.is_default() {

@@ -87,6 +87,34 @@ impl Outcome {
     }
 }
 
+/// How one sweep of one timer went: the `result` label of
+/// `order_timeout_sweeps_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SweepResult {
+    /// Every overdue row it found was settled (or parked and set aside).
+    Ok,
+    /// Overdue rows it found stay unsettled for now (held by another
+    /// transaction, a failure waiting can fix), or pages remain: the next
+    /// sweep takes them.
+    LeftBehind,
+    /// It could not run (a statement failed for the whole sweep).
+    Failed,
+}
+
+impl SweepResult {
+    /// Every result, in a fixed order.
+    pub const ALL: [SweepResult; 3] = [Self::Ok, Self::LeftBehind, Self::Failed];
+
+    /// The `result` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::LeftBehind => "left_behind",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 /// A timed step of the work, for `order_timeout_stage_duration_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
@@ -179,6 +207,7 @@ pub struct Metrics {
     publish_failures: Counter,
     requeued: Counter,
     swept: Family<TimerLabel, Counter>,
+    sweeps: Family<ResultLabel, Counter>,
     watched: Family<TimerLabel, Counter>,
     outbox_given_up: Counter,
     outbox_deleted: Counter,
@@ -304,6 +333,12 @@ impl Metrics {
                 "Orders (rows) the sweeper cancelled (flipped) or finished, no message did, by timer",
                 Family::default(),
             ),
+            sweeps: register(
+                &mut r,
+                "sweeps",
+                "Sweeps by timer and result: ok, left_behind (overdue rows it found stay unsettled for now), failed (it could not run)",
+                Family::default(),
+            ),
             watched: register(
                 &mut r,
                 "watch_scheduled",
@@ -356,6 +391,12 @@ impl Metrics {
             };
             let _ = self.lateness.get_or_create(&label);
             let _ = self.swept.get_or_create(&label);
+            for result in SweepResult::ALL {
+                let _ = self.sweeps.get_or_create(&ResultLabel {
+                    result: result.as_str(),
+                    timer: timer.clone(),
+                });
+            }
             let _ = self.watched.get_or_create(&label);
         }
         for s in [Stage::Db, Stage::Inventory, Stage::Publish] {
@@ -528,6 +569,26 @@ impl Metrics {
                 timer: timer.to_owned(),
             })
             .inc_by(n);
+    }
+
+    /// Counts one sweep of `timer` that ended with `result`.
+    pub fn sweep(&self, timer: &str, result: SweepResult) {
+        self.sweeps
+            .get_or_create(&ResultLabel {
+                result: result.as_str(),
+                timer: timer.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Sweeps of `timer` that ended with `result` so far.
+    pub fn sweeps_of(&self, timer: &str, result: SweepResult) -> u64 {
+        self.sweeps
+            .get_or_create(&ResultLabel {
+                result: result.as_str(),
+                timer: timer.to_owned(),
+            })
+            .get()
     }
 
     /// Counts rows of `timer` its watch scheduled.

@@ -16,11 +16,13 @@
 //! 3. orders cancelled now or earlier with outbox work pending go to
 //!    [`super::finish`]: stock release, event, outbox marks, ack.
 //!
-//! A statement that fails in a way waiting cannot fix (an `also` statement
-//! hitting a data error for one order, an id out of the column's range) is
-//! about one order, not the batch: the batch is split in halves until the
-//! order it belongs to is alone, and only that order is parked
-//! (`permanent_failure`); the others are cancelled on time.
+//! A statement that fails for one order (an `also` statement hitting a
+//! unique constraint for that order alone, a trigger refusing its row) is
+//! about that order, not the batch: the store runs such orders on their
+//! own ([`OrderState::Failed`]), only that order is parked
+//! (`permanent_failure`) and its row set aside for the sweeper (skipped
+//! until the row changes, so that it is parked once), and the others are
+//! cancelled on time.
 //!
 //! A crash between any two steps redelivers the message, and the redelivery
 //! finds the order cancelled with its outbox row still pending and finishes
@@ -41,7 +43,7 @@ use super::park::{park, park_unknown_timer};
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};
 use crate::settings::{TimerName, UnknownOrderPolicy};
-use crate::store::{IdRejected, OrderState, Store};
+use crate::store::{IdRejected, OrderFailure, OrderState, Store};
 
 /// How often a batch re-asks about orders another transaction was changing
 /// at the same moment, before treating it as a transient failure.
@@ -105,8 +107,7 @@ async fn by_timer(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Job>)> {
     by_store
 }
 
-/// Cancels (flips) the orders of `jobs`, all of `store`'s timer, splitting
-/// the group when a statement fails in a way waiting cannot fix; returns
+/// Cancels (flips) the orders of `jobs`, all of `store`'s timer; returns
 /// what is left for the outbox.
 async fn cancel_timer_batch(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pending> {
     let (waiting, impossible) = group_by_order(store, jobs);
@@ -114,41 +115,29 @@ async fn cancel_timer_batch(worker: &Worker, store: &Store, jobs: Vec<Job>) -> V
         unknown_order(worker, store, &id, Some(&why), jobs).await;
     }
     let mut to_finish = Vec::new();
-    let mut groups = vec![waiting];
-    while let Some(group) = groups.pop() {
-        if let Some((group, failure)) = cancel_group(worker, store, group, &mut to_finish).await {
-            tracing::warn!(orders = group.len(), timer = %store.timer().name, error = %failure, "the cancel statement failed in a way waiting cannot fix; splitting the batch to find the order it belongs to");
-            let (left, right) = halves(group);
-            groups.push(right);
-            groups.push(left);
-        }
-    }
+    cancel_group(worker, store, waiting, &mut to_finish).await;
     to_finish
 }
 
 /// Runs the cancel transaction for `waiting` and settles every order,
 /// asking again about contended ones up to [`CONTENDED_ROUNDS`] times. A
-/// failure is retried later, order by order (parked at once if waiting
-/// cannot fix it), except a permanent failure of several orders: those are
-/// returned with it, to be split.
+/// failure of the whole statement (the connection) is retried later,
+/// order by order.
 async fn cancel_group(
     worker: &Worker,
     store: &Store,
     mut waiting: ByOrder,
     to_finish: &mut Vec<Pending>,
-) -> Option<(ByOrder, Failure)> {
+) {
     for round in 0..CONTENDED_ROUNDS {
         if waiting.is_empty() {
-            return None;
+            return;
         }
         if round > 0 {
             tokio::time::sleep(Duration::from_millis(10 * u64::from(round))).await;
         }
         match cancel_statement(worker, store, &waiting).await {
             Ok(states) => waiting = settle(worker, store, states, waiting, to_finish).await,
-            Err(failure) if failure.is_permanent() && waiting.len() > 1 => {
-                return Some((waiting, failure));
-            }
             Err(failure) => {
                 for (_, jobs) in waiting.drain() {
                     worker.retry_later(jobs, failure.clone());
@@ -159,15 +148,6 @@ async fn cancel_group(
     for (_, jobs) in waiting {
         worker.retry_later(jobs, Failure::KeptChanging);
     }
-    None
-}
-
-/// Two halves of a group of orders (in id order, so a split is repeatable).
-fn halves(group: ByOrder) -> (ByOrder, ByOrder) {
-    let mut orders: Vec<(OrderId, Vec<Job>)> = group.into_iter().collect();
-    orders.sort_by(|a, b| a.0.cmp(&b.0));
-    let right = orders.split_off(orders.len() / 2);
-    (orders.into_iter().collect(), right.into_iter().collect())
 }
 
 /// Groups jobs by the canonical form of their order id (`00123` and `123`
@@ -282,6 +262,7 @@ async fn settle(
                     .await;
             }
             OrderState::Unknown => unknown_order(worker, store, &id, None, jobs).await,
+            OrderState::Failed(failure) => failed_order(worker, store, &id, failure, jobs).await,
         }
     }
     ack_each(&ctx.metrics, acked).await;
@@ -291,6 +272,38 @@ async fn settle(
         worker.retry_later(jobs, Failure::NoState(id));
     }
     contended
+}
+
+/// An order whose cancel transaction failed on its own: a failure waiting
+/// can fix is retried; one it cannot is parked (by the retry policy) and
+/// the row set aside, so that the sweeper skips it until it changes
+/// instead of failing on it (and parking it) again at every sweep.
+async fn failed_order(
+    worker: &Worker,
+    store: &Store,
+    id: &OrderId,
+    failure: OrderFailure,
+    jobs: Vec<Job>,
+) {
+    let failure = Failure::Store(failure.0);
+    if failure.is_permanent() {
+        set_aside(store, id, &failure).await;
+    }
+    worker.retry_later(jobs, failure);
+}
+
+/// Sets the row of `id` aside after its flip failed for good (logged when
+/// that fails too: the sweeper then tries the row, and parks it, again).
+pub(crate) async fn set_aside(store: &Store, id: &OrderId, failure: &Failure) {
+    let reason = failure.to_string();
+    match store.set_aside(id, &reason).await {
+        Ok(_) => {
+            tracing::warn!(order_id = %id, timer = %store.timer().name, error = %reason, "the order's flip fails for good: its row is set aside (the sweeper skips it until it changes; replaying the parked message tries it again)")
+        }
+        Err(e) => {
+            tracing::warn!(order_id = %id, error = %e, "cannot set the row aside; the sweeper will try it again")
+        }
+    }
 }
 
 /// An order id with no row (`why`: no row can have it): parked, or

@@ -25,11 +25,10 @@ use futures_util::{StreamExt, stream};
 use super::context::{Context, Worker};
 use super::failure::Failure;
 use super::job::{Job, ack_each};
+use super::park::park_row;
 use super::retry::{OUTBOX_MAX_ATTEMPTS, RetryPolicy};
-use crate::broker::headers::Attempts;
-use crate::broker::parked::ParkInfo;
 use crate::broker::publisher::TimerEvent;
-use crate::message::{Deadline, OrderId, ParkReason, TimeoutRequest};
+use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};
 use crate::store::{Cancellation, NextAttempt, OrderItem, OutboxFailure, Store};
 
@@ -244,52 +243,23 @@ fn next_attempt(retry: &RetryPolicy, f: &OutboxFailure<'_>, attempts: u32) -> Ne
 /// refuses the park, the row is put back in the sweeper's hands (retried
 /// after a backoff, given up and parked again).
 async fn park_given_up(ctx: &Context, store: &Store, id: &OrderId, c: &Cancellation, reason: &str) {
-    let now = chrono::Utc::now();
-    let body = TimeoutRequest {
-        order_id: id.clone(),
-        deadline: Deadline::At(c.expires_at),
-        timer: store.timer().name.clone(),
-    }
-    .to_json();
-    let properties = lapin::BasicProperties::default()
-        .with_content_type("application/json".into())
-        .with_message_id(id.as_str().into());
-    let info = ParkInfo {
-        error: reason.to_owned(),
-        kind: ParkReason::ReleaseFailed,
-        order_id: Some(id.clone()),
-        attempts: Attempts::default().failed(now, reason),
-        source_queue: SWEEPER_SOURCE.into(),
-        source_exchange: String::new(),
-        source_routing_key: String::new(),
-    };
-    let parked = ctx
-        .publish_patiently("park", || ctx.publisher.park(&body, &properties, &info))
-        .await;
-    match parked {
-        Ok(()) => {
-            tracing::warn!(order_id = %id, kind = %info.kind, error = %info.error, "parked a cancelled order whose stock release was given up");
-            ctx.metrics.parked(ParkReason::ReleaseFailed);
-        }
-        Err(e) => {
-            tracing::error!(order_id = %id, error = %e, "cannot park an order whose stock release was given up; the sweeper will try it again");
-            let failure = [OutboxFailure {
-                id: id.as_str(),
-                error: reason,
-                release: true,
-                permanent: false,
-            }];
-            let retry_later =
-                |_: &OutboxFailure<'_>, n: u32| NextAttempt::After(ctx.retry.outbox_delay(n));
-            if let Err(e) = store.record_failures(&failure, &retry_later).await {
-                tracing::error!(order_id = %id, error = %e, "cannot put the given-up row back either; replay or release it by hand");
-            }
+    let timer = &store.timer().name;
+    let kind = ParkReason::ReleaseFailed;
+    if let Err(e) = park_row(ctx, timer, id, c.expires_at, kind, reason).await {
+        tracing::error!(order_id = %id, error = %e, "cannot park an order whose stock release was given up; the sweeper will try it again");
+        let failure = [OutboxFailure {
+            id: id.as_str(),
+            error: reason,
+            release: true,
+            permanent: false,
+        }];
+        let retry_later =
+            |_: &OutboxFailure<'_>, n: u32| NextAttempt::After(ctx.retry.outbox_delay(n));
+        if let Err(e) = store.record_failures(&failure, &retry_later).await {
+            tracing::error!(order_id = %id, error = %e, "cannot put the given-up row back either; replay or release it by hand");
         }
     }
 }
-
-/// `x-source-queue` of a message the sweeper parks (it consumed none).
-const SWEEPER_SOURCE: &str = "sweeper";
 
 /// How late a cancellation was, in milliseconds: never negative (a
 /// cancellation is never early; a clock that says otherwise is off by that

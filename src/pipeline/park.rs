@@ -9,7 +9,7 @@
 //! queue has no dead-letter target); parked, an operator sees and replays
 //! it.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use lapin::message::Delivery;
 use lapin::types::FieldTable;
 
@@ -17,8 +17,9 @@ use super::context::Context;
 use super::job::{Job, requeue};
 use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
 use crate::broker::parked::ParkInfo;
+use crate::broker::publisher::PublishError;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
-use crate::message::{OrderId, ParkReason};
+use crate::message::{Deadline, OrderId, ParkReason, TimeoutRequest};
 use crate::observe::metrics::{NO_TIMER, Outcome};
 use crate::settings::TimerName;
 
@@ -129,6 +130,48 @@ pub(crate) async fn park(
             requeue(&ctx.acks, &delivery, &ctx.metrics).await;
         }
     }
+}
+
+/// `x-source-queue` of a message the sweeper parks (it consumed none).
+const SWEEPER_SOURCE: &str = "sweeper";
+
+/// Parks a message for a row no delivery brought (the sweeper found it):
+/// the timeout message its publisher would have sent (`{"order_id",
+/// "cancel_at"}` with the row's `deadline`, and the timer), with `kind` and
+/// `error`, so that it is seen and, once the cause is fixed, replayed. A
+/// park the broker refuses is tried again with backoff; the error is
+/// returned if it still fails (the caller keeps the row in hand).
+pub(crate) async fn park_row(
+    ctx: &Context,
+    timer: &TimerName,
+    id: &OrderId,
+    deadline: DateTime<Utc>,
+    kind: ParkReason,
+    error: &str,
+) -> Result<(), PublishError> {
+    let body = TimeoutRequest {
+        order_id: id.clone(),
+        deadline: Deadline::At(deadline),
+        timer: timer.clone(),
+    }
+    .to_json();
+    let properties = lapin::BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_message_id(id.as_str().into());
+    let info = ParkInfo {
+        error: error.to_owned(),
+        kind,
+        order_id: Some(id.clone()),
+        attempts: Attempts::default().failed(Utc::now(), error),
+        source_queue: SWEEPER_SOURCE.into(),
+        source_exchange: String::new(),
+        source_routing_key: String::new(),
+    };
+    ctx.publish_patiently("park", || ctx.publisher.park(&body, &properties, &info))
+        .await?;
+    tracing::warn!(order_id = %id, %timer, kind = %info.kind, error = %info.error, "parked a row the sweeper found");
+    ctx.metrics.parked(kind);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -19,6 +19,19 @@
 //! Every timer is swept (its rows in `from` overdue by more than the
 //! grace, its own outbox rows), one after the other, each by its store.
 //!
+//! **The safety net never stops**: a sweep reads the overdue rows page by
+//! page in (deadline, id) order, each page after the last row read, so
+//! rows it leaves alone never hide the rows behind them; rows the timer
+//! flipped before (re-opened orders) and rows set aside are left out by
+//! the query itself. A row whose flip fails for good (an `also` statement
+//! hitting a constraint for that order alone) fails alone (the store runs
+//! it on its own), is parked once (`permanent_failure`, with the reason)
+//! and set aside: later sweeps skip it until the row changes. Each sweep's
+//! outcome is counted per timer (`order_timeout_sweeps_total{timer,
+//! result}`: `ok`, `left_behind` when overdue rows it found stay unsettled
+//! for now, `failed` when it could not run), and alert rules fire when a
+//! timer's sweeps keep failing or leaving rows behind.
+//!
 //! It is also **the catch-up after a (re)connect**: for `catch_up_window`
 //! after each broker session starts it sweeps every `catch_up_interval`
 //! with a short grace, because a broker restart can hold timeout messages
@@ -29,13 +42,19 @@
 
 use std::collections::HashSet;
 
-use super::context::Worker;
-use super::finish::{self, Pending};
-use crate::message::OrderId;
-use crate::shutdown::Shutdown;
-use crate::store::{OrderState, Store, StoreError};
+use chrono::{DateTime, Utc};
 
-/// Most batches one sweep takes before yielding to the next interval.
+use super::cancel::set_aside;
+use super::context::Worker;
+use super::failure::Failure;
+use super::finish::{self, Pending};
+use super::park::park_row;
+use crate::message::{OrderId, ParkReason};
+use crate::observe::metrics::SweepResult;
+use crate::shutdown::Shutdown;
+use crate::store::{OrderState, RowCursor, Store, StoreError};
+
+/// Most pages one sweep reads before yielding to the next interval.
 const MAX_BATCHES: usize = 100;
 
 /// Finished outbox rows one retention statement deletes: small enough that
@@ -72,8 +91,35 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
     }
 }
 
-/// One sweep of one timer (see [`sweep_once`]), logged, then its
-/// retention ([`delete_expired`]).
+/// What one sweep of one timer did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Swept {
+    /// Orders it cancelled (flipped) or finished the outbox work of.
+    pub(crate) settled: u64,
+    /// Rows whose flip failed for good: parked and set aside.
+    pub(crate) set_aside: u64,
+    /// Overdue rows it found and could not settle now (held by another
+    /// transaction, contended, a failure waiting can fix, a park the
+    /// broker refused): the next sweep tries them again.
+    pub(crate) left_behind: u64,
+    /// It stopped after [`MAX_BATCHES`] pages with more to read.
+    pub(crate) more: bool,
+}
+
+impl Swept {
+    /// The sweep's `result` label.
+    pub(crate) fn result(&self) -> SweepResult {
+        if self.left_behind > 0 || self.more {
+            SweepResult::LeftBehind
+        } else {
+            SweepResult::Ok
+        }
+    }
+}
+
+/// One sweep of one timer (see [`sweep_once`]), logged and counted, then
+/// its retention ([`delete_expired`]) and the marks of rows set aside that
+/// no longer need them.
 async fn sweep_timer(
     worker: &Worker,
     store: &Store,
@@ -82,24 +128,44 @@ async fn sweep_timer(
     pause: std::time::Duration,
 ) {
     let timer = &store.timer().name;
+    let metrics = &worker.ctx.metrics;
     match sweep_once(worker, store, grace).await {
-        Ok(0) => tracing::debug!(catching_up, %timer, "sweep: nothing overdue"),
-        Ok(n) if catching_up => tracing::warn!(
-            orders = n,
-            %timer,
-            "catch-up sweep: settled orders whose timeout messages are late (held up in the broker around a reconnect)"
-        ),
-        Ok(n) => tracing::warn!(
-            orders = n,
-            %timer,
-            "sweep: settled orders no timeout message did (dual-write gap or lost work)"
-        ),
+        Ok(swept) => {
+            metrics.sweep(timer.as_str(), swept.result());
+            log_sweep(&swept, timer.as_str(), catching_up);
+        }
         Err(e) => {
-            tracing::warn!(error = %e, %timer, "sweep failed; next one in {pause:?}")
+            metrics.sweep(timer.as_str(), SweepResult::Failed);
+            tracing::warn!(error = %e, %timer, "sweep failed; next one in {pause:?}");
         }
     }
     if let Err(e) = delete_expired(worker, store).await {
         tracing::warn!(error = %e, %timer, "deleting finished outbox rows failed; next try in {pause:?}");
+    }
+    match store.prune_set_aside().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(rows = n, %timer, "forgot rows set aside that left their status"),
+        Err(e) => tracing::debug!(error = %e, %timer, "cannot prune the rows set aside"),
+    }
+}
+
+fn log_sweep(swept: &Swept, timer: &str, catching_up: bool) {
+    let n = swept.settled;
+    match n {
+        0 => tracing::debug!(catching_up, %timer, "sweep: nothing overdue settled"),
+        _ if catching_up => tracing::warn!(
+            orders = n,
+            %timer,
+            "catch-up sweep: settled orders whose timeout messages are late (held up in the broker around a reconnect)"
+        ),
+        _ => tracing::warn!(
+            orders = n,
+            %timer,
+            "sweep: settled orders no timeout message did (dual-write gap or lost work)"
+        ),
+    }
+    if swept.left_behind > 0 || swept.more {
+        tracing::warn!(rows = swept.left_behind, more_pages = swept.more, %timer, "sweep: overdue rows left for the next sweep");
     }
 }
 
@@ -129,50 +195,121 @@ pub(crate) async fn delete_expired(worker: &Worker, store: &Store) -> Result<u64
     Ok(deleted)
 }
 
-/// One sweep of `store`'s timer over orders overdue by more than `grace`
-/// and cancellations whose stock release is stale; returns how many orders
-/// it cancelled or finished.
+/// One sweep of `store`'s timer over orders overdue by more than `grace`,
+/// page by page, and cancellations whose outbox work is stale (with the
+/// first page); returns what it did. An error is a statement that failed
+/// for the whole sweep (the connection); a failure of one order's flip is
+/// that order's.
 #[tracing::instrument(skip(worker, store), fields(timer = %store.timer().name))]
 pub(crate) async fn sweep_once(
     worker: &Worker,
     store: &Store,
     grace: std::time::Duration,
-) -> Result<u64, StoreError> {
-    let ctx = &worker.ctx;
-    let s = &ctx.settings.sweeper;
-    let mut settled = 0u64;
+) -> Result<Swept, StoreError> {
+    let s = &worker.ctx.settings.sweeper;
+    let mut swept = Swept::default();
     let mut seen: HashSet<OrderId> = HashSet::new();
+    let mut cursor: Option<RowCursor> = None;
     for round in 0..MAX_BATCHES {
-        let mut ids = store.overdue(grace, s.batch).await?;
+        let page = store.overdue(grace, cursor.as_ref(), s.batch).await?;
+        let mut rows: Vec<(OrderId, Option<DateTime<Utc>>)> = page
+            .rows
+            .into_iter()
+            .map(|(id, deadline)| (id, Some(deadline)))
+            .collect();
         if round == 0 {
-            ids.extend(store.stale_outbox(s.grace, s.batch).await?);
+            let stale = store.stale_outbox(s.grace, s.batch).await?;
+            rows.extend(stale.into_iter().map(|id| (id, None)));
         }
         // An order that did not settle in this sweep (contended, inventory
         // down) waits for the next one rather than spinning here.
-        ids.retain(|id| seen.insert(id.clone()));
-        if ids.is_empty() {
-            break;
+        rows.retain(|(id, _)| seen.insert(id.clone()));
+        if !rows.is_empty() {
+            settle_page(worker, store, rows, &mut swept).await?;
         }
-        let full = ids.len() >= s.batch as usize;
-        let states = store.cancel_due(&ids, ctx.settings.outbox_lease).await?;
-        let to_finish: Vec<Pending> = states
-            .into_iter()
-            .filter_map(|(id, state)| match state {
-                OrderState::Cancelled(cancellation) if cancellation.leased => Some(Pending {
-                    id,
-                    cancellation,
-                    jobs: Vec::new(),
-                }),
-                _ => None,
-            })
-            .collect();
-        settled += to_finish.len() as u64;
-        ctx.metrics
-            .swept(store.timer().name.as_str(), to_finish.len() as u64);
-        finish::finish(worker, store, to_finish).await;
-        if !full {
-            break;
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(swept),
         }
     }
-    Ok(settled)
+    swept.more = true;
+    Ok(swept)
+}
+
+/// The cancel transaction for one page's rows, then each settled by its
+/// state: cancellations leased to the sweep finished, rows whose flip
+/// fails for good parked and set aside, the rest counted as left behind
+/// when they stay unsettled.
+async fn settle_page(
+    worker: &Worker,
+    store: &Store,
+    rows: Vec<(OrderId, Option<DateTime<Utc>>)>,
+    swept: &mut Swept,
+) -> Result<(), StoreError> {
+    let ctx = &worker.ctx;
+    let ids: Vec<OrderId> = rows.iter().map(|(id, _)| id.clone()).collect();
+    let states = store.cancel_due(&ids, ctx.settings.outbox_lease).await?;
+    let mut to_finish = Vec::new();
+    for (id, state) in states {
+        match state {
+            OrderState::Cancelled(cancellation) if cancellation.leased => to_finish.push(Pending {
+                id,
+                cancellation,
+                jobs: Vec::new(),
+            }),
+            OrderState::Failed(failure) => {
+                let failure = Failure::Store(failure.0);
+                let deadline = rows.iter().find(|(r, _)| *r == id).and_then(|(_, d)| *d);
+                if failure.is_permanent()
+                    && park_and_set_aside(worker, store, &id, deadline, &failure).await
+                {
+                    swept.set_aside += 1;
+                } else {
+                    tracing::warn!(order_id = %id, error = %failure, "sweep: the order's flip failed; the next sweep tries it again");
+                    swept.left_behind += 1;
+                }
+            }
+            OrderState::Locked { .. } | OrderState::Contended => swept.left_behind += 1,
+            _ => {}
+        }
+    }
+    swept.settled += to_finish.len() as u64;
+    ctx.metrics
+        .swept(store.timer().name.as_str(), to_finish.len() as u64);
+    finish::finish(worker, store, to_finish).await;
+    Ok(())
+}
+
+/// Parks a row whose flip fails for good (the timeout message its
+/// publisher would have sent, for its `deadline`) with the reason
+/// `permanent_failure`, then sets it aside so that later sweeps skip it
+/// until it changes: parked once, and visible. `false` when the broker
+/// refused the park (the row is then not set aside: the next sweep tries
+/// again).
+async fn park_and_set_aside(
+    worker: &Worker,
+    store: &Store,
+    id: &OrderId,
+    deadline: Option<DateTime<Utc>>,
+    failure: &Failure,
+) -> bool {
+    let ctx = &worker.ctx;
+    let reason = failure.to_string();
+    let deadline = deadline.unwrap_or_else(Utc::now);
+    let timer = &store.timer().name;
+    if let Err(e) = park_row(
+        ctx,
+        timer,
+        id,
+        deadline,
+        ParkReason::PermanentFailure,
+        &reason,
+    )
+    .await
+    {
+        tracing::error!(order_id = %id, error = %e, "cannot park an order whose flip fails for good; the next sweep tries it again");
+        return false;
+    }
+    set_aside(store, id, failure).await;
+    true
 }

@@ -36,7 +36,7 @@ use super::schedule::HOLD_BELOW;
 use crate::broker::headers::Attempts;
 use crate::message::{Deadline, OrderId, TimeoutRequest};
 use crate::shutdown::Shutdown;
-use crate::store::{Store, WatchCursor};
+use crate::store::{RowCursor, Store};
 
 /// Rows read per statement of a scan (and published before the next).
 pub(crate) const PAGE: u32 = 1_000;
@@ -111,27 +111,25 @@ pub(crate) async fn tick(
         .db_now
         .checked_add_signed(window)
         .unwrap_or(DateTime::<Utc>::MAX_UTC);
-    let mut cursor = WatchCursor {
+    // The database's clock, read with the lease, carried on by this
+    // host's monotonic clock: what the publishes are timed by, so that a
+    // host clock off from the database's does not move the deadlines.
+    let clock = DbClock::new(mark.db_now);
+    let mut cursor = RowCursor {
         deadline: mark.scanned_until,
         id: None,
     };
     let mut scheduled = 0u64;
     loop {
         let page = store.due_between(&cursor, until, PAGE).await?;
-        let full = page.len() >= PAGE as usize;
-        if let Some((id, deadline)) = page.last() {
-            cursor = WatchCursor {
-                deadline: *deadline,
-                id: Some(id.clone()),
-            };
-        }
-        let rows = page.len() as u64;
-        schedule_page(ctx, store, page).await?;
+        let rows = page.rows.len() as u64;
+        schedule_page(ctx, store, page.rows, &clock).await?;
         scheduled += rows;
         ctx.metrics.watched(store.timer().name.as_str(), rows);
-        if !full {
-            break;
-        }
+        // The next page goes on from the last row read, also when some of
+        // this page's rows were left out (ids that are no order ids).
+        let Some(next) = page.next else { break };
+        cursor = next;
         // A long scan keeps the lease; a lost one leaves the rest of the
         // range to the next holder (from the old mark: duplicates only).
         if store.watch_lease(holder, lease).await?.is_none() {
@@ -146,6 +144,30 @@ pub(crate) async fn tick(
     Ok(Some(scheduled))
 }
 
+/// The database's clock as read at one instant, carried on by this host's
+/// monotonic clock.
+struct DbClock {
+    read: DateTime<Utc>,
+    at: tokio::time::Instant,
+}
+
+impl DbClock {
+    fn new(read: DateTime<Utc>) -> Self {
+        Self {
+            read,
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The database's clock now.
+    fn now(&self) -> DateTime<Utc> {
+        let elapsed = chrono::Duration::from_std(self.at.elapsed()).unwrap_or_default();
+        self.read
+            .checked_add_signed(elapsed)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
+}
+
 /// Schedules each row of `page` for its deadline, confirmed: into the delay
 /// store, or, due within the consumer's hold window, through the entry
 /// exchange (the consumer holds it to the millisecond).
@@ -153,6 +175,7 @@ async fn schedule_page(
     ctx: &Context,
     store: &Store,
     page: Vec<(OrderId, DateTime<Utc>)>,
+    clock: &DbClock,
 ) -> Result<(), Failure> {
     let timer = &store.timer().name;
     stream::iter(page)
@@ -169,7 +192,7 @@ async fn schedule_page(
                     &body,
                     &request.order_id,
                     deadline,
-                    Utc::now(),
+                    clock.now(),
                     &attempts,
                     HOLD_BELOW,
                 )

@@ -96,18 +96,38 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// The items of each order (by order id), for the stock release.
     async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError>;
 
-    /// Unpaid orders (passing the guard) overdue by more than `grace`,
-    /// oldest first, at most `limit`: what the sweeper cancels.
-    async fn overdue(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError>;
+    /// Unpaid orders (passing the guard) overdue by more than `grace`
+    /// that this timer may still flip, with their deadlines, in (deadline,
+    /// id) order after `after`, at most `limit` rows read: what the
+    /// sweeper cancels, page by page. Left out: rows this timer flipped
+    /// before (they have an outbox row: re-opened orders are never flipped
+    /// twice) and rows set aside ([`OrderStore::set_aside`]) that have not
+    /// changed since, so that neither fills every page and hides the rows
+    /// behind them.
+    async fn overdue(
+        &self,
+        grace: Duration,
+        after: Option<&RowCursor>,
+        limit: u32,
+    ) -> Result<Page<RowCursor>, StoreError>;
 
     /// Rows in the `from` status (unpaid orders) passing the guard, in id
-    /// order after `from` (exclusive), at most `limit`, with their
-    /// deadlines: what `backfill` schedules.
-    async fn waiting_page(
-        &self,
-        from: Option<&OrderId>,
-        limit: u32,
-    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError>;
+    /// order after the id `after` (exclusive; as the table spells it), at
+    /// most `limit` rows read, with their deadlines: what `backfill`
+    /// schedules.
+    async fn waiting_page(&self, after: Option<&str>, limit: u32)
+    -> Result<Page<String>, StoreError>;
+
+    /// Sets the row of order `id` aside for the sweeper, with the `reason`
+    /// its flip failed for good: later sweeps skip it as long as the row
+    /// is unchanged (its digest is recorded), so that one row that can
+    /// never flip is parked once instead of failing every sweep. A message
+    /// for the order (a replay) still tries it. `false`: no such row.
+    async fn set_aside(&self, id: &OrderId, reason: &str) -> Result<bool, StoreError>;
+
+    /// Forgets the rows set aside that have left the `from` status
+    /// (flipped by a replayed message, paid, deleted); returns how many.
+    async fn prune_set_aside(&self) -> Result<u64, StoreError>;
 
     /// Cancelled orders whose release or event is still pending after
     /// `grace`, with no live lease, not given up, and due: never failed, or
@@ -158,15 +178,15 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
 
     /// Rows in the `from` status passing the guard that fall due after
     /// `after` and not after `until`, in (deadline, id) order, at most
-    /// `limit`: what a watch schedules. `after` is a deadline, or a
-    /// deadline and the last id taken at it (the next page of rows that
-    /// share a deadline).
+    /// `limit` rows read: what a watch schedules. `after` is a deadline,
+    /// or a deadline and the last id read at it (the next page of rows
+    /// that share a deadline).
     async fn due_between(
         &self,
-        after: &WatchCursor,
+        after: &RowCursor,
         until: DateTime<Utc>,
         limit: u32,
-    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError>;
+    ) -> Result<Page<RowCursor>, StoreError>;
 
     /// Records that every row due up to `until` was scheduled, if `holder`
     /// still holds the lease (`false`: it lost it; the next holder scans
@@ -187,13 +207,28 @@ pub struct WatchMark {
     pub db_now: DateTime<Utc>,
 }
 
-/// Where a watch's scan goes on from ([`OrderStore::due_between`]).
+/// Where a scan in (deadline, id) order goes on from: a watch's
+/// ([`OrderStore::due_between`]) or a sweep's ([`OrderStore::overdue`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WatchCursor {
+pub struct RowCursor {
     /// Rows due after this instant…
     pub deadline: DateTime<Utc>,
-    /// …or at it, with an id after this one (`None`: none at it).
-    pub id: Option<OrderId>,
+    /// …or at it, with an id after this one, as the table spells it
+    /// (`None`: none at it).
+    pub id: Option<String>,
+}
+
+/// One page of a scan over a timer's rows, and where the next one starts.
+/// The cursor is the last row *read*: a row that is no order (its id is
+/// not a valid order id, its deadline is NULL) is left out of `rows`, with
+/// a warning, but never ends the scan early.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<C> {
+    /// The orders read, with their deadlines.
+    pub rows: Vec<(OrderId, DateTime<Utc>)>,
+    /// Where the next page starts; `None` when this page read fewer rows
+    /// than asked for (the last one).
+    pub next: Option<C>,
 }
 
 /// The default timer's mapping as the sections of the config file give
@@ -359,7 +394,6 @@ pub fn connect_timers(
     where
         sql::SqlStore<D>: OrderStore,
     {
-        let also_turn = Arc::default();
         let mut pools: HashMap<&str, sqlx::Pool<D::Db>> = HashMap::new();
         let mut stores: Vec<Store> = Vec::with_capacity(timers.len());
         for timer in timers {
@@ -372,7 +406,7 @@ pub fn connect_timers(
                     p
                 }
             };
-            let store = sql::SqlStore::<D>::on_pool(on, timer, Arc::clone(&also_turn));
+            let store = sql::SqlStore::<D>::on_pool(on, timer);
             stores.push(Arc::new(store));
         }
         Ok(stores)
@@ -553,6 +587,22 @@ impl StoreError {
         }
     }
 
+    /// The statement waited for a row lock another transaction held for
+    /// longer than `db_lock_timeout` (PostgreSQL 55P03, MySQL 1205, and
+    /// 3572 for `NOWAIT`): not a failure of the order, which is asked
+    /// about again shortly.
+    pub fn is_lock_timeout(&self) -> bool {
+        match self {
+            Self::Sql(sqlx::Error::Database(e)) => {
+                if let Some(my) = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                    return matches!(my.number(), 1205 | 3572);
+                }
+                e.code().as_deref() == Some("55P03")
+            }
+            _ => false,
+        }
+    }
+
     /// Whether waiting cannot fix this error, so that retrying the same
     /// work later would fail the same way (the pipeline parks such work at
     /// once instead of spending its retries).
@@ -714,6 +764,13 @@ pub enum OrderState {
     /// Cancelled by someone other than this service (no outbox row): nothing
     /// for us to release.
     CancelledElsewhere,
+    /// The cancel transaction failed for this order alone (it ran on its
+    /// own: the timer has `also` statements, or a batch failed in a way
+    /// waiting cannot fix and was run again order by order to find the
+    /// orders the failure belongs to). The other orders asked about were
+    /// settled; whether this one is parked or retried is the error's
+    /// ([`StoreError::is_permanent`]).
+    Failed(OrderFailure),
     /// Cancelled, with outbox work pending that another worker has leased
     /// until `until`: check again then (if that worker crashed, the lease
     /// will have run out and this delivery takes over).
@@ -724,6 +781,26 @@ pub enum OrderState {
         db_now: DateTime<Utc>,
     },
 }
+
+/// Why the cancel transaction of one order failed
+/// ([`OrderState::Failed`]). Compared by its text.
+#[derive(Clone, Debug)]
+pub struct OrderFailure(pub Arc<StoreError>);
+
+impl OrderFailure {
+    /// The failure `error`.
+    pub fn new(error: StoreError) -> Self {
+        Self(Arc::new(error))
+    }
+}
+
+impl PartialEq for OrderFailure {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for OrderFailure {}
 
 /// A cancellation this service made, and what is still to do for it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -238,8 +238,14 @@ pub(crate) struct Sql {
     count: String,
     /// Binds the ids.
     items: Option<String>,
-    /// Binds unpaid, grace (µs), limit.
+    /// Binds unpaid, grace (µs), the cursor's deadline (UTC, or NULL)
+    /// three times, its id twice, the timer twice, limit.
     overdue: String,
+    /// Binds the timer, the reason, the id (in the column's type), the id
+    /// (text).
+    set_aside: String,
+    /// Binds unpaid, then the ids: which of them are still waiting.
+    still_waiting: String,
     /// Binds unpaid, after id twice, limit.
     waiting_page: String,
     /// A watch's scan (only for a timer with a watch): binds from, until
@@ -249,8 +255,25 @@ pub(crate) struct Sql {
     decimal: MySqlTypeInfo,
 }
 
+/// A digest of the whole row `o` (every column, `QUOTE()`d so that NULL
+/// and `'NULL'` differ): what tells a row set aside from the same row
+/// changed since.
+fn row_digest(columns: &[String]) -> String {
+    let quoted: Vec<String> = columns
+        .iter()
+        .map(|c| format!("QUOTE(o.{})", shape::quote(Dialect::MySql, c)))
+        .collect();
+    format!("MD5(CONCAT_WS(',', {}))", quoted.join(", "))
+}
+
 impl Sql {
-    fn render(timer: &Timer, with_items: bool, decimal: MySqlTypeInfo, skip_locked: bool) -> Self {
+    fn render(
+        timer: &Timer,
+        orders: &OrdersColumns,
+        with_items: bool,
+        decimal: MySqlTypeInfo,
+        skip_locked: bool,
+    ) -> Self {
         let o = timer;
         let q = |s: &str| shape::quote(Dialect::MySql, s);
         let (table, id, status) = (q(&o.table), q(&o.id), q(&o.status));
@@ -285,10 +308,10 @@ impl Sql {
                 "SELECT COUNT(*), CAST(COALESCE(SUM({deadline} <= NOW(6)), 0) AS SIGNED) \
                    FROM {table} WHERE {status} = ? AND {guard}"
             ),
-            overdue: format!(
-                "SELECT CAST({id} AS CHAR) FROM {table} \
-                  WHERE {status} = ? AND {deadline} < NOW(6) - INTERVAL ? MICROSECOND AND {guard} \
-                  ORDER BY {deadline} LIMIT ?"
+            overdue: overdue_statement(o, &orders.all, &deadline_us),
+            set_aside: set_aside_statement(o, &orders.all),
+            still_waiting: format!(
+                "SELECT CAST({id} AS CHAR) FROM {table} WHERE {status} = ? AND {id} IN ({{ids}})"
             ),
             waiting_page: format!(
                 "SELECT CAST({id} AS CHAR), {deadline_us} FROM {table} \
@@ -311,6 +334,49 @@ impl Sql {
             decimal,
         }
     }
+}
+
+/// The sweeper's page: overdue rows in (deadline, id) order after the
+/// cursor, leaving out the rows this timer flipped before (their outbox
+/// row) and those set aside unchanged. The cursor's instant is bound in
+/// UTC and compared in the session's zone, as a watch's scan does.
+fn overdue_statement(timer: &Timer, columns: &[String], deadline_us: &str) -> String {
+    let q = |s: &str| shape::quote(Dialect::MySql, s);
+    let (table, id, status) = (q(&timer.table), q(&timer.id), q(&timer.status));
+    let deadline = shape::deadline_sql(Dialect::MySql, timer);
+    let guard = shape::guard_sql(timer);
+    let utc = "CONVERT_TZ(?, '+00:00', @@session.time_zone)";
+    let digest = row_digest(columns);
+    format!(
+        "SELECT CAST(o.{id} AS CHAR), {deadline_us} FROM {table} AS o \
+          WHERE o.{status} = ? AND {deadline} < NOW(6) - INTERVAL ? MICROSECOND \
+            AND {guard} \
+            AND (? IS NULL \
+                 OR ({deadline} >= {utc} \
+                     AND ({deadline} > {utc} OR (? IS NOT NULL AND o.{id} > ?)))) \
+            AND NOT EXISTS (SELECT 1 FROM order_timeout_cancel_outbox AS x \
+                             WHERE x.timer = ? AND x.order_id = CAST(o.{id} AS CHAR)) \
+            AND NOT EXISTS (SELECT 1 FROM order_timeout_set_aside AS s \
+                             WHERE s.timer = ? AND s.order_id = CAST(o.{id} AS CHAR) \
+                               AND s.row_digest = {digest}) \
+          ORDER BY {deadline}, o.{id} LIMIT ?"
+    )
+}
+
+/// Records the row as set aside, with its digest (replacing an older mark
+/// of the same order): the row whose id is exactly the one asked about.
+fn set_aside_statement(timer: &Timer, columns: &[String]) -> String {
+    let q = |s: &str| shape::quote(Dialect::MySql, s);
+    let (table, id) = (q(&timer.table), q(&timer.id));
+    let digest = row_digest(columns);
+    format!(
+        "INSERT INTO order_timeout_set_aside \
+                (timer, order_id, row_digest, reason, set_aside_at) \
+         SELECT ?, CAST(o.{id} AS CHAR), {digest}, ?, UTC_TIMESTAMP(6) FROM {table} AS o \
+          WHERE o.{id} = ? AND BINARY CAST(o.{id} AS CHAR) = ? \
+         ON DUPLICATE KEY UPDATE row_digest = VALUES(row_digest), \
+            reason = VALUES(reason), set_aside_at = VALUES(set_aside_at)"
+    )
 }
 
 fn items_statement(timer: &Timer) -> String {
@@ -770,7 +836,7 @@ impl SqlDialect for MySql {
 
     async fn statements(
         store: &MySqlStore,
-        _: &OrdersColumns,
+        orders: &OrdersColumns,
         items: Option<&(IdColumn, String)>,
     ) -> Result<Sql, StoreError> {
         let decimal = decimal_type(store).await?;
@@ -783,6 +849,7 @@ impl SqlDialect for MySql {
         }
         Ok(Sql::render(
             &store.timer,
+            orders,
             items.is_some(),
             decimal,
             skip_locked,
@@ -790,7 +857,7 @@ impl SqlDialect for MySql {
     }
 
     /// With one id: the flip binds cancelled, the id, unpaid; the items
-    /// the id; a watch's scan seven values.
+    /// the id; a watch's scan seven values; the sweeper's page ten.
     fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
         let check = |key, sql: String, binds| Check { key, sql, binds };
         let mut checks = vec![check(
@@ -804,6 +871,11 @@ impl SqlDialect for MySql {
         if let Some(due) = &sql.due {
             checks.push(check(timer.key(TimerKey::DeadlineGuard), due.clone(), 7));
         }
+        let rows = timer.key(TimerKey::DeadlineGuard);
+        checks.push(check(rows, sql.overdue.clone(), 10));
+        checks.push(check(timer.key(TimerKey::Id), sql.set_aside.clone(), 4));
+        let waiting = sql.still_waiting.replace("{ids}", "?");
+        checks.push(check(timer.key(TimerKey::Status), waiting, 2));
         checks
     }
 
@@ -843,10 +915,6 @@ impl SqlDialect for MySql {
         ids: &[&str],
         lease: Duration,
     ) -> Result<Vec<StateRow>, StoreError> {
-        let _turn = match store.timer.also.is_empty() {
-            true => None,
-            false => Some(store.also_turn.lock().await),
-        };
         let mut tx = store.pool.begin().await?;
         let mut orders = lock_orders(&mut tx, store, prepared, ids).await?;
         // The rows `SKIP LOCKED` left out, as last committed: which of them
@@ -923,17 +991,97 @@ impl SqlDialect for MySql {
         store: &MySqlStore,
         prepared: &Prepared<Self>,
         grace: Duration,
+        after: Option<(DateTime<Utc>, Option<&str>)>,
         limit: u32,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let deadline = after.map_or(Arg::Null, |(at, _)| Arg::Time(at));
+        let id = after
+            .and_then(|(_, id)| id)
+            .map(|id| prepared.id_value(id))
+            .transpose()?;
+        let id = id.as_ref().map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
+        let timer = Arg::Text(store.timer.name.as_str());
         let values = [
             Arg::Status(&store.timer.from),
             Arg::Int(micros(grace)),
+            deadline,
+            deadline,
+            deadline,
+            id,
+            id,
+            timer,
+            timer,
             Arg::Int(i64::from(limit)),
         ];
         let sql = prepared.sql.overdue.clone();
-        Ok(sqlx::query_scalar_with(AssertSqlSafe(sql), args(values)?)
-            .fetch_all(&store.pool)
-            .await?)
+        let rows: Vec<(String, Option<i64>)> =
+            sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
+                .fetch_all(&store.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, us)| (id, from_micros(us)))
+            .collect())
+    }
+
+    async fn set_aside(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        id: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let value = prepared.id_value(id)?;
+        let values = [
+            Arg::Text(store.timer.name.as_str()),
+            Arg::Text(reason),
+            id_arg(&value, &prepared.sql),
+            Arg::Text(id),
+        ];
+        let done = run!(prepared.sql.set_aside.clone(), values, &store.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// The marks, then which of their rows are still waiting (ids bound
+    /// in the column's type, as everywhere), then the others deleted.
+    async fn prune_set_aside(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+    ) -> Result<u64, StoreError> {
+        let timer = Arg::Text(store.timer.name.as_str());
+        let marked: Vec<String> = sqlx::query_scalar_with(
+            "SELECT CAST(order_id AS CHAR) FROM order_timeout_set_aside WHERE timer = ? LIMIT 1000",
+            args([timer])?,
+        )
+        .fetch_all(&store.pool)
+        .await?;
+        // A mark whose id no longer fits the column names no row.
+        let fits: Vec<(&str, IdValue)> = marked
+            .iter()
+            .filter_map(|id| Some((id.as_str(), prepared.id_value(id).ok()?)))
+            .collect();
+        let mut waiting: Vec<String> = Vec::new();
+        if !fits.is_empty() {
+            let sql = prepared.sql.still_waiting.replace("{ids}", &marks(fits.len()));
+            let values = std::iter::once(Arg::Status(&store.timer.from))
+                .chain(fits.iter().map(|(_, v)| id_arg(v, &prepared.sql)));
+            waiting = sqlx::query_scalar_with(AssertSqlSafe(sql), args(values)?)
+                .fetch_all(&store.pool)
+                .await?;
+        }
+        let gone: Vec<&str> = marked
+            .iter()
+            .map(String::as_str)
+            .filter(|id| !waiting.iter().any(|w| w == id))
+            .collect();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let delete = format!(
+            "DELETE FROM order_timeout_set_aside WHERE timer = ? AND order_id IN ({})",
+            marks(gone.len())
+        );
+        let values = std::iter::once(timer).chain(gone.iter().map(|id| Arg::Text(id)));
+        Ok(run!(delete, values, &store.pool).await?.rows_affected())
     }
 
     async fn waiting_page(

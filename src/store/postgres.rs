@@ -197,6 +197,10 @@ impl SqlDialect for Postgres {
             binds,
         };
         let mut checks = vec![check(timer.key(TimerKey::Flip), &sql.cancel, 7)];
+        let rows = timer.key(TimerKey::DeadlineGuard);
+        checks.push(check(rows, &sql.overdue, 6));
+        checks.push(check(timer.key(TimerKey::Id), &sql.set_aside, 3));
+        checks.push(check(timer.key(TimerKey::Status), &sql.prune, 2));
         checks.extend(sql.items.iter().map(|items| check("[items]", items, 1)));
         let watch = timer.key(TimerKey::DeadlineGuard);
         checks.extend(sql.due.iter().map(|due| check(watch, due, 5)));
@@ -278,7 +282,6 @@ impl SqlDialect for Postgres {
         if o.also.is_empty() {
             return Ok(query.fetch_all(&store.pool).await?);
         }
-        let _turn = store.also_turn.lock().await;
         let mut tx = store.pool.begin().await?;
         let rows = query.fetch_all(&mut *tx).await?;
         for row in rows.iter().filter(|r| r.just_cancelled) {
@@ -315,16 +318,44 @@ impl SqlDialect for Postgres {
         store: &PgStore,
         prepared: &Prepared<Self>,
         grace: Duration,
+        after: Option<(chrono::DateTime<chrono::Utc>, Option<&str>)>,
         limit: u32,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<PageRow>, StoreError> {
         Ok(
-            sqlx::query_scalar(AssertSqlSafe(prepared.sql.overdue.clone()))
+            sqlx::query_as(AssertSqlSafe(prepared.sql.overdue.clone()))
                 .bind(text(&store.timer.from))
                 .bind(grace)
                 .bind(i64::from(limit))
+                .bind(after.map(|(deadline, _)| deadline))
+                .bind(after.and_then(|(_, id)| id))
+                .bind(store.timer.name.as_str())
                 .fetch_all(&store.pool)
                 .await?,
         )
+    }
+
+    async fn set_aside(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        id: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(prepared.sql.set_aside.clone()))
+            .bind(&[id][..])
+            .bind(store.timer.name.as_str())
+            .bind(reason)
+            .execute(&store.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn prune_set_aside(store: &PgStore, prepared: &Prepared<Self>) -> Result<u64, StoreError> {
+        Ok(sqlx::query(AssertSqlSafe(prepared.sql.prune.clone()))
+            .bind(text(&store.timer.from))
+            .bind(store.timer.name.as_str())
+            .execute(&store.pool)
+            .await?
+            .rows_affected())
     }
 
     async fn waiting_page(
@@ -599,8 +630,14 @@ pub(crate) struct Sql {
     count: String,
     /// `$1` ids (text[]) → order id, sku, quantity.
     items: Option<String>,
-    /// `$1` from, `$2` grace (interval), `$3` limit.
+    /// `$1` from, `$2` grace (interval), `$3` limit, `$4` after deadline
+    /// (nullable), `$5` after id at that deadline (text, nullable), `$6`
+    /// the timer's name.
     overdue: String,
+    /// `$1` the id (text[] of one), `$2` the timer's name, `$3` reason.
+    set_aside: String,
+    /// `$1` from, `$2` the timer's name.
+    prune: String,
     /// `$1` from, `$2` after id (text, nullable), `$3` limit.
     waiting_page: String,
     /// A watch's scan: `$1` from, `$2` after deadline, `$3` after id at
@@ -662,6 +699,8 @@ impl Sql {
             count: count_statement(&p),
             items: items_base.map(|base| items_statement(timer, base)),
             overdue: overdue_statement(&p),
+            set_aside: set_aside_statement(&p),
+            prune: prune_statement(&p),
             waiting_page: waiting_page_statement(&p),
             due: timer.watch.map(|_| due_statement(&p)),
         }
@@ -806,6 +845,14 @@ fn count_statement(p: &Parts) -> String {
     )
 }
 
+/// A digest of the whole row `o` (every column, as text): what tells a
+/// row set aside from the same row changed since.
+const ROW_DIGEST: &str = "md5(o::text)";
+
+/// The sweeper's page: overdue rows in (deadline, id) order after the
+/// cursor (`$4`, `$5`), leaving out the rows this timer flipped before
+/// (their outbox row) and those set aside unchanged. Both are looked up by
+/// their primary keys, only for the overdue rows.
 fn overdue_statement(p: &Parts) -> String {
     let Parts {
         table,
@@ -813,13 +860,56 @@ fn overdue_statement(p: &Parts) -> String {
         status,
         deadline,
         guard,
+        id_base,
         ..
     } = p;
     let unpaid = p.code(1);
     format!(
-        "SELECT {id}::text FROM {table} \
-          WHERE {status} = {unpaid} AND {deadline} < now() - $2 AND {guard} \
-          ORDER BY {deadline} LIMIT $3"
+        "SELECT o.{id}::text, ({deadline})::timestamptz FROM {table} AS o \
+          WHERE o.{status} = {unpaid} AND {deadline} < now() - $2::interval AND {guard} \
+            AND ($4::timestamptz IS NULL \
+                 OR ({deadline} >= $4::timestamptz \
+                     AND ({deadline} > $4::timestamptz \
+                          OR ($5::text IS NOT NULL AND o.{id} > CAST($5::text AS {id_base}))))) \
+            AND NOT EXISTS (SELECT 1 FROM order_timeout_cancel_outbox AS x \
+                             WHERE x.timer = $6 AND x.order_id = o.{id}::text) \
+            AND NOT EXISTS (SELECT 1 FROM order_timeout_set_aside AS s \
+                             WHERE s.timer = $6 AND s.order_id = o.{id}::text \
+                               AND s.row_digest = {ROW_DIGEST}) \
+          ORDER BY {deadline}, o.{id} LIMIT $3"
+    )
+}
+
+/// Records the row as set aside, with its digest (replacing an older
+/// mark of the same order).
+fn set_aside_statement(p: &Parts) -> String {
+    let Parts { table, id, .. } = p;
+    let matches = p.matches();
+    format!(
+        "INSERT INTO order_timeout_set_aside (timer, order_id, row_digest, reason) \
+         SELECT $2, o.{id}::text, {ROW_DIGEST}, $3 FROM {table} AS o WHERE {matches} \
+         ON CONFLICT (timer, order_id) DO UPDATE \
+            SET row_digest = EXCLUDED.row_digest, reason = EXCLUDED.reason, \
+                set_aside_at = EXCLUDED.set_aside_at"
+    )
+}
+
+/// Forgets the marks whose row is gone or out of the `from` status.
+fn prune_statement(p: &Parts) -> String {
+    let Parts {
+        table,
+        id,
+        status,
+        id_base,
+        ..
+    } = p;
+    let from = p.code(1);
+    format!(
+        "DELETE FROM order_timeout_set_aside AS s \
+          WHERE s.timer = $2 \
+            AND NOT EXISTS (SELECT 1 FROM {table} AS o \
+                             WHERE o.{id} = CAST(s.order_id AS {id_base}) \
+                               AND o.{status} = {from})"
     )
 }
 

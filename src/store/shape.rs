@@ -8,7 +8,7 @@ use std::fmt;
 use chrono::{DateTime, Utc};
 
 use super::ids::IdColumn;
-use super::{Dialect, StoreError};
+use super::{Dialect, Page, RowCursor, StoreError};
 use crate::message::OrderId;
 use crate::settings::{ItemsMapping, Release, StatusValue, Timer, TimerKey, is_identifier};
 
@@ -185,6 +185,8 @@ pub(crate) struct OrdersColumns {
     pub(crate) id_base: String,
     /// The status column's type, as the dialect shows it.
     pub(crate) status_type: String,
+    /// Every column of the table, by name: what a row's digest reads.
+    pub(crate) all: Vec<String>,
 }
 
 /// Checks that the timer's table and column names are plain identifiers.
@@ -240,6 +242,11 @@ pub(crate) fn check_orders_columns(
         id_type: id.shown.clone(),
         id_base: id.base.clone(),
         status_type: status.shown.clone(),
+        all: {
+            let mut all: Vec<String> = columns.keys().cloned().collect();
+            all.sort();
+            all
+        },
     })
 }
 
@@ -314,6 +321,23 @@ pub(crate) fn check_outbox_columns(columns: &Columns, needed: &[&str]) -> Result
 
 /// The service's own outbox table.
 pub(crate) const OUTBOX: &str = "order_timeout_cancel_outbox";
+
+/// The service's table of rows set aside (a flip that failed for good).
+pub(crate) const SET_ASIDE: &str = "order_timeout_set_aside";
+
+/// Checks that the table of rows set aside exists (made by `migrate`).
+pub(crate) fn check_set_aside(columns: &Columns) -> Result<(), StoreError> {
+    if columns.is_empty() {
+        return Err(StoreError::Schema {
+            key: "DATABASE_URL",
+            problem: format!(
+                "the database has no table {SET_ASIDE} (it was made by an older version): \
+                 run `order-timeout migrate` against this database first"
+            ),
+        });
+    }
+    Ok(())
+}
 
 /// What [`super::OrderStore::prepare`] found: one timer's table as the
 /// store uses it, for `schema check` and the start-up log.
@@ -430,10 +454,19 @@ pub(crate) fn order_ids(ids: Vec<String>) -> Vec<OrderId> {
         .collect()
 }
 
-/// A page of `(id, deadline)` rows as order ids; rows whose id is not a
-/// valid order id or whose deadline is NULL are skipped with a warning.
-pub(crate) fn page(rows: Vec<(String, Option<DateTime<Utc>>)>) -> Vec<(OrderId, DateTime<Utc>)> {
-    rows.into_iter()
+/// A page of raw `(id, deadline)` rows, read with a limit of `limit`, as
+/// a [`Page`]: rows whose id is not a valid order id or whose deadline is
+/// NULL are skipped with a warning; the cursor is `cursor` of the last row
+/// read, when the page was full (more may follow).
+pub(crate) fn page<C>(
+    rows: Vec<(String, Option<DateTime<Utc>>)>,
+    limit: u32,
+    cursor: impl FnOnce(&(String, Option<DateTime<Utc>>)) -> Option<C>,
+) -> Page<C> {
+    let full = rows.len() >= limit as usize;
+    let next = rows.last().filter(|_| full).and_then(cursor);
+    let rows = rows
+        .into_iter()
         .filter_map(|(id, deadline)| match (OrderId::parse(&id), deadline) {
             (Ok(order_id), Some(deadline)) => Some((order_id, deadline)),
             (Err(e), _) => {
@@ -445,7 +478,19 @@ pub(crate) fn page(rows: Vec<(String, Option<DateTime<Utc>>)>) -> Vec<(OrderId, 
                 None
             }
         })
-        .collect()
+        .collect();
+    Page { rows, next }
+}
+
+/// A page of a scan in (deadline, id) order: the next one starts after
+/// the last row read.
+pub(crate) fn due_page(rows: Vec<(String, Option<DateTime<Utc>>)>, limit: u32) -> Page<RowCursor> {
+    page(rows, limit, |(id, deadline)| {
+        Some(RowCursor {
+            deadline: (*deadline)?,
+            id: Some(id.clone()),
+        })
+    })
 }
 
 #[cfg(test)]

@@ -12,10 +12,10 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::{StreamExt, stream};
 use sqlx::{Connection, Pool};
 use tokio::sync::OnceCell;
 
@@ -23,8 +23,8 @@ use super::ids::{IdColumn, IdRejected, IdValue};
 use super::shape::{self, Columns, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
-    Dialect, NextAttempt, OrderItem, OrderState, OrderStore, OutboxFailure, PoolSettings,
-    StoreError, WatchCursor, WatchMark,
+    Dialect, NextAttempt, OrderFailure, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
+    PoolSettings, RowCursor, StoreError, WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::{Release, SecretUrl, Timer, TimerKey};
@@ -133,14 +133,33 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         ids: &[&str],
     ) -> impl Future<Output = Result<Vec<ItemRow>, StoreError>> + Send;
 
-    /// Ids of rows in the `from` status overdue by more than `grace`,
-    /// oldest first.
+    /// `(id, deadline)` of rows in the `from` status overdue by more than
+    /// `grace` that the timer may still flip (see
+    /// [`OrderStore::overdue`]), in (deadline, id) order after `after` (a
+    /// deadline and the last id read at it).
     fn overdue(
         store: &SqlStore<Self>,
         prepared: &Prepared<Self>,
         grace: Duration,
+        after: Option<(DateTime<Utc>, Option<&str>)>,
         limit: u32,
-    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
+
+    /// Records the row of `id` (canonical) as set aside with `reason`,
+    /// with its digest; `false`: no such row.
+    fn set_aside(
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+        id: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes the set-aside marks of the timer whose row is no longer in
+    /// the `from` status (or gone).
+    fn prune_set_aside(
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// `(id, deadline)` of rows in the `from` status after `from`, in id
     /// order.
@@ -278,13 +297,6 @@ pub(crate) struct SqlStore<D: SqlDialect> {
     pub(super) pool: Pool<D::Db>,
     pub(super) timer: Timer,
     prepared: OnceCell<Prepared<D>>,
-    /// Taken by cancel transactions that run `also` statements: they
-    /// update the shop's hot rows (stock), and concurrent ones deadlocked
-    /// (`bench --stock also` on MariaDB: p50 lateness 1 s, p99 16 s with
-    /// four at a time, deadlock retries included); one at a time per
-    /// instance (shared by every timer's store), they do not wait on
-    /// each other.
-    pub(super) also_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The statements rendered from the mapping, and what the check found.
@@ -314,22 +326,16 @@ impl<D: SqlDialect> SqlStore<D> {
         timer: &Timer,
     ) -> Result<Self, StoreError> {
         let pool = D::pool(url, pool, &timer.time_zone)?;
-        Ok(Self::on_pool(pool, timer, Arc::default()))
+        Ok(Self::on_pool(pool, timer))
     }
 
     /// The store of `timer` on an existing pool (whose sessions read
-    /// zone-less times in the timer's time zone), taking turns for `also`
-    /// statements with the other stores of `also_turn`.
-    pub(crate) fn on_pool(
-        pool: Pool<D::Db>,
-        timer: &Timer,
-        also_turn: Arc<tokio::sync::Mutex<()>>,
-    ) -> Self {
+    /// zone-less times in the timer's time zone).
+    pub(crate) fn on_pool(pool: Pool<D::Db>, timer: &Timer) -> Self {
         Self {
             pool,
             timer: timer.clone(),
             prepared: OnceCell::new(),
-            also_turn,
         }
     }
 
@@ -374,6 +380,7 @@ impl<D: SqlDialect> SqlStore<D> {
         shape::check_orders_identifiers(t)?;
         let outbox = D::columns(self, shape::OUTBOX).await?;
         shape::check_outbox_columns(&outbox, D::OUTBOX_COLUMNS)?;
+        shape::check_set_aside(&D::columns(self, shape::SET_ASIDE).await?)?;
         let orders = shape::check_orders_columns(t, &D::columns(self, &t.table).await?)?;
         let items = match t.release {
             Release::Grpc => Some(self.check_items().await?),
@@ -480,6 +487,95 @@ impl<D: SqlDialect> SqlStore<D> {
     }
 }
 
+impl<D: SqlDialect> SqlStore<D> {
+    /// The cancel transaction for `ids` in batches (more ids than one
+    /// transaction can carry go in several, one after the other: the
+    /// settings refuse such a batch size, and a MySQL statement over its
+    /// placeholder limit never answers). A batch that fails in a way
+    /// waiting cannot fix (a trigger, a CHECK constraint or a `set` value
+    /// failing for one row), or that waited in vain for a row lock it could
+    /// not skip (MySQL before 8.0.1 / MariaDB 10.6), is run again order by
+    /// order ([`SqlStore::cancel_each`]), so that the failure stays with
+    /// the orders it belongs to and the others are cancelled now. Any other
+    /// failure (the connection) is the batch's.
+    async fn cancel_batch(
+        &self,
+        prepared: &Prepared<D>,
+        ids: &[&str],
+        lease: Duration,
+    ) -> Result<HashMap<String, OrderState>, StoreError> {
+        let mut states = HashMap::with_capacity(ids.len());
+        for chunk in ids.chunks(D::MAX_BATCH_IDS) {
+            let cancel = || D::cancel(self, prepared, chunk, lease);
+            match super::retry_deadlocks(cancel).await {
+                Ok(rows) => states.extend(rows.into_iter().map(|r| {
+                    let state = r.state();
+                    (r.id, state)
+                })),
+                Err(e) if chunk.len() > 1 && (e.is_permanent() || e.is_lock_timeout()) => {
+                    tracing::warn!(orders = chunk.len(), timer = %self.timer.name, error = %e, "the cancel transaction failed for a batch; running it order by order to find the orders the failure belongs to");
+                    states.extend(self.cancel_each(prepared, chunk, lease).await);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(states)
+    }
+
+    /// The cancel transaction for each of `ids` on its own, a few at a
+    /// time. A timer with `also` statements always cancels this way: its
+    /// statements update the shop's rows (stock, coupons), and an order
+    /// whose statement waits for a row the shop holds, or fails for that
+    /// order alone, then delays or fails only itself, never a batch (one
+    /// transaction per batch, run one at a time to keep batches from
+    /// deadlocking on hot stock rows, made one held row stall every
+    /// batch). A lock waited for in vain is [`OrderState::Locked`] (asked
+    /// about again shortly, costing no attempt); any other failure
+    /// [`OrderState::Failed`].
+    async fn cancel_each(
+        &self,
+        prepared: &Prepared<D>,
+        ids: &[&str],
+        lease: Duration,
+    ) -> HashMap<String, OrderState> {
+        // A share of the pool per batch, so that the batches running at
+        // once leave connections for the rest of the service.
+        let at_once = (self.pool.options().get_max_connections() / 4).max(1) as usize;
+        let ids: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
+        stream::iter(ids)
+            .map(|id| self.cancel_one(prepared, id, lease))
+            .buffer_unordered(at_once)
+            .filter_map(std::future::ready)
+            .collect()
+            .await
+    }
+
+    /// The cancel transaction for the order `id` alone (see
+    /// [`SqlStore::cancel_each`]).
+    async fn cancel_one(
+        &self,
+        prepared: &Prepared<D>,
+        id: String,
+        lease: Duration,
+    ) -> Option<(String, OrderState)> {
+        let one = [id.as_str()];
+        let cancel = || D::cancel(self, prepared, &one, lease);
+        let state = match super::retry_deadlocks(cancel).await {
+            Ok(rows) => rows.into_iter().find(|r| r.id == id)?.state(),
+            Err(e) if e.is_lock_timeout() => {
+                tracing::debug!(order_id = %id, error = %e, "the order's cancel transaction waited for a row lock in vain; asking again shortly");
+                let now = Utc::now();
+                OrderState::Locked {
+                    expires_at: now,
+                    db_now: now,
+                }
+            }
+            Err(e) => OrderState::Failed(OrderFailure::new(e)),
+        };
+        Some((id, state))
+    }
+}
+
 impl<D: SqlDialect> Prepared<D> {
     /// `id` (canonical, as the cancel transaction was asked or the table
     /// answered) as a value of the id column's type.
@@ -530,22 +626,18 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         let (asked, impossible): (Vec<&OrderId>, Vec<&OrderId>) = ids
             .iter()
             .partition(|id| prepared.id.canonical(id).as_ref() == Ok(*id));
-        // In id order, so concurrent batches lock rows and run their `also`
-        // statements in the same order (fewer deadlocks).
+        // In id order, so concurrent batches lock rows in the same order
+        // (fewer deadlocks).
         let mut sorted: Vec<&str> = asked.iter().map(|id| id.as_str()).collect();
         sorted.sort_unstable();
-        // More ids than one transaction can carry (the settings refuse such
-        // a batch size; a MySQL statement over its placeholder limit never
-        // answers) go in several, one after the other.
-        let mut rows = Vec::new();
-        for chunk in sorted.chunks(D::MAX_BATCH_IDS) {
-            let cancel = || D::cancel(self, prepared, chunk, lease);
-            rows.extend(super::retry_deadlocks(cancel).await?);
-        }
-        let by_id: HashMap<&str, &StateRow> = rows.iter().map(|r| (r.id.as_str(), r)).collect();
+        let states = if self.timer.also.is_empty() {
+            self.cancel_batch(prepared, &sorted, lease).await?
+        } else {
+            self.cancel_each(prepared, &sorted, lease).await
+        };
         let reported = asked
             .into_iter()
-            .filter_map(|id| Some((id.clone(), by_id.get(id.as_str())?.state())));
+            .filter_map(|id| Some((id.clone(), states.get(id.as_str())?.clone())));
         let unknown = impossible
             .into_iter()
             .map(|id| (id.clone(), OrderState::Unknown));
@@ -592,24 +684,39 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     /// An index range scan when the shop has an index on `(status,
     /// deadline column)` and the deadline is that column.
     #[tracing::instrument(skip(self))]
-    async fn overdue(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError> {
+    async fn overdue(
+        &self,
+        grace: Duration,
+        after: Option<&RowCursor>,
+        limit: u32,
+    ) -> Result<Page<RowCursor>, StoreError> {
         let prepared = self.prepared().await?;
-        Ok(shape::order_ids(
-            D::overdue(self, prepared, grace, limit).await?,
-        ))
+        let after = after.map(|c| (c.deadline, c.id.as_deref()));
+        let rows = D::overdue(self, prepared, grace, after, limit).await?;
+        Ok(shape::due_page(rows, limit))
     }
 
     #[tracing::instrument(skip(self))]
     async fn waiting_page(
         &self,
-        from: Option<&OrderId>,
+        after: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError> {
+    ) -> Result<Page<String>, StoreError> {
         let prepared = self.prepared().await?;
-        let from = from.map(OrderId::as_str);
-        Ok(shape::page(
-            D::waiting_page(self, prepared, from, limit).await?,
-        ))
+        let rows = D::waiting_page(self, prepared, after, limit).await?;
+        Ok(shape::page(rows, limit, |(id, _)| Some(id.clone())))
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn set_aside(&self, id: &OrderId, reason: &str) -> Result<bool, StoreError> {
+        let prepared = self.prepared().await?;
+        D::set_aside(self, prepared, id.as_str(), reason).await
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn prune_set_aside(&self) -> Result<u64, StoreError> {
+        let prepared = self.prepared().await?;
+        D::prune_set_aside(self, prepared).await
     }
 
     #[tracing::instrument(skip(self))]
@@ -685,15 +792,14 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn due_between(
         &self,
-        after: &WatchCursor,
+        after: &RowCursor,
         until: DateTime<Utc>,
         limit: u32,
-    ) -> Result<Vec<(OrderId, DateTime<Utc>)>, StoreError> {
+    ) -> Result<Page<RowCursor>, StoreError> {
         let prepared = self.prepared().await?;
-        let after = (after.deadline, after.id.as_ref().map(OrderId::as_str));
-        Ok(shape::page(
-            D::due_between(self, prepared, after, until, limit).await?,
-        ))
+        let after = (after.deadline, after.id.as_deref());
+        let rows = D::due_between(self, prepared, after, until, limit).await?;
+        Ok(shape::due_page(rows, limit))
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]

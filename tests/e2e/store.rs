@@ -22,6 +22,7 @@ mod bindings;
 mod effects;
 mod id_columns;
 mod locks;
+mod scans;
 mod timers;
 
 const REASON: &str = "payment timeout";
@@ -368,11 +369,20 @@ mod cases {
         f.insert("s-theirs", "CANCELLED", secs(-900)).await;
         let store = f.store();
         let grace = Duration::from_secs(60);
-        let found = store.overdue(grace, 10).await.unwrap();
-        let found: Vec<&str> = found.iter().map(OrderId::as_str).collect();
+        let found = store.overdue(grace, None, 10).await.unwrap();
+        assert_eq!(found.next, None, "a short page is the last");
+        let found: Vec<&str> = found.rows.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(found, ["s-older", "s-old"]);
-        let first = store.overdue(grace, 1).await.unwrap();
-        assert_eq!(first, [id("s-older")]);
+        // Page by page, each after the last row read.
+        let first = store.overdue(grace, None, 1).await.unwrap();
+        assert_eq!(first.rows.len(), 1);
+        assert_eq!(first.rows[0].0, id("s-older"));
+        let next = first.next.expect("a full page has a next one");
+        let second = store.overdue(grace, Some(&next), 1).await.unwrap();
+        assert_eq!(second.rows.len(), 1);
+        assert_eq!(second.rows[0].0, id("s-old"));
+        let last = store.overdue(grace, second.next.as_ref(), 1).await.unwrap();
+        assert!(last.rows.is_empty() && last.next.is_none(), "{last:?}");
     }
 
     pub(super) async fn the_sweeper_finds_stale_outbox_work_without_a_live_lease(f: &impl Fixture) {
@@ -733,6 +743,7 @@ mod cases {
             [
                 "order_timeout_cancel_outbox",
                 "order_timeout_migrations",
+                "order_timeout_set_aside",
                 "order_timeout_watch"
             ]
         );
@@ -771,6 +782,10 @@ macro_rules! store_suite {
             store_suite!(@in id_columns $fixture;
                 ids_are_compared_exactly_in_every_id_column_type,
             );
+            store_suite!(@in scans $fixture;
+                scans_read_past_rows_that_are_no_orders,
+                the_sweepers_scan_leaves_out_reopened_and_set_aside_rows,
+            );
             store_suite!(@in bindings $fixture;
                 parameters_bind_in_every_form_on_every_connection,
                 a_misplaced_or_unbindable_parameter_is_refused_at_the_check,
@@ -778,7 +793,8 @@ macro_rules! store_suite {
             store_suite!(@in locks $fixture;
                 a_held_row_delays_only_its_own_order,
                 a_held_row_that_the_holder_pays_is_never_cancelled,
-                a_lock_the_cancel_cannot_skip_times_out_as_a_transient_error,
+                a_lock_the_cancel_cannot_skip_reports_the_order_held,
+                a_held_row_an_also_statement_writes_delays_only_its_own_order,
                 a_slow_guard_times_out_as_a_transient_error,
             );
             store_suite!(@in effects $fixture;

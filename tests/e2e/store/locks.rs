@@ -181,7 +181,7 @@ pub(super) async fn a_held_row_that_the_holder_pays_is_never_cancelled(f: &impl 
     }
 }
 
-pub(super) async fn a_lock_the_cancel_cannot_skip_times_out_as_a_transient_error(f: &impl Fixture) {
+pub(super) async fn a_lock_the_cancel_cannot_skip_reports_the_order_held(f: &impl Fixture) {
     setup(f, "lt", 0).await;
     f.insert("lt-1", "UNPAID", secs(-1)).await;
     let pool = PoolSettings {
@@ -191,15 +191,16 @@ pub(super) async fn a_lock_the_cancel_cannot_skip_times_out_as_a_transient_error
     let store = store::connect_lazy_with(f.url(), pool, &schema(f)).unwrap();
     store.prepare().await.unwrap();
     // The shop's open transaction holds the log row the `also` statement
-    // would insert: the cancel's insert waits for it.
+    // would insert: the cancel's insert waits for it, `db_lock_timeout`.
     f.in_open_transaction("INSERT INTO also_log (order_id) VALUES ('lt-1')", async {
         let started = Instant::now();
-        let err = store.cancel_due(&[id("lt-1")], LEASE).await.unwrap_err();
+        let state = state_of(store.as_ref(), "lt-1", LEASE).await;
         let took = started.elapsed();
-        assert!(!err.is_permanent(), "transient: {err}");
+        // Held, not failed: asked about again shortly, no attempt spent.
+        assert!(matches!(state, OrderState::Locked { .. }), "{state:?}");
         assert!(
             took >= Duration::from_millis(900) && took < PROMPT,
-            "failed after {took:?}: {err}"
+            "answered after {took:?}"
         );
         // Nothing done: the transaction rolled back.
         assert_eq!(f.row("lt-1").await.0, "UNPAID");
@@ -209,6 +210,90 @@ pub(super) async fn a_lock_the_cancel_cannot_skip_times_out_as_a_transient_error
     // The shop's transaction rolled back: the retry cancels it.
     assert!(cancellation(state_of(store.as_ref(), "lt-1", LEASE).await).just_now);
     assert_eq!(effects(f, "lt-1").await, ("CANCELLED".into(), 1, 1));
+}
+
+/// A row an `also` statement must write that the shop holds delays only
+/// its own order: the other orders of its batch are cancelled, with their
+/// effects, while it waits (committed before the holder lets go), and
+/// another batch run meanwhile is not held up by its wait either. Then
+/// it is reported held, without effects, and cancelled once the holder
+/// lets go.
+pub(super) async fn a_held_row_an_also_statement_writes_delays_only_its_own_order(
+    f: &impl Fixture,
+) {
+    let mut ids = setup(f, "la", OTHERS).await;
+    f.insert("la-held", "UNPAID", secs(-1)).await;
+    f.insert("la-other-batch", "UNPAID", secs(-1)).await;
+    ids.push(id("la-held"));
+    let pool = PoolSettings {
+        lock_timeout: Duration::from_secs(3),
+        ..PoolSettings::new(8)
+    };
+    let store = store::connect_lazy_with(f.url(), pool, &schema(f)).unwrap();
+    store.prepare().await.unwrap();
+    f.in_open_transaction(
+        "INSERT INTO also_log (order_id) VALUES ('la-held')",
+        async {
+            let batch = tokio::spawn({
+                let (store, ids) = (store.clone(), ids.clone());
+                async move { store.cancel_due(&ids, LEASE).await.unwrap() }
+            });
+            // While the held order waits for its lock (3 s): the batch's
+            // other orders are committed with their effects...
+            let started = Instant::now();
+            loop {
+                let mut done = 0;
+                for id in ids.iter().filter(|id| id.as_str() != "la-held") {
+                    done +=
+                        usize::from(effects(f, id.as_str()).await == ("CANCELLED".into(), 1, 1));
+                }
+                if done == OTHERS {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_millis(2_500),
+                    "only {done} of {OTHERS} other orders cancelled while one waited for its lock"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // ...and another batch is not held up by that wait.
+            let other = Instant::now();
+            let state = state_of(store.as_ref(), "la-other-batch", LEASE).await;
+            assert!(
+                matches!(&state, OrderState::Cancelled(c) if c.just_now),
+                "{state:?}"
+            );
+            assert!(
+                other.elapsed() < Duration::from_millis(1_500),
+                "another batch waited {:?} for the held one",
+                other.elapsed()
+            );
+            assert!(
+                !batch.is_finished(),
+                "the held order did not wait for its lock"
+            );
+            let states = batch.await.unwrap();
+            for (id, state) in states {
+                match id.as_str() {
+                    "la-held" => assert!(matches!(state, OrderState::Locked { .. }), "{state:?}"),
+                    _ => assert!(
+                        matches!(&state, OrderState::Cancelled(c) if c.just_now),
+                        "{id}: {state:?}"
+                    ),
+                }
+            }
+            assert_eq!(effects(f, "la-held").await, ("UNPAID".into(), 0, 0));
+        },
+    )
+    .await;
+    assert!(cancellation(state_of(store.as_ref(), "la-held", LEASE).await).just_now);
+    for id in ids.iter().chain([&id("la-other-batch")]) {
+        assert_eq!(
+            effects(f, id.as_str()).await,
+            ("CANCELLED".into(), 1, 1),
+            "{id}: [status, also runs, outbox rows]"
+        );
+    }
 }
 
 pub(super) async fn a_slow_guard_times_out_as_a_transient_error(f: &impl Fixture) {

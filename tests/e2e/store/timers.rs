@@ -353,7 +353,8 @@ pub(super) async fn a_timer_flips_only_due_rows_in_its_from_status(f: &impl Fixt
 
     // What the sweeper would take for this timer: the due shipped rows,
     // oldest first.
-    let overdue = store.overdue(Duration::ZERO, 100).await.unwrap();
+    let overdue = store.overdue(Duration::ZERO, None, 100).await.unwrap();
+    let overdue: Vec<OrderId> = overdue.rows.into_iter().map(|(id, _)| id).collect();
     assert_eq!(overdue, ids(&["m-due-1", "m-due-2"]));
 
     let states = batch(&store, &all).await;

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use order_timeout::settings::Timer;
-use order_timeout::store::{PoolSettings, Store, WatchCursor};
+use order_timeout::store::{PoolSettings, RowCursor, Store};
 use serde::Serialize;
 
 use super::super::BenchError;
@@ -76,7 +76,7 @@ struct Scan {
     rows: u64,
     /// The cursor the middle statement started from (the scan took more
     /// than one).
-    middle: Option<WatchCursor>,
+    middle: Option<RowCursor>,
 }
 
 /// One scan of (`after`, `until`] as a watch tick makes it.
@@ -86,7 +86,7 @@ async fn scan(
     until: DateTime<Utc>,
 ) -> Result<Scan, BenchError> {
     let started = Instant::now();
-    let mut cursor = WatchCursor {
+    let mut cursor = RowCursor {
         deadline: after,
         id: None,
     };
@@ -96,17 +96,9 @@ async fn scan(
         let t = Instant::now();
         let page = store.due_between(&cursor, until, PAGE).await?;
         statements_ms.push(t.elapsed().as_secs_f64() * 1000.0);
-        rows += page.len() as u64;
-        let full = page.len() >= PAGE as usize;
-        if let Some((id, deadline)) = page.into_iter().last() {
-            cursor = WatchCursor {
-                deadline,
-                id: Some(id),
-            };
-        }
-        if !full {
-            break;
-        }
+        rows += page.rows.len() as u64;
+        let Some(next) = page.next else { break };
+        cursor = next;
     }
     let middle = (cursors.len() > 1).then(|| cursors[cursors.len() / 2].clone());
     Ok(Scan {
@@ -257,7 +249,7 @@ async fn measure_window(
     let plan = table::explain(db, w.after, None, w.until, PAGE).await?;
     let middle_plan = match &last.middle {
         Some(c) => {
-            let id = c.id.as_ref().map(|id| id.as_str());
+            let id = c.id.as_deref();
             Some(table::explain(db, c.deadline, id, w.until, PAGE).await?)
         }
         None => None,
@@ -295,13 +287,14 @@ async fn check_statement(
 ) -> Result<bool, BenchError> {
     let ms = chrono::Duration::milliseconds;
     let (after, until) = (f.block_start - ms(1), f.block_start + ms(999));
-    let cursor = WatchCursor {
+    let cursor = RowCursor {
         deadline: after,
         id: None,
     };
     let from_store: Vec<String> = store
         .due_between(&cursor, until, PAGE)
         .await?
+        .rows
         .into_iter()
         .map(|(id, _)| id.as_str().to_owned())
         .collect();
