@@ -15,6 +15,7 @@ mod operations;
 mod outbox;
 mod permanent_failures;
 mod process;
+mod publishers;
 mod secrets;
 mod service;
 mod store;
