@@ -46,7 +46,7 @@ use crate::common::{TestEnv, ready};
 /// The lane the service runs in these tests: every order of a 4 s window.
 const LANE_SECS: u64 = 4;
 /// The payment window of the orders published with `schedule`.
-const WINDOW: Duration = Duration::from_secs(4);
+const WINDOW: Duration = Duration::from_secs(5);
 /// How far the extended order's row deadline moves after its publish.
 const EXTENSION: chrono::Duration = chrono::Duration::seconds(3);
 /// Catch-up sweeps take orders overdue by more than this: the order whose
