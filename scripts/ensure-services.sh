@@ -9,18 +9,23 @@
 #   - with --ops-tools: `promtool` (Debian's `prometheus` package; the alert rules and the
 #     dashboard's queries are checked and unit-tested with it) and headless Chromium
 #     (`chromium`; the console's browser test drives it) -- installed with apt-get when
-#     missing, nothing started.
+#     missing, nothing started;
+#   - with --publishers: what the publishers in clients/ need to run in the tests -- a JDK
+#     and the RabbitMQ Java client, PHP with php-amqplib, Go with amqp091-go, Debian's
+#     python3 with pika (Debian packages, apt-get), Node.js and amqplib (npm ci in
+#     clients/node, from its package-lock.json).
 #
 # When a URL points at this machine (127.0.0.1 / localhost / ::1) and nothing answers, the
 # server is installed from the Debian archive if missing (apt-get) and started without
 # systemd (works in containers and CI). When a URL points elsewhere, the host is only
 # checked, nothing is installed. Idempotent; well under a second when all is up.
 #
-# Usage: scripts/ensure-services.sh [--no-rabbitmqctl] [--mysql] [--ops-tools]
+# Usage: scripts/ensure-services.sh [--no-rabbitmqctl] [--mysql] [--ops-tools] [--publishers]
 #   --no-rabbitmqctl  don't require a working `rabbitmqctl`. The integration tests need it
 #                     (they create and delete a vhost per test); the demo does not.
 #   --mysql           also make sure MariaDB answers at MYSQL_URL (the tests need it).
 #   --ops-tools       also make sure promtool and chromium are installed (the tests need them).
+#   --publishers      also make sure each publisher in clients/ can run (the tests run them).
 set -euo pipefail
 
 # rabbitmq-server / rabbitmqctl live in /usr/sbin, which is not on a normal user's PATH.
@@ -29,17 +34,19 @@ PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 NEED_RABBITMQCTL=1
 NEED_MYSQL=0
 NEED_OPS_TOOLS=0
+NEED_PUBLISHERS=0
 for arg in "$@"; do
     case $arg in
     --no-rabbitmqctl) NEED_RABBITMQCTL=0 ;;
     --mysql) NEED_MYSQL=1 ;;
     --ops-tools) NEED_OPS_TOOLS=1 ;;
+    --publishers) NEED_PUBLISHERS=1 ;;
     -h | --help)
         sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
         exit 0
         ;;
     *)
-        echo "usage: $0 [--no-rabbitmqctl] [--mysql] [--ops-tools]" >&2
+        echo "usage: $0 [--no-rabbitmqctl] [--mysql] [--ops-tools] [--publishers]" >&2
         exit 2
         ;;
     esac
@@ -508,6 +515,47 @@ ensure_ops_tools() {
     log "promtool and chromium present"
 }
 
+# ---------------------------------------------------------------------------------------
+# The publishers in clients/ (tests/e2e/publishers.rs runs each against the broker)
+# ---------------------------------------------------------------------------------------
+# Debian's packages for Java, PHP, Go and Python (no recommends), one apt-get run for
+# whatever is missing; amqplib from npm into clients/node/node_modules, exactly as its
+# package-lock.json says, only when that is not already so. Checks are file tests: well
+# under a second when everything is there.
+ensure_publishers() {
+    local missing=()
+    have javac || missing+=(default-jdk-headless)
+    [[ -f /usr/share/java/amqp-client.jar ]] || missing+=(librabbitmq-client-java)
+    have php || missing+=(php-cli)
+    [[ -f /usr/share/php/PhpAmqpLib/autoload.php ]] || missing+=(php-amqplib)
+    have go || missing+=(golang-go)
+    [[ -d /usr/share/gocode/src/github.com/rabbitmq/amqp091-go ]] ||
+        missing+=(golang-github-rabbitmq-amqp091-go-dev)
+    [[ -d /usr/lib/python3/dist-packages/pika ]] || missing+=(python3-pika)
+    if ! have node || ! have npm; then
+        missing+=(nodejs npm)
+    fi
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        apt_install --no-install-recommends "${missing[@]}"
+    fi
+    local dir
+    dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/../clients/node" && pwd)
+    # npm ci records what it installed in node_modules/.package-lock.json: run it only when
+    # a package there differs from package-lock.json.
+    # shellcheck disable=SC2016 # a JavaScript program, not shell
+    if ! node -e '
+        const read = (f) => { try { return require(f).packages || {}; } catch { return {}; } };
+        const want = read(process.argv[1]), have = read(process.argv[2]);
+        const same = Object.keys(want).filter((k) => k !== "").every(
+            (k) => have[k] && have[k].integrity === want[k].integrity);
+        process.exit(same ? 0 : 1);' "$dir/package-lock.json" "$dir/node_modules/.package-lock.json"; then
+        log "npm ci in clients/node (amqplib)"
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+    fi
+    [[ -f $dir/node_modules/amqplib/package.json ]] || die "amqplib not in clients/node/node_modules after npm ci"
+    log "publishers' toolchains present (java, php, go, python3-pika, node + amqplib)"
+}
+
 ensure_cargo
 ensure_rabbitmq
 case ${DATABASE_URL:-} in
@@ -521,6 +569,9 @@ if [[ $NEED_MYSQL -eq 1 ]]; then
 fi
 if [[ $NEED_OPS_TOOLS -eq 1 ]]; then
     ensure_ops_tools
+fi
+if [[ $NEED_PUBLISHERS -eq 1 ]]; then
+    ensure_publishers
 fi
 if [[ -n $RABBITMQCTL_PID ]]; then
     wait "$RABBITMQCTL_PID" || exit 1

@@ -24,8 +24,10 @@ if [[ -n $avail_kb && $avail_kb -lt 6000000 ]]; then
     echo "warning: only $((avail_kb / 1024)) MiB free on $(df -P . | awk 'NR == 2 { print $6 }'); the build needs a few GiB" >&2
 fi
 
-section "services: scripts/ensure-services.sh --mysql --ops-tools"
-scripts/ensure-services.sh --mysql --ops-tools
+section "services: scripts/ensure-services.sh --mysql --ops-tools --publishers"
+scripts/ensure-services.sh --mysql --ops-tools --publishers
+# Every publisher in clients/ was just made runnable: its test must run, not skip.
+export ORDER_TIMEOUT_REQUIRE_PUBLISHERS=1
 
 section "format: cargo fmt --all -- --check"
 cargo fmt --all -- --check

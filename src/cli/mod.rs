@@ -53,9 +53,10 @@ pub enum Command {
     /// Inspect, replay and purge parked (failed) messages.
     #[command(subcommand)]
     Parked(ParkedCommand),
-    /// Show the timeouts waiting in the delay cascade by due window, the due
-    /// queue and the parked messages by reason (queue depths only; exit 1
-    /// when a queue is missing).
+    /// Show what falls due when (the timeouts waiting within 1 minute, 10
+    /// minutes, 1 hour, 1 day, 7 days, later: bounds, not exact times), the
+    /// delay cascade by level, the due queue and the parked messages by
+    /// reason (queue depths only; exit 1 when a queue is missing).
     Pending(PendingArgs),
     /// Check the broker's queues and exchanges against what the service expects.
     #[command(subcommand)]

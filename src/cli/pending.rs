@@ -77,6 +77,7 @@ fn write_text(
         if report.shards == 1 { "" } else { "s" },
         due(report.latest_due_secs(None)),
     )?;
+    write_due_windows(out, report)?;
     let mut rows = vec![
         std::iter::once("DUE WITHIN".to_owned())
             .chain(std::iter::once("LEVEL".to_owned()))
@@ -114,6 +115,45 @@ fn write_text(
     write_table(out, &rows)?;
     write_lanes(out, report)?;
     write_queues(out, report, reasons, scan_limit)
+}
+
+/// What falls due when: the delay store by due window, with a bar each,
+/// said to be a bound.
+fn write_due_windows(out: &mut impl Write, report: &PendingReport) -> std::io::Result<()> {
+    let windows = report.due_windows();
+    writeln!(
+        out,
+        "\nWhat falls due when, of the {} timeouts in the delay store (cascade and lanes).\n\
+         At the latest: each queue's TTL bounds when its timeouts fall due, not an exact time; some fall due sooner.",
+        report.total_waiting()
+    )?;
+    let most = windows.iter().map(|w| w.messages).max().unwrap_or(0);
+    let mut rows = vec![vec![
+        "DUE WITHIN".to_owned(),
+        "TIMEOUTS".to_owned(),
+        "BY THEN".to_owned(),
+        String::new(),
+    ]];
+    for w in &windows {
+        rows.push(vec![
+            w.label().to_owned(),
+            w.messages.to_string(),
+            w.cumulative.to_string(),
+            bar(w.messages, most),
+        ]);
+    }
+    write_table(out, &rows)?;
+    writeln!(out)
+}
+
+/// `n` of `most` as up to 40 `#`, at least one when `n` is not 0.
+fn bar(n: u64, most: u64) -> String {
+    const WIDTH: u64 = 40;
+    if n == 0 || most == 0 {
+        return String::new();
+    }
+    let len = (n * WIDTH).div_ceil(most).max(1);
+    format!("{:<w$}", "#".repeat(len as usize), w = WIDTH as usize)
 }
 
 /// One line per lane, when lanes are configured.
@@ -220,4 +260,57 @@ fn write_table(out: &mut impl Write, rows: &[Vec<String>]) -> std::io::Result<()
         writeln!(out, "{}", cells.join("  ").trim_end())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::cascade::LEVELS;
+    use crate::ops::pending::{LevelDepth, QueueDepth};
+
+    #[test]
+    fn the_text_shows_what_falls_due_when_and_says_it_is_a_bound() {
+        // 2 in level 8 (due within 512 s), 3 in level 11 (4,096 s).
+        let levels = (0..LEVELS)
+            .map(|level| LevelDepth {
+                shard: 0,
+                level,
+                messages: Some(match level {
+                    8 => 2,
+                    11 => 3,
+                    _ => 0,
+                }),
+            })
+            .collect();
+        let report = PendingReport {
+            measured_at: chrono::Utc::now(),
+            shards: 1,
+            levels,
+            lanes: Vec::new(),
+            due: Some(QueueDepth::default()),
+            parked: Some(QueueDepth::default()),
+        };
+        let mut out = Vec::new();
+        write_text(&mut out, &report, Some(&BTreeMap::new()), 10).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("At the latest"), "{text}");
+        assert!(text.contains("not an exact time"), "{text}");
+        let row = |label: &str| {
+            text.lines()
+                .find(|l| l.starts_with(label))
+                .unwrap_or_else(|| panic!("no {label} row in\n{text}"))
+                .split_whitespace()
+                .filter(|w| !w.chars().all(|c| c.is_alphabetic()))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("1 minute"), ["1", "0", "0"]);
+        assert_eq!(
+            row("10 minutes"),
+            ["10", "2", "2", "###########################"]
+        );
+        assert_eq!(row("1 hour"), ["1", "0", "2"]);
+        assert_eq!(row("1 day"), ["1", "3", "5", &"#".repeat(40)]);
+        assert_eq!(row("later"), ["0", "5"]);
+    }
 }

@@ -8,10 +8,19 @@
 //! It reads the exposition text rather than the metric handles, so every
 //! series there is (a new `result` label, say) shows up without a change
 //! here.
+//!
+//! For the console's pictures of the last hour it also keeps, per minute of
+//! the clock (UTC), what the lateness histogram and the parked counter did
+//! in that minute ([`Minute`]): per timer the p50 and p99 lateness and the
+//! rows flipped, and the messages parked. At most [`HISTORY_MINUTES`]
+//! minutes, the current one included, a few numbers each: bounded, whatever
+//! the traffic.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use chrono::{DateTime, DurationRound as _, TimeDelta, Utc};
 
 use super::metrics::Metrics;
 use crate::shutdown::Shutdown;
@@ -99,10 +108,173 @@ fn parse_labels(mut s: &str) -> Option<(Vec<(String, String)>, &str)> {
     }
 }
 
-/// Samples of the exposition over the last [`KEPT`].
+/// Minutes of history kept for the console's pictures: the last hour, the
+/// current minute included.
+pub const HISTORY_MINUTES: usize = 60;
+
+/// The lateness histogram, summed per timer.
+const LATENESS: &str = "order_timeout_cancel_lateness_seconds_bucket";
+/// Parkings, every reason.
+const PARKED: &str = "order_timeout_parked_total";
+
+/// One timer's figures in one [`Minute`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TimerMinute {
+    /// Median lateness (seconds) of the rows flipped in the minute; `None`
+    /// when none was.
+    pub p50: Option<f64>,
+    /// 99th percentile lateness (seconds); `None` when no row was flipped.
+    pub p99: Option<f64>,
+    /// Rows flipped (orders cancelled, for `cancel_unpaid`), by a message or
+    /// by the sweeper: every observation of the lateness histogram.
+    pub flips: u64,
+}
+
+/// What the instance did in one minute of the clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Minute {
+    /// The minute's start, UTC, whole minutes.
+    pub start: DateTime<Utc>,
+    /// Per timer (the lateness histogram's `timer` label values).
+    pub timers: BTreeMap<String, TimerMinute>,
+    /// Messages parked, every reason.
+    pub parked: u64,
+    /// The current minute, so far.
+    pub partial: bool,
+}
+
+/// The counters [`Minute`]s are differences of: per timer the lateness
+/// histogram's cumulative `(le, count)` buckets, sorted by `le`, and the
+/// parked total.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Totals {
+    lateness: BTreeMap<String, Vec<(f64, f64)>>,
+    parked: f64,
+}
+
+impl Totals {
+    fn of(series: &[Series]) -> Self {
+        let mut totals = Self::default();
+        for s in series {
+            if s.name == PARKED {
+                totals.parked += s.value;
+                continue;
+            }
+            if s.name != LATENESS {
+                continue;
+            }
+            let (Some(timer), Some(le)) = (s.label("timer"), s.label("le")) else {
+                continue;
+            };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                match le.parse() {
+                    Ok(le) => le,
+                    Err(_) => continue,
+                }
+            };
+            let buckets = totals.lateness.entry(timer.to_owned()).or_default();
+            match buckets.iter_mut().find(|(bound, _)| *bound == le) {
+                Some((_, count)) => *count += s.value,
+                None => buckets.push((le, s.value)),
+            }
+        }
+        for buckets in totals.lateness.values_mut() {
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        totals
+    }
+
+    /// What happened from `then` to `self`, as the minute starting at `start`.
+    fn since(&self, then: &Totals, start: DateTime<Utc>, partial: bool) -> Minute {
+        let timers = self
+            .lateness
+            .iter()
+            .filter(|(timer, _)| !timer.is_empty())
+            .map(|(timer, now)| {
+                let before = then.lateness.get(timer);
+                let buckets: Vec<(f64, f64)> = now
+                    .iter()
+                    .map(|&(le, count)| {
+                        let was = before
+                            .and_then(|b| b.iter().find(|(bound, _)| *bound == le))
+                            .map_or(0.0, |(_, c)| *c);
+                        (le, (count - was).max(0.0))
+                    })
+                    .collect();
+                let figures = TimerMinute {
+                    p50: histogram_quantile(0.5, &buckets),
+                    p99: histogram_quantile(0.99, &buckets),
+                    flips: buckets.last().map_or(0, |(_, n)| *n as u64),
+                };
+                (timer.clone(), figures)
+            })
+            .collect();
+        Minute {
+            start,
+            timers,
+            parked: (self.parked - then.parked).max(0.0) as u64,
+            partial,
+        }
+    }
+}
+
+/// The closed minutes and the totals the current one started from.
+#[derive(Debug, Default)]
+struct History {
+    current: Option<(DateTime<Utc>, Totals)>,
+    closed: VecDeque<Minute>,
+}
+
+/// The minute of the clock `at` is in.
+fn minute_of(at: DateTime<Utc>) -> DateTime<Utc> {
+    at.duration_trunc(TimeDelta::minutes(1)).unwrap_or(at)
+}
+
+impl History {
+    /// A sample taken `at`: the first one in a later minute closes the
+    /// current minute with it (what happened up to this sample counts for
+    /// the minute it started in: a few seconds' blur at most).
+    fn observe(&mut self, at: DateTime<Utc>, totals: Totals) {
+        let minute = minute_of(at);
+        match &self.current {
+            Some((start, _)) if minute <= *start => {}
+            Some((start, base)) => {
+                self.closed.push_back(totals.since(base, *start, false));
+                while self.closed.len() >= HISTORY_MINUTES {
+                    self.closed.pop_front();
+                }
+                self.current = Some((minute, totals));
+            }
+            None => self.current = Some((minute, totals)),
+        }
+    }
+
+    /// The minutes of the last hour up to `at`, oldest first: the closed
+    /// ones, then the current one so far (from `totals`, the figures at
+    /// `at`).
+    fn minutes(&self, at: DateTime<Utc>, totals: &Totals) -> Vec<Minute> {
+        let oldest = minute_of(at) - TimeDelta::minutes(HISTORY_MINUTES as i64 - 1);
+        let mut minutes: Vec<Minute> = self
+            .closed
+            .iter()
+            .filter(|m| m.start >= oldest)
+            .cloned()
+            .collect();
+        if let Some((start, base)) = &self.current {
+            minutes.push(totals.since(base, *start, true));
+        }
+        minutes
+    }
+}
+
+/// Samples of the exposition over the last [`KEPT`], and the last hour
+/// per minute.
 #[derive(Debug, Default)]
 pub struct Recent {
     samples: Mutex<VecDeque<(Instant, Vec<Series>)>>,
+    history: Mutex<History>,
 }
 
 impl Recent {
@@ -110,6 +282,9 @@ impl Recent {
     pub fn sample(&self, metrics: &Metrics) {
         let now = Instant::now();
         let series = parse_exposition(&metrics.render());
+        if let Ok(mut history) = self.history.lock() {
+            history.observe(Utc::now(), Totals::of(&series));
+        }
         if let Ok(mut samples) = self.samples.lock() {
             samples.push_back((now, series));
             // Keep one sample older than KEPT, so a full window has a base.
@@ -131,6 +306,17 @@ impl Recent {
                 _ = stop.wait() => return,
             }
         }
+    }
+
+    /// The last hour per minute of the clock, oldest first, the current
+    /// minute (so far, from `metrics` now) last; at most
+    /// [`HISTORY_MINUTES`]. Minutes before the first sample are missing.
+    pub fn minutes(&self, metrics: &Metrics) -> Vec<Minute> {
+        let totals = Totals::of(&parse_exposition(&metrics.render()));
+        self.history
+            .lock()
+            .map(|h| h.minutes(Utc::now(), &totals))
+            .unwrap_or_default()
     }
 
     /// The change from the newest sample at least `over` old (or the
@@ -293,6 +479,74 @@ mod tests {
         let beyond = [(1.0, 0.0), (f64::INFINITY, 5.0)];
         assert_eq!(histogram_quantile(0.99, &beyond), Some(1.0));
         assert_eq!(histogram_quantile(0.5, &[(1.0, 0.0)]), None);
+    }
+
+    fn at(minute: u32, second: u32) -> DateTime<Utc> {
+        use chrono::TimeZone as _;
+        Utc.with_ymd_and_hms(2026, 11, 27, 10, minute, second)
+            .unwrap()
+    }
+
+    #[test]
+    fn the_last_hour_per_minute_of_the_clock() {
+        let metrics = Metrics::for_timers(["cancel_unpaid", "auto_receive"]);
+        let totals = || Totals::of(&parse_exposition(&metrics.render()));
+        let mut history = History::default();
+        history.observe(at(0, 3), totals());
+        // Minute 10:00: four cancellations, 2-4 ms late, and one 3 s late;
+        // one auto_receive flip; two messages parked.
+        for ms in [2, 3, 3, 4] {
+            metrics.lateness("cancel_unpaid", chrono::Duration::milliseconds(ms));
+        }
+        metrics.lateness("cancel_unpaid", chrono::Duration::seconds(3));
+        metrics.lateness("auto_receive", chrono::Duration::milliseconds(20));
+        metrics.parked(crate::message::ParkReason::NotJson);
+        metrics.parked(crate::message::ParkReason::UnknownOrder);
+        history.observe(at(0, 58), totals());
+        // 10:01: the first sample of the next minute closes 10:00.
+        history.observe(at(1, 3), totals());
+        metrics.lateness("cancel_unpaid", chrono::Duration::milliseconds(7));
+        let minutes = history.minutes(at(1, 30), &totals());
+        assert_eq!(minutes.len(), 2);
+        let first = &minutes[0];
+        assert_eq!((first.start, first.partial, first.parked), (at(0, 0), false, 2));
+        let cancel = &first.timers["cancel_unpaid"];
+        assert_eq!(cancel.flips, 5);
+        assert!((0.002..=0.004).contains(&cancel.p50.unwrap()), "{cancel:?}");
+        assert!(cancel.p99.unwrap() > 2.0, "the 3 s one: {cancel:?}");
+        assert_eq!(first.timers["auto_receive"].flips, 1);
+        // The current minute so far.
+        let now = &minutes[1];
+        assert_eq!((now.start, now.partial, now.parked), (at(1, 0), true, 0));
+        assert_eq!(now.timers["cancel_unpaid"].flips, 1);
+        assert_eq!(now.timers["auto_receive"].flips, 0);
+        assert_eq!(now.timers["auto_receive"].p99, None, "nothing flipped");
+    }
+
+    #[test]
+    fn the_history_keeps_one_hour_and_skips_quiet_gaps() {
+        let metrics = Metrics::new();
+        let totals = || Totals::of(&parse_exposition(&metrics.render()));
+        let mut history = History::default();
+        let start = at(0, 0);
+        // Three hours of samples every 5 s: at most 60 minutes, the current
+        // one included, in order, one per minute.
+        for i in 0..(3 * 3600 / 5) {
+            metrics.lateness("cancel_unpaid", chrono::Duration::milliseconds(5));
+            history.observe(start + TimeDelta::seconds(i * 5), totals());
+        }
+        // The last sample's time.
+        let end = start + TimeDelta::seconds(3 * 3600 - 5);
+        let minutes = history.minutes(end, &totals());
+        assert_eq!(minutes.len(), HISTORY_MINUTES);
+        assert!(history.closed.len() < HISTORY_MINUTES);
+        assert!(minutes.windows(2).all(|w| w[1].start - w[0].start == TimeDelta::minutes(1)));
+        assert_eq!(minutes.last().unwrap().start, minute_of(end));
+        assert_eq!(minutes[10].timers["cancel_unpaid"].flips, 12);
+        // An hour later with no sample in between: the old minutes are out
+        // of the window, only the current one is left.
+        let later = end + TimeDelta::hours(1);
+        assert_eq!(history.minutes(later, &totals()).len(), 1);
     }
 
     #[test]

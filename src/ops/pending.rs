@@ -17,6 +17,13 @@
 //! 2^k s. A message in lane W falls due within W s (the lane holds it
 //! W − 2 s, the consumer the rest).
 //!
+//! **What falls due when.** [`PendingReport::due_windows`] sorts every
+//! waiting timeout, cascade and lanes, into [`DUE_WINDOWS`] (within 1
+//! minute, 10 minutes, 1 hour, 1 day, 7 days, later) by that bound: a
+//! timeout counted under "1 hour" falls due within the hour at the latest,
+//! maybe much sooner. It is a bound, not an exact time, and every place that
+//! shows it says so.
+//!
 //! The parked queue's depth is measured the same way. Its breakdown by
 //! reason needs the messages' headers, so only an operator's explicit
 //! request reads it (`pending` does one listing pass when the queue holds
@@ -52,6 +59,58 @@ pub const PARKED_SCAN_LIMIT: u32 = 10_000;
 /// many seconds: 2^(level+1).
 pub fn due_within_secs(level: u32) -> u64 {
     1u64 << (level + 1)
+}
+
+/// The due windows of [`PendingReport::due_windows`]: a name and the
+/// bound in seconds; what is due later than the last is "later".
+pub const DUE_WINDOWS: [(&str, u64); 5] = [
+    ("1m", 60),
+    ("10m", 600),
+    ("1h", 3_600),
+    ("1d", 86_400),
+    ("7d", 604_800),
+];
+
+/// The name of the window after the last of [`DUE_WINDOWS`].
+pub const LATER: &str = "later";
+
+/// The index in [`DUE_WINDOWS`] (or its length: later) of the first window
+/// whose bound is at least `bound_secs`.
+fn due_window_of(bound_secs: u64) -> usize {
+    DUE_WINDOWS
+        .iter()
+        .position(|(_, secs)| bound_secs <= *secs)
+        .unwrap_or(DUE_WINDOWS.len())
+}
+
+/// Timeouts waiting whose due bound falls in one window: what falls due
+/// when, at the latest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DueWindow {
+    /// `1m`, `10m`, `1h`, `1d`, `7d` or `later`.
+    pub window: &'static str,
+    /// Each of them falls due within this many seconds at the latest (an
+    /// upper bound from its queue's TTL, not its time); null for `later`.
+    pub at_most_secs: Option<u64>,
+    /// Timeouts whose bound is in this window (beyond the previous one's).
+    pub messages: u64,
+    /// This window's and every sooner one's: at least this many fall due
+    /// within `at_most_secs` (some counted later may come sooner too).
+    pub cumulative: u64,
+}
+
+impl DueWindow {
+    /// The window in words: `1 minute`, `10 minutes`, …, `later`.
+    pub fn label(&self) -> &'static str {
+        match self.window {
+            "1m" => "1 minute",
+            "10m" => "10 minutes",
+            "1h" => "1 hour",
+            "1d" => "1 day",
+            "7d" => "7 days",
+            _ => "later",
+        }
+    }
 }
 
 /// Errors measuring.
@@ -229,6 +288,36 @@ impl PendingReport {
             .collect()
     }
 
+    /// Every timeout waiting in the delay store, cascade levels and lanes,
+    /// by the window its due bound falls in ([`DUE_WINDOWS`], then later),
+    /// soonest first; all six windows, empty ones too.
+    pub fn due_windows(&self) -> Vec<DueWindow> {
+        let mut counts = [0u64; DUE_WINDOWS.len() + 1];
+        for l in &self.levels {
+            counts[due_window_of(due_within_secs(l.level))] += u64::from(l.messages.unwrap_or(0));
+        }
+        for l in &self.lanes {
+            counts[due_window_of(l.lane.secs())] += u64::from(l.messages.unwrap_or(0));
+        }
+        let mut cumulative = 0;
+        counts
+            .iter()
+            .enumerate()
+            .map(|(i, &messages)| {
+                cumulative += messages;
+                let (window, at_most_secs) = DUE_WINDOWS
+                    .get(i)
+                    .map_or((LATER, None), |&(name, secs)| (name, Some(secs)));
+                DueWindow {
+                    window,
+                    at_most_secs,
+                    messages,
+                    cumulative,
+                }
+            })
+            .collect()
+    }
+
     /// Queues that were expected but do not exist.
     pub fn missing_queues(&self) -> Vec<String> {
         let mut missing: Vec<String> = self
@@ -287,6 +376,7 @@ impl PendingReport {
                 latest_due_secs: self.total_latest_due_secs(),
             },
             shards: (0..self.shards).map(shard).collect(),
+            due_windows: self.due_windows(),
             windows: self.windows(),
             lanes: self.lane_windows(),
             due: self.due.map(|d| QueueJson {
@@ -313,7 +403,10 @@ pub struct PendingJson {
     pub total: ShardTotalJson,
     /// Per cascade shard.
     pub shards: Vec<ShardJson>,
-    /// Per level (due window), every level, soonest first.
+    /// What falls due when: the delay store (cascade and lanes) by due
+    /// window, `1m` … `7d`, `later`; upper bounds, not times.
+    pub due_windows: Vec<DueWindow>,
+    /// Per cascade level, every level, soonest first.
     pub windows: Vec<Window>,
     /// Per lane, shortest first (empty without lanes).
     pub lanes: Vec<LaneWindow>,
@@ -502,6 +595,7 @@ pub async fn poll(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn report(shards: u32, filled: &[(u32, u32, u32)]) -> PendingReport {
         let mut levels = Vec::new();
@@ -599,6 +693,80 @@ mod tests {
         let text = metrics.render();
         let needle = r#"order_timeout_pending_messages{shard="1",level="lane_1800s"} 11"#;
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+
+    #[test]
+    fn due_windows_sort_levels_and_lanes_by_their_bound() {
+        // Level k is due within 2^(k+1) s: levels 0-4 (≤ 32 s) within a
+        // minute, 5-8 (≤ 512 s) 10 minutes, 9-10 (≤ 2,048 s) an hour,
+        // 11-15 (≤ 65,536 s) a day, 16-18 (≤ 524,288 s) 7 days, 19+ later.
+        let mut expected = [0u64; 6];
+        for level in 0..LEVELS {
+            let window = match level {
+                0..=4 => 0,
+                5..=8 => 1,
+                9..=10 => 2,
+                11..=15 => 3,
+                16..=18 => 4,
+                _ => 5,
+            };
+            expected[window] += u64::from(level) + 1;
+        }
+        let filled: Vec<(u32, u32, u32)> = (0..LEVELS).map(|l| (0, l, l + 1)).collect();
+        let windows = report(1, &filled).due_windows();
+        let names: Vec<&str> = windows.iter().map(|w| w.window).collect();
+        assert_eq!(names, ["1m", "10m", "1h", "1d", "7d", "later"]);
+        assert_eq!(
+            windows.iter().map(|w| w.messages).collect::<Vec<_>>(),
+            expected
+        );
+        assert_eq!(windows[5].at_most_secs, None);
+        assert_eq!(windows[2].at_most_secs, Some(3600));
+        assert_eq!(windows[2].label(), "1 hour");
+        let total: u64 = expected.iter().sum();
+        assert_eq!(windows[5].cumulative, total);
+        assert_eq!(windows[1].cumulative, expected[0] + expected[1]);
+        // The boundaries: a bound equal to a window's is in it.
+        for (bound, window) in [
+            (60, 0),
+            (61, 1),
+            (600, 1),
+            (3600, 2),
+            (604_800, 4),
+            (604_801, 5),
+        ] {
+            assert_eq!(due_window_of(bound), window, "{bound} s");
+        }
+    }
+
+    #[test]
+    fn due_windows_count_lanes_by_their_window_and_shards_together() {
+        let mut r = report(2, &[(0, 3, 4), (1, 3, 1), (1, 12, 2)]);
+        r.lanes = [("30m", 0, 10), ("30m", 1, 11), ("60s", 0, 3), ("2h", 0, 5)]
+            .into_iter()
+            .map(|(lane, shard, n)| LaneDepth {
+                lane: Lane::try_from(lane.to_string()).unwrap(),
+                shard,
+                messages: Some(n),
+            })
+            .collect();
+        r.lanes.push(LaneDepth {
+            lane: Lane::try_from("30m".to_string()).unwrap(),
+            shard: 2,
+            messages: None,
+        });
+        let windows = r.due_windows();
+        let counts: Vec<u64> = windows.iter().map(|w| w.messages).collect();
+        // Level 3 (16 s) of both shards and the 60 s lane; the 30 min lane;
+        // level 12 (8,192 s) and the 2 h lane.
+        assert_eq!(counts, [4 + 1 + 3, 0, 21, 2 + 5, 0, 0]);
+        assert_eq!(windows[5].cumulative, r.total_waiting());
+        let json = serde_json::to_value(r.to_json(None)).unwrap();
+        assert_eq!(json["due_windows"][2]["window"], "1h");
+        assert_eq!(json["due_windows"][2]["at_most_secs"], 3600);
+        assert_eq!(json["due_windows"][2]["messages"], 21);
+        assert_eq!(json["due_windows"][2]["cumulative"], 29);
+        assert_eq!(json["due_windows"][5]["at_most_secs"], Value::Null);
     }
 
     #[test]

@@ -208,6 +208,18 @@ impl Browser {
         assert_eq!(filled, Value::Bool(true), "no input matches {selector}");
     }
 
+    /// Runs `source` in every page this browser loads from now on, before
+    /// the page's own content (DevTools' injection, which the page's
+    /// Content-Security-Policy does not stop).
+    pub async fn before_each_page(&mut self, source: &str) {
+        self.call("Page.enable", json!({})).await;
+        self.call(
+            "Page.addScriptToEvaluateOnNewDocument",
+            json!({ "source": source }),
+        )
+        .await;
+    }
+
     /// A PNG of the page as it is, at `width` x `height` CSS pixels.
     pub async fn screenshot(&mut self, width: u32, height: u32) -> Vec<u8> {
         self.call(
@@ -217,6 +229,9 @@ impl Browser {
         .await;
         let shot = self
             .call("Page.captureScreenshot", json!({"format": "png"}))
+            .await;
+        // Back to the window's own size for what follows.
+        self.call("Emulation.clearDeviceMetricsOverride", json!({}))
             .await;
         base64::engine::general_purpose::STANDARD
             .decode(shot["data"].as_str().expect("screenshot data"))

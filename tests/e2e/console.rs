@@ -129,7 +129,7 @@ async fn a_parked_message_is_replayed_from_the_console_and_its_order_cancelled()
     .await;
     browser.goto(&format!("{base}/console/pending")).await;
     assert!(browser.text().await.contains("3 timeouts wait"));
-    screenshots(&mut browser, &base).await;
+    screenshots(&mut browser, &base, &["parked"]).await;
 
     // The order service's row shows up late; replay the message.
     env.create_order("console-1", Duration::from_millis(10), &[(0, 2)])
@@ -152,20 +152,28 @@ async fn a_parked_message_is_replayed_from_the_console_and_its_order_cancelled()
     service.stop().await.unwrap();
 }
 
-/// With `CONSOLE_SCREENSHOTS=DIR`, PNGs of the three pages go to `DIR`
-/// (how the screenshots in docs/ are made).
-async fn screenshots(browser: &mut Browser, base: &str) {
+/// With `CONSOLE_SCREENSHOTS=DIR`, PNGs of `pages` (`overview`, `pending`,
+/// `parked`) go to `DIR` as `console-<page>.png`, each as tall as the page
+/// (how the screenshots in docs/ are made: `CONSOLE_SCREENSHOTS=docs
+/// cargo test --test e2e console::`).
+async fn screenshots(browser: &mut Browser, base: &str, pages: &[&str]) {
     let Ok(dir) = std::env::var("CONSOLE_SCREENSHOTS") else {
         return;
     };
-    for page in ["overview", "pending", "parked"] {
-        let path = if page == "overview" {
+    for page in pages {
+        let path = if *page == "overview" {
             "/console".to_owned()
         } else {
             format!("/console/{page}")
         };
         browser.goto(&format!("{base}{path}")).await;
-        let png = browser.screenshot(1280, 800).await;
+        let height = browser
+            .eval("document.documentElement.scrollHeight")
+            .await
+            .as_u64()
+            .unwrap_or(800)
+            .clamp(800, 3000) as u32;
+        let png = browser.screenshot(1280, height).await;
         std::fs::write(format!("{dir}/console-{page}.png"), png).unwrap();
     }
 }
@@ -329,4 +337,294 @@ async fn purge_asks_then_deletes(
     assert_eq!(status, 303, "{head}");
     assert!(head.contains("deleted=1&kept=0"), "{head}");
     assert_eq!(env.parked_count().await, 0);
+}
+
+/// The Content-Security-Policy every console page has always sent: the
+/// pictures need nothing more.
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Collects the page's Content-Security-Policy violations in
+/// `window.cspViolations`, from before its content loads.
+const CSP_WATCH: &str = "window.cspViolations = []; document.addEventListener('securitypolicyviolation', (e) => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));";
+
+/// What the page's pictures look like in the browser, as JSON: each
+/// `svg.chart` with its role, the texts its `aria-labelledby` names, its
+/// box, and each of its texts' box and font size.
+const CHARTS: &str = r#"JSON.stringify([...document.querySelectorAll('svg.chart')].map((svg) => {
+  const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+  return {
+    id: svg.id,
+    role: svg.getAttribute('role'),
+    labels: (svg.getAttribute('aria-labelledby') || '').split(' ').map((id) => (document.getElementById(id) || {}).textContent || ''),
+    box: box(svg),
+    viewport: window.innerWidth,
+    texts: [...svg.querySelectorAll('text')].map((t) => ({text: t.textContent, size: parseFloat(getComputedStyle(t).fontSize), box: box(t)})),
+    points: svg.querySelectorAll('circle').length,
+    bars: [...svg.querySelectorAll('rect > title')].map((t) => t.textContent),
+  };
+}))"#;
+
+/// One picture as [`CHARTS`] describes it.
+#[derive(Debug, serde::Deserialize)]
+struct Chart {
+    id: String,
+    role: Option<String>,
+    labels: Vec<String>,
+    #[serde(rename = "box")]
+    bounds: Bounds,
+    viewport: f64,
+    texts: Vec<ChartText>,
+    points: usize,
+    bars: Vec<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ChartText {
+    text: String,
+    size: f64,
+    #[serde(rename = "box")]
+    bounds: Bounds,
+}
+
+#[derive(Clone, Copy, Debug, serde::Deserialize)]
+struct Bounds {
+    left: f64,
+    right: f64,
+    top: f64,
+    bottom: f64,
+}
+
+impl Bounds {
+    fn inside(&self, outer: &Bounds) -> bool {
+        self.left >= outer.left - 1.0
+            && self.right <= outer.right + 1.0
+            && self.top >= outer.top - 1.0
+            && self.bottom <= outer.bottom + 1.0
+    }
+
+    fn overlaps(&self, other: &Bounds) -> bool {
+        self.left < other.right - 0.5
+            && other.left < self.right - 0.5
+            && self.top < other.bottom - 0.5
+            && other.top < self.bottom - 0.5
+    }
+}
+
+/// The page's pictures, after checking that each is an image labelled by a
+/// title and a description, shown at its full size within the window, with
+/// every text at least 11 px, inside the picture, and clear of the others;
+/// and that the page broke no rule of its Content-Security-Policy.
+async fn readable_charts(browser: &mut Browser, page: &str) -> Vec<Chart> {
+    let charts: Vec<Chart> =
+        serde_json::from_str(browser.eval(CHARTS).await.as_str().unwrap()).unwrap();
+    for chart in &charts {
+        let what = format!("{page} #{}", chart.id);
+        assert_eq!(chart.role.as_deref(), Some("img"), "{what}");
+        assert_eq!(chart.labels.len(), 2, "{what}: a title and a description");
+        assert!(
+            chart.labels.iter().all(|l| l.len() > 20),
+            "{what}: {:?}",
+            chart.labels
+        );
+        let width = chart.bounds.right - chart.bounds.left;
+        assert!(
+            (700.0..=740.0).contains(&width) && chart.bounds.right <= chart.viewport,
+            "{what}: {width} px wide, right edge {} in a {} px window",
+            chart.bounds.right,
+            chart.viewport
+        );
+        for (i, t) in chart.texts.iter().enumerate() {
+            assert!(t.size >= 11.0, "{what}: {:?} at {} px", t.text, t.size);
+            assert!(
+                t.bounds.inside(&chart.bounds),
+                "{what}: {:?} outside the picture",
+                t.text
+            );
+            for other in &chart.texts[i + 1..] {
+                assert!(
+                    !t.bounds.overlaps(&other.bounds),
+                    "{what}: {:?} and {:?} overlap",
+                    t.text,
+                    other.text
+                );
+            }
+        }
+    }
+    let violations = browser.eval("JSON.stringify(window.cspViolations)").await;
+    assert_eq!(
+        violations.as_str(),
+        Some("[]"),
+        "{page}: Content-Security-Policy violations (or the watch did not run)"
+    );
+    charts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_draws_the_last_hour_and_what_falls_due_when() {
+    use order_timeout::broker::topology::lane_entry_key;
+    use order_timeout::settings::Lane;
+
+    let mut env = TestEnv::new().await;
+    let lane = Lane::try_from("20m".to_string()).unwrap();
+    env.settings.lanes = vec![lane];
+    env.stock_skus(1).await;
+    let service = env.service().await;
+    env.eventually(WAIT, "the service ready", || {
+        crate::common::ready(service.http_addr)
+    })
+    .await;
+    let addr = service.http_addr;
+
+    // Six orders cancelled and two messages parked, this minute.
+    for i in 0..6 {
+        let order = env
+            .create_order(
+                &format!("soon-{i}"),
+                Duration::from_millis(800 + 100 * i),
+                &[(0, 1)],
+            )
+            .await;
+        env.publish_timeout(&order).await;
+    }
+    publish_for_unknown(&env, "picture-1").await;
+    publish_for_unknown(&env, "picture-2").await;
+    env.acked_exactly(&service, Outcome::Cancelled, 6).await;
+    wait_parked(&env, &service, 2).await;
+
+    // Then one timeout waiting in each due window but "1 hour", which gets
+    // two: one through the cascade, one in the 20 min lane.
+    for (id, secs) in [
+        ("minute", 31),
+        ("ten-minutes", 300),
+        ("hour", 1800),
+        ("day", 5 * 3600),
+        ("week", 3 * 86_400),
+        ("later", 30 * 86_400),
+    ] {
+        let order = env
+            .create_order(id, Duration::from_secs(secs), &[(0, 1)])
+            .await;
+        env.publish_timeout(&order).await;
+    }
+    let in_lane = env.create_order("lane", lane.duration(), &[(0, 1)]).await;
+    env.publish_raw_as(
+        &lane_entry_key(lane),
+        format!("{:?}", in_lane.id).as_bytes(),
+    )
+    .await;
+
+    // `pending` says the same, as a bound.
+    let expected = [1u64, 1, 2, 1, 1, 1];
+    env.eventually(WAIT, "seven timeouts by due window", || async {
+        let out = env.cli(&["pending", "--json"]).await;
+        serde_json::from_str::<serde_json::Value>(&out.stdout).is_ok_and(|v| {
+            v["due_windows"].as_array().is_some_and(|w| {
+                w.iter()
+                    .map(|w| w["messages"].as_u64())
+                    .eq(expected.map(Some))
+            })
+        })
+    })
+    .await;
+    let out = env.cli(&["pending", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let windows = json["due_windows"].as_array().unwrap();
+    let names: Vec<&str> = windows
+        .iter()
+        .map(|w| w["window"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["1m", "10m", "1h", "1d", "7d", "later"]);
+    assert_eq!(windows[2]["at_most_secs"], 3600);
+    assert_eq!(windows[2]["cumulative"], 4);
+    assert_eq!(windows[5]["at_most_secs"], serde_json::Value::Null);
+    let text = env.cli(&["pending"]).await;
+    assert!(
+        text.stdout.contains("What falls due when") && text.stdout.contains("At the latest"),
+        "{}",
+        text.stdout
+    );
+
+    // The console shows it once the service has measured it (every 5 s).
+    env.eventually(WAIT, "the pending page's picture", || async {
+        crate::common::http_get(addr, "/console/pending")
+            .await
+            .1
+            .contains("7 timeouts wait: 1 within 1 minute, 1 within 10 minutes, 2 within 1 hour, 1 within 1 day, 1 within 7 days, 1 later.")
+    })
+    .await;
+    let (_, head, _) = request(addr, "GET", "/console/pending", &[], "").await;
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case(&format!("content-security-policy: {CSP}"))),
+        "the CSP is unchanged: {head}"
+    );
+
+    let base = format!("http://{addr}");
+    let mut browser = Browser::launch().await;
+    browser.before_each_page(CSP_WATCH).await;
+
+    browser.goto(&format!("{base}/console/pending")).await;
+    let charts = readable_charts(&mut browser, "pending").await;
+    assert_eq!(charts.len(), 1, "{charts:?}");
+    let due = &charts[0];
+    assert!(due.labels[0].starts_with("What falls due when"), "{due:?}");
+    assert!(due.labels[1].contains("not exact times"), "{due:?}");
+    let labels: Vec<&str> = due.texts.iter().map(|t| t.text.as_str()).collect();
+    for label in [
+        "≤ 1 minute",
+        "≤ 10 minutes",
+        "≤ 1 hour",
+        "≤ 1 day",
+        "≤ 7 days",
+        "later",
+    ] {
+        assert!(labels.contains(&label), "{label} in {labels:?}");
+    }
+    assert_eq!(
+        due.bars,
+        [
+            "1 due within 1 minute",
+            "1 due within 10 minutes",
+            "2 due within 1 hour",
+            "1 due within 1 day",
+            "1 due within 7 days",
+            "1 due later"
+        ]
+    );
+    assert!(browser.text().await.contains("At the latest"));
+
+    browser.goto(&format!("{base}/console")).await;
+    let charts = readable_charts(&mut browser, "overview").await;
+    let ids: Vec<&str> = charts.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["lateness-0", "flips"]);
+    let lateness = &charts[0];
+    assert!(
+        lateness.labels[0].contains("Lateness of cancel_unpaid, p50 and p99 per minute"),
+        "{lateness:?}"
+    );
+    assert!(
+        lateness.labels[1].starts_with("6 rows flipped in the last hour."),
+        "{lateness:?}"
+    );
+    assert!(
+        lateness.points >= 2,
+        "p50 and p99 of this minute: {lateness:?}"
+    );
+    let flips = &charts[1];
+    assert!(
+        flips.labels[1].starts_with("6 cancelled and 2 parked in the last hour"),
+        "{flips:?}"
+    );
+    assert!(
+        flips.bars.iter().any(|b| b.ends_with(" cancelled")),
+        "{flips:?}"
+    );
+    assert!(
+        flips.bars.iter().any(|b| b.ends_with(" parked")),
+        "{flips:?}"
+    );
+
+    screenshots(&mut browser, &base, &["overview", "pending"]).await;
+    drop(browser);
+    service.stop().await.unwrap();
 }

@@ -15,6 +15,7 @@ mod operations;
 mod outbox;
 mod permanent_failures;
 mod process;
+mod publishers;
 mod safety_net;
 mod secrets;
 mod service;

@@ -490,11 +490,40 @@ async fn pending_shows_what_waits_by_due_window() {
     assert_eq!(report["parked"]["messages"], 1);
     assert_eq!(report["parked"]["by_reason"]["not_json"], 1, "{report}");
     assert_eq!(report["missing_queues"], serde_json::json!([]));
+    // What falls due when, by bound: the hour-away ones within a day (their
+    // level's bound, 4,096 s, is past the hour), the 5-minute ones within
+    // 10 minutes.
+    let due: Vec<(String, u64, u64)> = report["due_windows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["window"].as_str().unwrap().to_owned(),
+                w["messages"].as_u64().unwrap(),
+                w["cumulative"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, u64, u64)> = [
+        ("1m", 0, 0),
+        ("10m", 2, 2),
+        ("1h", 0, 2),
+        ("1d", 3, 5),
+        ("7d", 0, 5),
+        ("later", 0, 5),
+    ]
+    .into_iter()
+    .map(|(w, n, c)| (w.to_owned(), n, c))
+    .collect();
+    assert_eq!(due, expected, "{report}");
 
     let text = env.cli(&["pending"]).await;
     assert_success(&text);
     for needle in [
         "5 timeouts wait in the delay cascade (2 shards); all due within 1h 8m 16s",
+        "What falls due when, of the 5 timeouts in the delay store",
+        "At the latest",
         "ALL DUE WITHIN",
         "order-timeout.due: 0 ready, 1 consumer",
         "order-timeout.parked: 1 message (not_json 1)",
@@ -541,6 +570,10 @@ async fn the_service_shows_the_same(env: &TestEnv, service: &RunningService) {
     assert_eq!(status, 200);
     assert!(
         page.contains("5 timeouts wait in the delay cascade"),
+        "{page}"
+    );
+    assert!(
+        page.contains("5 timeouts wait: 0 within 1 minute, 2 within 10 minutes, 0 within 1 hour, 3 within 1 day, 0 within 7 days, 0 later."),
         "{page}"
     );
 }

@@ -69,7 +69,7 @@ th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:to
 th{background:#f6f8fa}.num{text-align:right}.ok{color:#1a7f37}.bad{color:#cf222e;font-weight:bold}\
 .notice{background:#dafbe1;border:1px solid #1a7f37;padding:8px}.error{background:#ffebe9;border:1px solid #cf222e;padding:8px}\
 pre{white-space:pre-wrap;word-break:break-all;margin:0;max-width:60em}summary{cursor:pointer}\
-.muted{color:#57606a}button{margin:2px}";
+.muted{color:#57606a}button{margin:2px}svg.chart{display:block;max-width:100%;height:auto;margin:8px 0}";
 
 /// What a page is.
 pub(super) struct Page<'a> {

@@ -32,6 +32,7 @@ use crate::observe::recent::Recent;
 use crate::settings::{SecretUrl, Settings};
 
 mod auth;
+mod charts;
 mod html;
 mod parked;
 mod views;

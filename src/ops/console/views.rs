@@ -1,5 +1,6 @@
 //! The pages of figures: the overview (rates, lateness, readiness, what
-//! waits) and pending by due window. Both reload every 10 s and read only
+//! waits, and pictures of the last hour) and pending by due window (with a
+//! picture of what falls due when). Both reload every 10 s and read only
 //! what the service already holds: no broker round trip per view.
 
 use std::fmt::Write as _;
@@ -11,10 +12,12 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 
 use super::Console;
+use super::charts;
 use super::html::{Page, esc, millis, rate, secs, time, up};
 use crate::broker::topology::{DUE_QUEUE, PARKED_QUEUE};
-use crate::observe::recent::{Change, Series};
+use crate::observe::recent::{Change, Minute, Series};
 use crate::ops::pending::PendingReport;
+use crate::settings::DEFAULT_TIMER;
 
 const MESSAGES: &str = "order_timeout_messages_total";
 const PARKED: &str = "order_timeout_parked_total";
@@ -51,6 +54,7 @@ pub(super) async fn overview(State(console): State<Arc<Console>>, headers: Heade
         per_minute(&|_| true, PARKED),
         minute.seconds,
     );
+    last_hour(&mut body, &console.recent.minutes(&console.metrics), &five);
     lateness_table(&mut body, &five);
     let _ = write!(
         body,
@@ -70,6 +74,49 @@ pub(super) async fn overview(State(console): State<Arc<Console>>, headers: Heade
         body,
     }
     .ok()
+}
+
+/// The pictures of the last hour: each timer's lateness, then what was
+/// flipped and parked, per minute.
+fn last_hour(body: &mut String, minutes: &[Minute], five: &Change) {
+    // The timers the history knows; before its first sample, the metrics'.
+    let mut timers: Vec<&str> = minutes
+        .iter()
+        .flat_map(|m| m.timers.keys().map(String::as_str))
+        .chain(
+            five.now
+                .iter()
+                .filter(|s| s.name == format!("{LATENESS}_count"))
+                .filter_map(|s| s.label("timer")),
+        )
+        .filter(|t| !t.is_empty())
+        .collect();
+    timers.sort_unstable();
+    timers.dedup();
+    let now = chrono::Utc::now();
+    body.push_str("<h2>Last hour</h2>");
+    for (i, timer) in timers.iter().enumerate() {
+        let _ = write!(body, "<h3>Lateness of {}</h3>", esc(timer));
+        body.push_str(&charts::lateness_chart(
+            &format!("lateness-{i}"),
+            timer,
+            minutes,
+            now,
+        ));
+    }
+    let (flipped, heading) = if timers == [DEFAULT_TIMER] {
+        ("cancelled", "Orders cancelled and messages parked")
+    } else {
+        ("flipped", "Rows flipped (every timer) and messages parked")
+    };
+    let _ = write!(body, "<h3>{heading}</h3>");
+    body.push_str(&charts::flips_chart("flips", flipped, minutes, now));
+    body.push_str(
+        "<p class=\"muted\">Per minute of the clock (UTC), this instance only; the last minute is \
+         the current one so far. Lateness: the time a row was flipped (an order cancelled) minus \
+         its deadline, p50 and p99 of the minute's flips, on a log scale; no point where nothing \
+         was flipped. Hover a point or a bar for its figure.</p>",
+    );
 }
 
 fn lateness_table(body: &mut String, five: &Change) {
@@ -212,6 +259,8 @@ pub(super) async fn pending(State(console): State<Arc<Console>>, headers: Header
             "<p class=\"muted\">Not measured yet: the service measures every 5 s while it is connected to the broker.</p>",
         ),
         Some(report) => {
+            due_windows(&mut body, &report);
+            body.push_str("<h2>By cascade level</h2>");
             windows_table(&mut body, &report);
             let missing = report.missing_queues();
             if !missing.is_empty() {
@@ -235,6 +284,38 @@ pub(super) async fn pending(State(console): State<Arc<Console>>, headers: Header
         body,
     }
     .ok()
+}
+
+/// What falls due when: a picture and a table of the due windows, said
+/// to be bounds.
+fn due_windows(body: &mut String, report: &PendingReport) {
+    let windows = report.due_windows();
+    let _ = write!(
+        body,
+        "<h2>What falls due when</h2><p>{} timeouts wait in the delay store (cascade and lanes). \
+         <b>At the latest:</b> each queue's TTL bounds when its timeouts fall due, not an exact \
+         time; a timeout counted under &ldquo;1 hour&rdquo; falls due within the hour, maybe much sooner.</p>",
+        report.total_waiting()
+    );
+    body.push_str(&charts::due_windows_chart("due-windows", &windows));
+    body.push_str(
+        "<table><tr><th>due within, at the latest</th><th>timeouts</th>\
+         <th>at least this many due by then</th></tr>",
+    );
+    for w in &windows {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            w.label(),
+            w.messages,
+            if w.at_most_secs.is_some() {
+                w.cumulative.to_string()
+            } else {
+                "–".into()
+            }
+        );
+    }
+    body.push_str("</table>");
 }
 
 fn windows_table(body: &mut String, report: &PendingReport) {
