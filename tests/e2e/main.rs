@@ -14,6 +14,7 @@ mod lanes;
 mod operations;
 mod outbox;
 mod permanent_failures;
+mod privileges;
 mod process;
 mod secrets;
 mod service;
