@@ -10,6 +10,7 @@ mod browser;
 mod common;
 mod console;
 mod failures;
+mod kubernetes;
 mod lanes;
 mod operations;
 mod outbox;
