@@ -31,16 +31,22 @@ pub fn with_path(url: &SecretUrl, path: &str) -> Result<SecretUrl, ScratchError>
 }
 
 /// How long one `rabbitmqctl` call may take. A broker that has run out of
-/// file handles makes `add_vhost` hang with its listener still open; a
-/// test should fail with the command's name instead of waiting for ever.
+/// file handles makes `add_vhost` and `delete_vhost` hang with its listener
+/// still open; a test should fail with the command's name instead of
+/// waiting for ever.
 pub const RABBITMQCTL_TIMEOUT_SECS: u32 = 120;
 
-/// Runs `rabbitmqctl -q ARGS` (stopped after [`RABBITMQCTL_TIMEOUT_SECS`]),
-/// returning its standard output.
+/// Runs `rabbitmqctl -q ARGS`, returning its standard output. The command
+/// is asked to give up after [`RABBITMQCTL_TIMEOUT_SECS`] (`--timeout`,
+/// which it honours for the calls it makes to the broker) and is stopped
+/// 30 s later if it has not (coreutils `timeout`: Debian's wrapper switches
+/// user with `su`, so the Erlang process it starts may outlive that kill;
+/// its own timeout is what ends it).
 pub fn rabbitmqctl(args: &[&str]) -> Result<String, ScratchError> {
     let limit = RABBITMQCTL_TIMEOUT_SECS.to_string();
+    let outer = (RABBITMQCTL_TIMEOUT_SECS + 30).to_string();
     let out = Command::new("timeout")
-        .args(["--kill-after=10", &limit, "rabbitmqctl", "-q"])
+        .args(["--kill-after=10", &outer, "rabbitmqctl", "-q", "--timeout", &limit])
         .args(args)
         .output()
         .map_err(|e| {
@@ -50,7 +56,7 @@ pub fn rabbitmqctl(args: &[&str]) -> Result<String, ScratchError> {
         })?;
     if out.status.code() == Some(124) || out.status.code() == Some(137) {
         return Err(ScratchError(format!(
-            "rabbitmqctl {} did not finish within {limit} s",
+            "rabbitmqctl {} did not finish within {outer} s",
             args.join(" ")
         )));
     }
