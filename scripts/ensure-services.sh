@@ -9,7 +9,10 @@
 #   - with --ops-tools: `promtool` (Debian's `prometheus` package; the alert rules and the
 #     dashboard's queries are checked and unit-tested with it) and headless Chromium
 #     (`chromium`; the console's browser test drives it) -- installed with apt-get when
-#     missing, nothing started;
+#     missing, nothing started; and kubernetes-validate (PyPI, a pinned version with the
+#     Kubernetes schemas it bundles; the Kubernetes manifests are validated with it offline)
+#     in a virtualenv at $KUBERNETES_VALIDATE_VENV
+#     (default ~/.cache/order-timeout/kubernetes-validate-<version>);
 #   - with --publishers: what the publishers in clients/ need to run in the tests -- a JDK
 #     and the RabbitMQ Java client, PHP with php-amqplib, Go with amqp091-go, Debian's
 #     python3 with pika (Debian packages, apt-get), Node.js and amqplib (npm ci in
@@ -24,7 +27,8 @@
 #   --no-rabbitmqctl  don't require a working `rabbitmqctl`. The integration tests need it
 #                     (they create and delete a vhost per test); the demo does not.
 #   --mysql           also make sure MariaDB answers at MYSQL_URL (the tests need it).
-#   --ops-tools       also make sure promtool and chromium are installed (the tests need them).
+#   --ops-tools       also make sure promtool, chromium and kubernetes-validate are installed
+#                     (the tests need them).
 #   --publishers      also make sure each publisher in clients/ can run (the tests run them).
 set -euo pipefail
 
@@ -556,6 +560,33 @@ ensure_publishers() {
     log "publishers' toolchains present (java, php, go, python3-pika, node + amqplib)"
 }
 
+# kubernetes-validate (PyPI) in a virtualenv of its own: the Kubernetes manifests'
+# offline validation (tests/e2e/kubernetes.rs). Pinned, with the Kubernetes versions its
+# bundled schemas cover; the test looks for it at the same path.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+KUBERNETES_VALIDATE_VENV=${KUBERNETES_VALIDATE_VENV:-${HOME:-/root}/.cache/order-timeout/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION}
+ensure_kubernetes_validate() {
+    local venv=$KUBERNETES_VALIDATE_VENV
+    if [[ -x $venv/bin/kubernetes-validate ]] &&
+        [[ $("$venv/bin/kubernetes-validate" --version 2>/dev/null) == "$KUBERNETES_VALIDATE_VERSION" ]]; then
+        log "kubernetes-validate $KUBERNETES_VALIDATE_VERSION present ($venv)"
+        return 0
+    fi
+    have python3 || apt_install --no-install-recommends python3
+    # Debian's python3 needs python3-venv (ensurepip) to make a virtualenv.
+    python3 -c 'import ensurepip, venv' 2>/dev/null || apt_install --no-install-recommends python3-venv
+    log "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION into $venv (pip)"
+    # A half-made virtualenv fails the version check above, so it is made again next time.
+    rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+        "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" >&2
+    [[ $("$venv/bin/kubernetes-validate" --version 2>/dev/null) == "$KUBERNETES_VALIDATE_VERSION" ]] ||
+        die "kubernetes-validate $KUBERNETES_VALIDATE_VERSION did not install into $venv"
+    log "kubernetes-validate $KUBERNETES_VALIDATE_VERSION installed"
+}
+
 ensure_cargo
 ensure_rabbitmq
 case ${DATABASE_URL:-} in
@@ -569,6 +600,7 @@ if [[ $NEED_MYSQL -eq 1 ]]; then
 fi
 if [[ $NEED_OPS_TOOLS -eq 1 ]]; then
     ensure_ops_tools
+    ensure_kubernetes_validate
 fi
 if [[ $NEED_PUBLISHERS -eq 1 ]]; then
     ensure_publishers

@@ -15,6 +15,8 @@ use serde::Deserialize;
 #[cfg(test)]
 mod examples;
 mod lanes;
+#[cfg(test)]
+mod reference;
 mod schema;
 mod secret;
 mod timers;
@@ -270,7 +272,7 @@ pub struct Settings {
     /// for the last 0.5–2 seconds before their deadline count against it,
     /// so keep it above (orders/s due) x 2 s: the messages that find no
     /// slot wait in the due queue, late only if that wait outlasts the time
-    /// they have left (README, *Limits*).
+    /// they have left (docs/limits.md).
     pub prefetch: u16,
     /// Most orders cancelled in one database statement.
     pub batch_max: usize,

@@ -21,11 +21,11 @@ use crate::store::{mysql_base, mysql_pool};
 
 /// A fresh MariaDB database with the service's migrations and a schema
 /// shaped like macrozheng/mall's, dropped afterwards.
-struct MallDb {
-    name: String,
-    url: SecretUrl,
+pub(crate) struct MallDb {
+    pub(crate) name: String,
+    pub(crate) url: SecretUrl,
     /// A pool whose sessions use the shop's zone (`+08:00`), as mall's do.
-    pool: MySqlPool,
+    pub(crate) pool: MySqlPool,
 }
 
 impl MallDb {
@@ -34,7 +34,7 @@ impl MallDb {
     }
 
     /// The shop's database as it is before `order-timeout migrate`.
-    async fn unmigrated() -> Self {
+    pub(crate) async fn unmigrated() -> Self {
         Self::create(false).await
     }
 
@@ -91,7 +91,7 @@ impl MallDb {
 
     /// An order created `age` ago (so due `60 min - age` from now) with
     /// `quantity` of SKU `sku` locked, as mall's order service does.
-    async fn order(&self, id: i64, age: Duration, status: i32, deleted: bool, sku: i64) {
+    pub(crate) async fn order(&self, id: i64, age: Duration, status: i32, deleted: bool, sku: i64) {
         sqlx::query(
             "INSERT INTO oms_order (id, order_sn, create_time, status, delete_status) \
              VALUES (?, ?, NOW() - INTERVAL ? SECOND, ?, ?)",
@@ -119,7 +119,7 @@ impl MallDb {
             .unwrap();
     }
 
-    async fn status(&self, id: i64) -> i32 {
+    pub(crate) async fn status(&self, id: i64) -> i32 {
         sqlx::query_scalar("SELECT status FROM oms_order WHERE id = ?")
             .bind(id)
             .fetch_one(&self.pool)
@@ -127,7 +127,7 @@ impl MallDb {
             .unwrap()
     }
 
-    async fn lock_stock(&self) -> BTreeMap<i64, i32> {
+    pub(crate) async fn lock_stock(&self) -> BTreeMap<i64, i32> {
         sqlx::query_as::<_, (i64, i32)>("SELECT id, lock_stock FROM pms_sku_stock")
             .fetch_all(&self.pool)
             .await

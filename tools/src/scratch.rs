@@ -30,10 +30,23 @@ pub fn with_path(url: &SecretUrl, path: &str) -> Result<SecretUrl, ScratchError>
     Ok(SecretUrl::new(u.to_string()))
 }
 
-/// Runs `rabbitmqctl -q ARGS`, returning its standard output.
+/// How long one `rabbitmqctl` call may take. A broker that has run out of
+/// file handles makes `add_vhost` and `delete_vhost` hang with its listener
+/// still open; a test should fail with the command's name instead of
+/// waiting for ever.
+pub const RABBITMQCTL_TIMEOUT_SECS: u32 = 120;
+
+/// Runs `rabbitmqctl -q ARGS`, returning its standard output. The command
+/// is asked to give up after [`RABBITMQCTL_TIMEOUT_SECS`] (`--timeout`,
+/// which it honours for the calls it makes to the broker) and is stopped
+/// 30 s later if it has not (coreutils `timeout`: Debian's wrapper switches
+/// user with `su`, so the Erlang process it starts may outlive that kill;
+/// its own timeout is what ends it).
 pub fn rabbitmqctl(args: &[&str]) -> Result<String, ScratchError> {
-    let out = Command::new("rabbitmqctl")
-        .arg("-q")
+    let limit = RABBITMQCTL_TIMEOUT_SECS.to_string();
+    let outer = (RABBITMQCTL_TIMEOUT_SECS + 30).to_string();
+    let out = Command::new("timeout")
+        .args(["--kill-after=10", &outer, "rabbitmqctl", "-q", "--timeout", &limit])
         .args(args)
         .output()
         .map_err(|e| {
@@ -41,6 +54,12 @@ pub fn rabbitmqctl(args: &[&str]) -> Result<String, ScratchError> {
                 "cannot run rabbitmqctl (needed for a scratch vhost; run as root on the broker's machine): {e}"
             ))
         })?;
+    if out.status.code() == Some(124) || out.status.code() == Some(137) {
+        return Err(ScratchError(format!(
+            "rabbitmqctl {} did not finish within {outer} s",
+            args.join(" ")
+        )));
+    }
     if !out.status.success() {
         return Err(ScratchError(format!(
             "rabbitmqctl {}: {}{}",
@@ -50,6 +69,27 @@ pub fn rabbitmqctl(args: &[&str]) -> Result<String, ScratchError> {
         )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Creates broker user `name` (no tags) with `password`. Name it with
+/// [`owned_name`] so [`sweep_abandoned`] removes it if its run is killed.
+pub fn create_user(name: &str, password: &str) -> Result<(), ScratchError> {
+    rabbitmqctl(&["add_user", name, password]).map(drop)
+}
+
+/// Gives broker user `user` the `configure`, `write` and `read` patterns
+/// on `vhost`, and nothing elsewhere.
+pub fn set_permissions(
+    vhost: &str,
+    user: &str,
+    [configure, write, read]: [&str; 3],
+) -> Result<(), ScratchError> {
+    rabbitmqctl(&["set_permissions", "-p", vhost, user, configure, write, read]).map(drop)
+}
+
+/// Deletes broker user `name`.
+pub fn delete_user(name: &str) -> Result<(), ScratchError> {
+    rabbitmqctl(&["delete_user", name]).map(drop)
 }
 
 /// Creates vhost `name`, gives the user of `amqp_base` (default `guest`)
@@ -183,9 +223,10 @@ pub struct Swept {
     pub failed: Vec<String>,
 }
 
-/// Removes the scratch vhosts of the local broker (through `rabbitmqctl`)
-/// and the scratch databases on the servers of `database_bases` that
-/// processes which have ended left behind (names by [`owned_name`]).
+/// Removes the scratch vhosts and users of the local broker (through
+/// `rabbitmqctl`), and the scratch databases and users (roles) on the
+/// servers of `database_bases`, that processes which have ended left behind
+/// (names by [`owned_name`]).
 ///
 /// Why it matters: a test's vhost holds dozens of quorum queues, each
 /// holding files open, and RabbitMQ budgets its file handles from its
@@ -211,6 +252,18 @@ pub async fn sweep_abandoned(database_bases: &[SecretUrl]) -> Swept {
         }
         Err(e) => swept.failed.push(format!("listing vhosts: {e}")),
     }
+    match rabbitmqctl(&["list_users"]) {
+        Ok(out) => {
+            let users = out.lines().filter_map(|l| l.split_whitespace().next());
+            for user in users.filter(|u| abandoned(u)) {
+                match delete_user(user) {
+                    Ok(()) => swept.removed.push(format!("broker user {user}")),
+                    Err(e) => swept.failed.push(format!("broker user {user}: {e}")),
+                }
+            }
+        }
+        Err(e) => swept.failed.push(format!("listing broker users: {e}")),
+    }
     for base in database_bases {
         match databases(base).await {
             Ok(names) => {
@@ -223,8 +276,81 @@ pub async fn sweep_abandoned(database_bases: &[SecretUrl]) -> Swept {
             }
             Err(e) => swept.failed.push(e.to_string()),
         }
+        // After the databases: a role cannot be dropped while it owns
+        // objects in one.
+        match database_users(base).await {
+            Ok(users) => {
+                for user in users.iter().filter(|u| abandoned(u)) {
+                    match drop_database_user(base, user).await {
+                        Ok(()) => swept.removed.push(format!("database user {user}")),
+                        Err(e) => swept.failed.push(e.to_string()),
+                    }
+                }
+            }
+            Err(e) => swept.failed.push(e.to_string()),
+        }
     }
     swept
+}
+
+/// The users (MySQL/MariaDB) or login roles (PostgreSQL) named `ot_*` on
+/// the server of `database_base`.
+async fn database_users(database_base: &SecretUrl) -> Result<Vec<String>, ScratchError> {
+    let doing = format!("listing database users on {database_base}");
+    let fail = |e: sqlx::Error| ScratchError(format!("{doing}: {e}"));
+    match Admin::connect(database_base, &doing).await? {
+        Admin::MySql(mut conn) => {
+            sqlx::query_scalar(
+                "SELECT DISTINCT CAST(User AS CHAR) FROM mysql.user WHERE User LIKE 'ot\\_%'",
+            )
+            .fetch_all(&mut conn)
+            .await
+        }
+        Admin::Postgres(mut conn) => {
+            sqlx::query_scalar("SELECT rolname::text FROM pg_roles WHERE rolname LIKE 'ot\\_%'")
+                .fetch_all(&mut conn)
+                .await
+        }
+    }
+    .map_err(fail)
+}
+
+/// Drops database user (MySQL/MariaDB, every host) or role (PostgreSQL)
+/// `name` on the server of `database_base`. A PostgreSQL role that still
+/// owns objects or holds grants in a database that exists cannot be
+/// dropped: drop the databases it was used in first.
+pub async fn drop_database_user(database_base: &SecretUrl, name: &str) -> Result<(), ScratchError> {
+    use sqlx::Executor;
+    let doing = format!("dropping database user {name}");
+    let fail = |e: sqlx::Error| ScratchError(format!("{doing}: {e}"));
+    match Admin::connect(database_base, &doing).await? {
+        Admin::MySql(mut conn) => {
+            let hosts: Vec<String> =
+                sqlx::query_scalar("SELECT CAST(Host AS CHAR) FROM mysql.user WHERE User = ?")
+                    .bind(name)
+                    .fetch_all(&mut conn)
+                    .await
+                    .map_err(fail)?;
+            for host in hosts {
+                conn.execute(sqlx::AssertSqlSafe(format!(
+                    "DROP USER IF EXISTS '{}'@'{}'",
+                    name.replace('\'', "''"),
+                    host.replace('\'', "''")
+                )))
+                .await
+                .map_err(fail)?;
+            }
+            Ok(())
+        }
+        Admin::Postgres(mut conn) => conn
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP ROLE IF EXISTS \"{}\"",
+                name.replace('"', "\"\"")
+            )))
+            .await
+            .map(drop)
+            .map_err(fail),
+    }
 }
 
 /// The databases named `ot_*` on the server of `database_base`.

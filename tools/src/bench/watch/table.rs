@@ -16,7 +16,7 @@ use crate::shop::ShopDb;
 /// The table the timers of `bench-watch` flip rows of.
 pub const TABLE: &str = "watched_orders";
 
-/// The index the README ("Timers", `watch`) and the worked configs tell a
+/// The index the docs/timers.md (`watch`) and the worked configs tell a
 /// shop to create for a watched timer: `(status, deadline)`.
 pub const INDEX: &str = "watched_orders_status_expires_at";
 
