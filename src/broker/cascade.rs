@@ -105,7 +105,8 @@ pub const HOLD_SLACK_MS: u64 = 500;
 /// hop saved per cascade message on average.
 pub fn cascade_delay_secs(remaining_ms: u64) -> u64 {
     let longest = (remaining_ms.saturating_sub(HOLD_SLACK_MS) / 1000).max(1);
-    let shortest = (remaining_ms + 1)
+    let shortest = remaining_ms
+        .saturating_add(1)
         .saturating_sub(HOLD_WINDOW_SECS * 1000)
         .div_ceil(1000)
         .clamp(1, longest);

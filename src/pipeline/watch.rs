@@ -213,3 +213,32 @@ async fn schedule_page(
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn publishes_are_timed_by_the_databases_clock_carried_on_monotonically() {
+        // A database whose clock is a day behind this host's.
+        let read = Utc::now() - chrono::Duration::days(1);
+        let clock = DbClock::new(read);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = clock.now();
+        let elapsed = now - read;
+        assert!(
+            elapsed >= chrono::Duration::milliseconds(50) && elapsed < chrono::Duration::seconds(5),
+            "{elapsed}"
+        );
+        assert!(
+            now < Utc::now() - chrono::Duration::hours(23),
+            "the host's clock leaked in"
+        );
+        let far = DbClock::new(DateTime::<Utc>::MAX_UTC);
+        assert_eq!(
+            far.now(),
+            DateTime::<Utc>::MAX_UTC,
+            "saturates, never panics"
+        );
+    }
+}

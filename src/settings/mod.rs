@@ -26,7 +26,10 @@ pub use schema::{
     InventorySettings, ItemsMapping, OrdersMapping, Release, StatusValue, is_identifier,
 };
 pub use secret::{AdminToken, SecretUrl, is_secret_param, redact_url};
-pub use timers::{CANCELLED_EVENT, DEFAULT_TIMER, Timer, TimerKey, TimerMapping, TimerName};
+pub use timers::{
+    CANCELLED_EVENT, DEFAULT_TIMER, MAX_WATCH, Timer, TimerKey, TimerMapping, TimerName,
+};
+pub use validate::MAX_DURATION;
 
 /// Default broker URL: the local RabbitMQ's default vhost.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";

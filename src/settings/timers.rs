@@ -263,6 +263,11 @@ pub enum TimerKey {
     Also,
 }
 
+/// The longest watch window: a day. A replica holds a timer's watch for
+/// two windows, so a longer one would leave a dead replica's watch
+/// unscanned for days, and a day of rows in the delay store at once.
+pub const MAX_WATCH: Duration = Duration::from_secs(24 * 3600);
+
 impl Settings {
     /// Every timer: the default one (`[orders]`, `[items]`, `[inventory]`)
     /// first, then the `[[timers]]` in file order. Valid settings
@@ -315,7 +320,8 @@ impl Settings {
 
     /// The `[[timers]]` checks: names valid, unique and not the default's;
     /// `from` and `to` different; a deadline; `set` not writing the status
-    /// column; events routable; a watch window of at least a second.
+    /// column; events routable; a watch window of a second to a day, with
+    /// the sweeper on.
     pub(super) fn check_timers(&self) -> Result<(), ConfigError> {
         let invalid = |key: &'static str, problem: String| ConfigError::Invalid { key, problem };
         let timers = self.timers()?;
@@ -370,12 +376,42 @@ impl Settings {
                     ),
                 ));
             }
-            if timer.watch.is_some_and(|w| w < Duration::from_secs(1)) {
-                return Err(invalid(
-                    "[[timers]].watch",
-                    format!("timer {name}: a watch window under 1s would query without pause"),
-                ));
-            }
+            self.check_watch(timer)?;
+        }
+        Ok(())
+    }
+
+    /// A watch window of at least a second and at most [`MAX_WATCH`], and
+    /// the sweeper on: the watch leaves it the rows that enter the `from`
+    /// status with a deadline inside a window already scanned, and those
+    /// already overdue when the watch starts.
+    fn check_watch(&self, timer: &Timer) -> Result<(), ConfigError> {
+        let invalid = |problem: String| ConfigError::Invalid {
+            key: "[[timers]].watch",
+            problem: format!("timer {}: {problem}", timer.name),
+        };
+        let Some(window) = timer.watch else {
+            return Ok(());
+        };
+        if window < Duration::from_secs(1) {
+            return Err(invalid(
+                "a watch window under 1s would query without pause".into(),
+            ));
+        }
+        if window > MAX_WATCH {
+            return Err(invalid(format!(
+                "a window of {} is longer than {}: the watch's lease is two windows, so a \
+                 replica that dies would be replaced only that much later",
+                humantime::format_duration(window),
+                humantime::format_duration(MAX_WATCH)
+            )));
+        }
+        if !self.sweeper.enabled {
+            return Err(invalid(
+                "a watch needs the sweeper ([sweeper] enabled = true): rows entering the \
+                 status inside a window already scanned are the sweeper's"
+                    .into(),
+            ));
         }
         Ok(())
     }

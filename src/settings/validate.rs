@@ -138,6 +138,35 @@ impl Settings {
                 return Err(invalid(key, "must be longer than 0s".into()));
             }
         }
+        let every: [(&'static str, Duration); 14] = [
+            ("inventory_timeout", self.inventory_timeout),
+            ("db_lock_timeout", self.db_lock_timeout),
+            ("db_statement_timeout", self.db_statement_timeout),
+            ("outbox_lease", self.outbox_lease),
+            ("shutdown_timeout", self.shutdown_timeout),
+            ("batch_linger", self.batch_linger),
+            ("[retry].base_delay", self.retry.base_delay),
+            ("[retry].max_delay", self.retry.max_delay),
+            ("[sweeper].interval", s.interval),
+            ("[sweeper].grace", s.grace),
+            ("[sweeper].catch_up_window", s.catch_up_window),
+            ("[sweeper].catch_up_interval", s.catch_up_interval),
+            ("[sweeper].catch_up_grace", s.catch_up_grace),
+            ("[sweeper].outbox_retention", s.outbox_retention),
+        ];
+        for (key, value) in every {
+            if value > MAX_DURATION {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "{} is longer than any timeout the databases and the clock can \
+                         carry through (at most {})",
+                        humantime::format_duration(value),
+                        humantime::format_duration(MAX_DURATION)
+                    ),
+                ));
+            }
+        }
         if self.batch_linger > super::MAX_BATCH_LINGER {
             return Err(invalid(
                 "batch_linger",
@@ -161,6 +190,12 @@ impl Settings {
         Ok(())
     }
 }
+
+/// The longest duration any setting may have: 100 years. Every duration
+/// becomes an interval in SQL (`now() + lease`), an instant on the clock
+/// or a timer; far longer ones overflow one of them (a lease of 300
+/// billion years fails every cancel statement).
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 fn invalid(key: &'static str, problem: String) -> ConfigError {
     ConfigError::Invalid { key, problem }
@@ -255,5 +290,215 @@ mod tests {
             toml::from_str("[sweeper]\ncatch_up_window = \"0s\"\ncatch_up_interval = \"0s\"")
                 .unwrap();
         no_catch_up.validate().unwrap();
+    }
+
+    #[test]
+    fn durations_no_clock_or_database_carries_are_refused_with_their_key() {
+        for (toml, key) in [
+            ("outbox_lease = \"300000000000years\"", "outbox_lease"),
+            ("shutdown_timeout = \"101years\"", "shutdown_timeout"),
+            ("[sweeper]\ngrace = \"1000years\"", "[sweeper].grace"),
+            ("[retry]\nmax_delay = \"500years\"", "[retry].max_delay"),
+        ] {
+            let err = refused(toml);
+            assert!(
+                err.contains(key) && err.contains("longer than"),
+                "{toml}: {err}"
+            );
+        }
+        let settings: Settings =
+            toml::from_str("[sweeper]\noutbox_retention = \"99years\"").unwrap();
+        settings.validate().unwrap();
+    }
+
+    mod any_input {
+        //! No config file makes any command panic: whatever the keys'
+        //! values, it is refused with an error, or it is valid and every
+        //! value derived from it (timers, lanes and the delay routes, the
+        //! retry delays, the watch's lease, the pool) is computed without
+        //! overflow.
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A duration as an operator might write one, or anything else.
+        fn duration() -> impl Strategy<Value = String> {
+            let unit = "(ns|us|ms|s|m|min|h|d|day|days|w|week|M|month|y|year|years)";
+            let regex = |r: &str| prop::string::string_regex(r).expect("a valid regex");
+            prop_oneof![
+                8 => regex(&format!("[0-9]{{1,4}}{unit}")),
+                2 => regex(&format!("[0-9]{{5,22}}{unit}")),
+                1 => regex("[0-9]{1,6}(s|m|h) [0-9]{1,6}(s|ms)"),
+                1 => regex(".{0,12}"),
+                // The edges: a day, a century, and what overflows a
+                // doubling, a chrono duration or u64 seconds.
+                3 => prop::sample::select(vec![
+                    "0s".to_owned(),
+                    "1day".to_owned(),
+                    "100years".to_owned(),
+                    "300000000000years".to_owned(),
+                    "584942417355years".to_owned(),
+                    "18446744073709551615s".to_owned(),
+                ]),
+            ]
+        }
+
+        fn count() -> impl Strategy<Value = String> {
+            prop_oneof![
+                (0u64..5).prop_map(|n| n.to_string()),
+                any::<i64>().prop_map(|n| n.to_string()),
+                any::<u64>().prop_map(|n| n.to_string()),
+            ]
+        }
+
+        /// One `key = value` line of a section, or a timer.
+        fn line() -> impl Strategy<Value = (&'static str, String)> {
+            let durations = prop::sample::select(vec![
+                ("", "inventory_timeout"),
+                ("", "db_lock_timeout"),
+                ("", "db_statement_timeout"),
+                ("", "outbox_lease"),
+                ("", "shutdown_timeout"),
+                ("", "batch_linger"),
+                ("retry", "base_delay"),
+                ("retry", "max_delay"),
+                ("sweeper", "interval"),
+                ("sweeper", "grace"),
+                ("sweeper", "catch_up_window"),
+                ("sweeper", "catch_up_interval"),
+                ("sweeper", "catch_up_grace"),
+                ("sweeper", "outbox_retention"),
+            ]);
+            let counts = prop::sample::select(vec![
+                ("", "prefetch"),
+                ("", "batch_max"),
+                ("", "batch_concurrency"),
+                ("", "db_max_connections"),
+                ("", "inventory_concurrency"),
+                ("", "max_body_bytes"),
+                ("", "cascade_shards"),
+                ("", "lane_shards"),
+                ("retry", "max_attempts"),
+                ("retry", "quick_retries"),
+                ("sweeper", "batch"),
+            ]);
+            prop_oneof![
+                (durations, duration())
+                    .prop_map(|((section, key), v)| (section, format!("{key} = {v:?}"))),
+                (counts, count()).prop_map(|((section, key), v)| (section, format!("{key} = {v}"))),
+                prop::collection::vec(duration(), 0..3)
+                    .prop_map(|lanes| ("", format!("lanes = {lanes:?}"))),
+                duration().prop_map(|w| (
+                    "timer",
+                    format!(
+                        "name = \"watched\"\nfrom = 2\nto = 3\ndeadline = \"due\"\nwatch = {w:?}"
+                    )
+                )),
+                any::<bool>().prop_map(|b| ("sweeper", format!("enabled = {b}"))),
+            ]
+        }
+
+        /// A config file of `lines`, each under its section.
+        fn document(lines: &[(&'static str, String)]) -> String {
+            let mut text = String::new();
+            for (section, line) in lines.iter().filter(|(s, _)| s.is_empty()) {
+                let _ = section;
+                text.push_str(line);
+                text.push('\n');
+            }
+            for name in ["retry", "sweeper"] {
+                text.push_str(&format!("[{name}]\n"));
+                for (_, line) in lines.iter().filter(|(s, _)| *s == name) {
+                    text.push_str(line);
+                    text.push('\n');
+                }
+            }
+            for (_, line) in lines.iter().filter(|(s, _)| *s == "timer") {
+                text.push_str("[[timers]]\n");
+                text.push_str(line);
+                text.push('\n');
+            }
+            text
+        }
+
+        /// What a running service derives from valid settings.
+        fn derive(settings: &Settings) {
+            let timers = settings.timers().expect("valid settings have timers");
+            for timer in &timers {
+                if let Some(window) = timer.watch {
+                    let _ = crate::pipeline::watch::lease_for(window);
+                    let _ = chrono::Duration::from_std(window);
+                }
+            }
+            let layout = crate::broker::topology::Layout::of(settings);
+            let _ = crate::broker::topology::queue_specs(&layout);
+            for remaining_ms in [0, 1_500, 60_000, u64::MAX / 2, u64::MAX] {
+                let _ = layout.route(remaining_ms, "202611210001");
+            }
+            let retry = crate::pipeline::retry::RetryPolicy::new(settings.retry.clone());
+            for attempt in [0, 1, 2, 30, settings.retry.max_attempts, u32::MAX] {
+                let _ = retry.next_delay(attempt);
+                let _ = retry.outbox_delay(attempt);
+            }
+            let _ = retry.quick_backoff();
+            let _ = crate::store::PoolSettings::of(settings);
+            let _ = crate::store::check_batch_sizes(settings);
+            for d in [
+                settings.outbox_lease,
+                settings.sweeper.outbox_retention,
+                settings.sweeper.grace,
+            ] {
+                let at = chrono::Utc::now();
+                let _ = chrono::Duration::from_std(d)
+                    .ok()
+                    .and_then(|d| at.checked_add_signed(d));
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+            #[test]
+            fn any_config_is_refused_or_valid_and_never_panics(
+                lines in prop::collection::vec(line(), 0..12)
+            ) {
+                let text = document(&lines);
+                let Ok(settings) = toml::from_str::<Settings>(&text) else {
+                    return Ok(());
+                };
+                if settings.validate().is_ok() {
+                    derive(&settings);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_watch_needs_a_window_of_a_second_to_a_day_and_the_sweeper() {
+        let timer = |watch: &str| {
+            format!(
+                "[[timers]]\nname = \"receive\"\nfrom = 2\nto = 3\ndeadline = \"due\"\nwatch = \"{watch}\"\n"
+            )
+        };
+        for (toml, words) in [
+            (timer("300000000000years"), "longer than 1day"),
+            (timer("2days"), "longer than 1day"),
+            (timer("500ms"), "under 1s"),
+            (
+                format!("{}[sweeper]\nenabled = false\n", timer("1m")),
+                "needs the sweeper",
+            ),
+        ] {
+            let err = refused(&toml);
+            assert!(
+                err.starts_with("config [[timers]].watch: timer receive: ") && err.contains(words),
+                "{toml}: {err}"
+            );
+        }
+        for ok in ["1s", "1m", "24h"] {
+            let settings: Settings = toml::from_str(&timer(ok)).unwrap();
+            settings.validate().unwrap();
+        }
     }
 }

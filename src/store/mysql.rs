@@ -900,6 +900,44 @@ impl SqlDialect for MySql {
         Ok(Vec::new())
     }
 
+    /// Compared in the status column's character set and collation (a
+    /// text column; numbers are compared as numbers).
+    async fn same_code(
+        store: &MySqlStore,
+        _: &OrdersColumns,
+        a: &StatusValue,
+        b: &StatusValue,
+    ) -> Result<bool, StoreError> {
+        let t = &store.timer;
+        let (schema, name) = shape::split_table(&t.table);
+        let collation: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT CAST(CHARACTER_SET_NAME AS CHAR), CAST(COLLATION_NAME AS CHAR) \
+               FROM information_schema.COLUMNS \
+              WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+        )
+        .bind(schema)
+        .bind(name)
+        .bind(&t.status)
+        .fetch_optional(&store.pool)
+        .await?;
+        let Some((Some(charset), Some(collation))) = collation else {
+            return Ok(false);
+        };
+        let plain = |s: &str| s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !plain(&charset) || !plain(&collation) {
+            return Ok(false);
+        }
+        let value = format!("CONVERT(? USING {charset}) COLLATE {collation}");
+        let sql = format!("SELECT {value} = {value}");
+        let same: Option<i64> = sqlx::query_scalar_with(
+            AssertSqlSafe(sql),
+            args([Arg::Text(&a.as_text()), Arg::Text(&b.as_text())])?,
+        )
+        .fetch_one(&store.pool)
+        .await?;
+        Ok(same == Some(1))
+    }
+
     async fn count_waiting(store: &MySqlStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
         let values = args([Arg::Status(&store.timer.from)]);
         let values = values.map_err(|e| sqlx::Error::Encode(Box::new(e)))?;

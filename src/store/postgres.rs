@@ -255,6 +255,23 @@ impl SqlDialect for Postgres {
             .collect())
     }
 
+    /// Compared as values of the status column's type (`citext`, `char(n)`,
+    /// an enum compare as their type does).
+    async fn same_code(
+        store: &PgStore,
+        orders: &OrdersColumns,
+        a: &StatusValue,
+        b: &StatusValue,
+    ) -> Result<bool, StoreError> {
+        let ty = &orders.status_type;
+        let sql = format!("SELECT CAST($1::text AS {ty}) = CAST($2::text AS {ty})");
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(text(a))
+            .bind(text(b))
+            .fetch_one(&store.pool)
+            .await?)
+    }
+
     async fn count_waiting(store: &PgStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
         sqlx::query_as(AssertSqlSafe(sql.count.clone()))
             .bind(text(&store.timer.from))

@@ -27,7 +27,7 @@ use super::{
     PoolSettings, RowCursor, StoreError, WatchMark,
 };
 use crate::message::OrderId;
-use crate::settings::{Release, SecretUrl, Timer, TimerKey};
+use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
 
 /// What one SQL dialect does its own way. Its methods are the dialect's
 /// statements; everything around them is [`SqlStore`]'s.
@@ -97,6 +97,16 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         store: &SqlStore<Self>,
         statement: &str,
     ) -> impl Future<Output = Result<Self::AlsoParams, AlsoCheckError>> + Send;
+
+    /// Whether the status codes `a` and `b` compare equal in the timer's
+    /// status column (its type and collation: letter case and trailing
+    /// spaces may not count).
+    fn same_code(
+        store: &SqlStore<Self>,
+        orders: &OrdersColumns,
+        a: &StatusValue,
+        b: &StatusValue,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Rows in the `from` status passing the guard, and how many of them
     /// are overdue.
@@ -382,6 +392,7 @@ impl<D: SqlDialect> SqlStore<D> {
         shape::check_outbox_columns(&outbox, D::OUTBOX_COLUMNS)?;
         shape::check_set_aside(&D::columns(self, shape::SET_ASIDE).await?)?;
         let orders = shape::check_orders_columns(t, &D::columns(self, &t.table).await?)?;
+        self.check_codes_differ(&orders).await?;
         let items = match t.release {
             Release::Grpc => Some(self.check_items().await?),
             Release::None => None,
@@ -400,6 +411,45 @@ impl<D: SqlDialect> SqlStore<D> {
             also_params,
             report: SchemaReport::new(D::DIALECT, &self.timer, orders, unpaid, unvacuumed),
         })
+    }
+
+    /// The timer's status codes are different codes in the status column
+    /// itself, not only as written: under a case-insensitive collation
+    /// (MySQL's default) or in a `char(n)` column, `unpaid` and `UNPAID`
+    /// are one code, and a flip from one to the other changes nothing.
+    async fn check_codes_differ(&self, orders: &OrdersColumns) -> Result<(), StoreError> {
+        let t = &self.timer;
+        let mut pairs = vec![(TimerKey::To, &t.to, &t.from)];
+        if let Some(paid) = &t.paid {
+            pairs.push((TimerKey::Paid, paid, &t.from));
+            pairs.push((TimerKey::Paid, paid, &t.to));
+        }
+        for (key, a, b) in pairs {
+            if a.as_text() == b.as_text() {
+                continue;
+            }
+            let same = D::same_code(self, orders, a, b).await.map_err(|e| match e {
+                error if !error.is_permanent() => error,
+                error => StoreError::Schema {
+                    key: t.key(key),
+                    problem: format!(
+                        "comparing {a} with {b} in the status column's type {} failed: {error}",
+                        orders.status_type
+                    ),
+                },
+            })?;
+            if same {
+                return Err(StoreError::Schema {
+                    key: t.key(key),
+                    problem: format!(
+                        "{a} and {b} are one code in the status column {:?} ({}: letter case \
+                         or trailing spaces do not count in its comparison)",
+                        t.status, orders.status_type
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The items table's order id column and its type without modifiers.

@@ -789,6 +789,7 @@ macro_rules! store_suite {
             store_suite!(@in bindings $fixture;
                 parameters_bind_in_every_form_on_every_connection,
                 a_misplaced_or_unbindable_parameter_is_refused_at_the_check,
+                codes_one_in_the_status_columns_comparison_are_refused,
             );
             store_suite!(@in locks $fixture;
                 a_held_row_delays_only_its_own_order,

@@ -403,3 +403,54 @@ pub(super) async fn a_misplaced_or_unbindable_parameter_is_refused_at_the_check(
         );
     }
 }
+
+/// Status codes that differ as written but are one code in the status
+/// column's own comparison (MySQL's default collation ignores letter case;
+/// a `char(n)` column ignores trailing spaces) are refused by the check,
+/// naming the key: a flip from one to the other would change nothing.
+pub(super) async fn codes_one_in_the_status_columns_comparison_are_refused(f: &impl Fixture) {
+    use order_timeout::settings::StatusValue::Text;
+    f.exec("CREATE TABLE codes (id VARCHAR(64) NOT NULL PRIMARY KEY, status CHAR(8) NOT NULL, expires_at TIMESTAMP NULL)")
+        .await;
+    let with = |table: &str, unpaid: &str, cancelled: &str| ShopSchema {
+        orders: OrdersMapping {
+            table: table.into(),
+            unpaid: Text(unpaid.into()),
+            cancelled: Text(cancelled.into()),
+            paid: None,
+            set: BTreeMap::new(),
+            ..OrdersMapping::default()
+        },
+        release: Release::None,
+        ..ShopSchema::default()
+    };
+    // Trailing spaces, in a char(8) column: one code on both dialects.
+    let err = f
+        .store_with(&with("codes", "OPEN", "OPEN  "))
+        .prepare()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("config [orders].cancelled: ") && err.contains("one code"),
+        "{err}"
+    );
+    // Letter case, in the reference table's VARCHAR status: one code under
+    // MySQL's default collation, two on PostgreSQL.
+    let case = f
+        .store_with(&with("orders", "UNPAID", "unpaid"))
+        .prepare()
+        .await;
+    match f.dialect() {
+        Dialect::MySql => {
+            let err = case.unwrap_err().to_string();
+            assert!(
+                err.starts_with("config [orders].cancelled: ") && err.contains("one code"),
+                "{err}"
+            );
+        }
+        Dialect::Postgres => {
+            case.unwrap();
+        }
+    }
+}
