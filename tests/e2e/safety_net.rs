@@ -340,3 +340,122 @@ mod mysql {
         super::rows_the_flip_leaves_alone_never_hide_the_rows_behind_them(Dialect::MySql).await;
     }
 }
+
+/// How late the sweeper cancels an unpublished order with the **default**
+/// sweeper settings while a poison row (its flip fails for good) or 600
+/// re-opened rows sit at the head of its timer, on both dialects at once:
+/// 20 orders due 5 s after the service starts (inside the catch-up window,
+/// swept every second) and 20 due 330 s after (past it: every 30 s, 60 s
+/// grace). A measurement, not a timed test: about 7 minutes.
+///
+/// `cargo test --release --test e2e measure_lateness_behind_rows_the_flip_leaves_alone -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement of about 7 minutes (docs/guarantees.md)"]
+async fn measure_lateness_behind_rows_the_flip_leaves_alone() {
+    let runs = [
+        (Dialect::Postgres, "poison"),
+        (Dialect::Postgres, "reopened"),
+        (Dialect::MySql, "poison"),
+        (Dialect::MySql, "reopened"),
+    ];
+    let results = futures_util::future::join_all(runs.map(|(dialect, head)| async move {
+        let lateness = lateness_behind(dialect, head).await;
+        (dialect, head, lateness)
+    }))
+    .await;
+    for (dialect, head, [early, late]) in results {
+        println!(
+            "{dialect:?}, {head} at the head: due in the catch-up window: lateness {early}; due after it: {late}"
+        );
+    }
+}
+
+/// One run of [`measure_lateness_behind_rows_the_flip_leaves_alone`]:
+/// the lateness (p50 / max, seconds) of the orders due in the catch-up
+/// window, and of those due after it.
+async fn lateness_behind(dialect: Dialect, head: &str) -> [String; 2] {
+    let env = TestEnv::new().await;
+    let shop = Shop::new(&env, dialect).await;
+    shop.exec("CREATE TABLE released (order_id VARCHAR(128) NOT NULL PRIMARY KEY)")
+        .await;
+    match head {
+        "poison" => {
+            shop.exec("INSERT INTO released (order_id) VALUES ('m-poison')")
+                .await;
+            shop.unpaid(&["m-poison".to_owned()], 3_600).await;
+        }
+        _ => {
+            let reopened = ids("m-reopened", 600);
+            shop.unpaid(&reopened, 3_600).await;
+            let outbox: Vec<String> = reopened
+                .iter()
+                .map(|id| {
+                    format!(
+                        "('{DEFAULT_TIMER}', '{id}', {at}, {at}, {at})",
+                        at = shop.ago(3_000)
+                    )
+                })
+                .collect();
+            shop.exec(&format!(
+                "INSERT INTO order_timeout_cancel_outbox \
+                        (timer, order_id, created_at, stock_released_at, event_published_at) VALUES {}",
+                outbox.join(", ")
+            ))
+            .await;
+        }
+    }
+    let mut settings = env.settings.clone();
+    settings.database_url = shop.url.clone();
+    settings.orders.also = vec![format!(
+        "INSERT INTO released (order_id) VALUES ({})",
+        shop.mark()
+    )];
+    settings.inventory.release = Release::None;
+    let service = env.service_with(settings).await;
+    shop.unpaid(&ids("m-early", 20), -5).await;
+    shop.unpaid(&ids("m-late", 20), -330).await;
+    env.eventually(
+        Duration::from_secs(480),
+        "every unpublished order cancelled",
+        || async {
+            shop.with_status("m-early", "CANCELLED").await
+                + shop.with_status("m-late", "CANCELLED").await
+                == 40
+        },
+    )
+    .await;
+    service.stop().await.unwrap();
+    let lateness = |prefix: &str| {
+        let sql = match dialect {
+            Dialect::Postgres => format!(
+                "SELECT CAST(EXTRACT(EPOCH FROM cancelled_at - expires_at) * 1000 AS BIGINT) \
+                   FROM orders WHERE id LIKE '{prefix}%' ORDER BY 1"
+            ),
+            Dialect::MySql => format!(
+                "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, expires_at, cancelled_at) / 1000 AS SIGNED) \
+                   FROM orders WHERE id LIKE '{prefix}%' ORDER BY 1"
+            ),
+        };
+        sql
+    };
+    let mut out = [String::new(), String::new()];
+    for (n, prefix) in ["m-early", "m-late"].iter().enumerate() {
+        let ms: Vec<i64> = match &shop.db {
+            ShopDb::Postgres(pool) => sqlx::query_scalar(sqlx::AssertSqlSafe(lateness(prefix)))
+                .fetch_all(pool)
+                .await
+                .unwrap(),
+            ShopDb::MySql(pool) => sqlx::query_scalar(sqlx::AssertSqlSafe(lateness(prefix)))
+                .fetch_all(pool)
+                .await
+                .unwrap(),
+        };
+        assert!(ms.iter().all(|ms| *ms >= 0), "never early: {ms:?}");
+        out[n] = format!(
+            "p50 {:.1} s, max {:.1} s",
+            ms[ms.len() / 2] as f64 / 1000.0,
+            ms[ms.len() - 1] as f64 / 1000.0
+        );
+    }
+    out
+}

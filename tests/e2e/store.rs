@@ -20,6 +20,7 @@ use order_timeout::store::{
 
 mod bindings;
 mod effects;
+mod failures;
 mod id_columns;
 mod locks;
 mod scans;
@@ -781,6 +782,9 @@ macro_rules! store_suite {
             );
             store_suite!(@in id_columns $fixture;
                 ids_are_compared_exactly_in_every_id_column_type,
+            );
+            store_suite!(@in failures $fixture;
+                a_flip_failing_for_one_row_fails_only_that_order,
             );
             store_suite!(@in scans $fixture;
                 scans_read_past_rows_that_are_no_orders,
