@@ -425,18 +425,15 @@ async fn lateness_behind(dialect: Dialect, head: &str) -> [String; 2] {
     )
     .await;
     service.stop().await.unwrap();
-    let lateness = |prefix: &str| {
-        let sql = match dialect {
-            Dialect::Postgres => format!(
-                "SELECT CAST(EXTRACT(EPOCH FROM cancelled_at - expires_at) * 1000 AS BIGINT) \
-                   FROM orders WHERE id LIKE '{prefix}%' ORDER BY 1"
-            ),
-            Dialect::MySql => format!(
-                "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, expires_at, cancelled_at) / 1000 AS SIGNED) \
-                   FROM orders WHERE id LIKE '{prefix}%' ORDER BY 1"
-            ),
-        };
-        sql
+    let lateness = |prefix: &str| match dialect {
+        Dialect::Postgres => format!(
+            "SELECT CAST(EXTRACT(EPOCH FROM cancelled_at - expires_at) * 1000 AS BIGINT) \
+               FROM orders WHERE id LIKE '{prefix}%' ORDER BY 1"
+        ),
+        Dialect::MySql => format!(
+            "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, expires_at, cancelled_at) / 1000 AS SIGNED) \
+               FROM orders WHERE id LIKE '{prefix}%' ORDER BY 1"
+        ),
     };
     let mut out = [String::new(), String::new()];
     for (n, prefix) in ["m-early", "m-late"].iter().enumerate() {
