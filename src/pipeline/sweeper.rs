@@ -164,6 +164,9 @@ fn log_sweep(swept: &Swept, timer: &str, catching_up: bool) {
             "sweep: settled orders no timeout message did (dual-write gap or lost work)"
         ),
     }
+    if swept.set_aside > 0 {
+        tracing::warn!(rows = swept.set_aside, %timer, "sweep: rows whose flip fails for good parked and set aside (skipped until they change)");
+    }
     if swept.left_behind > 0 || swept.more {
         tracing::warn!(rows = swept.left_behind, more_pages = swept.more, %timer, "sweep: overdue rows left for the next sweep");
     }

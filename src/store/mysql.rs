@@ -213,6 +213,22 @@ async fn decimal_type(store: &MySqlStore) -> Result<MySqlTypeInfo, StoreError> {
     Ok(sqlx::Column::type_info(&row.columns()[0]).clone())
 }
 
+/// The `(id, deadline)` rows of a scan (`SELECT CAST(id AS CHAR),
+/// deadline_us …`), deadlines read as UTC microseconds.
+async fn page_rows<'a>(
+    store: &MySqlStore,
+    sql: String,
+    values: impl IntoIterator<Item = Arg<'a>>,
+) -> Result<Vec<PageRow>, StoreError> {
+    let rows: Vec<(String, Option<i64>)> = sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
+        .fetch_all(&store.pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, us)| (id, from_micros(us)))
+        .collect())
+}
+
 /// Runs `sql` with `values` bound, in `tx` or on the pool.
 macro_rules! run {
     ($sql:expr, $values:expr, $on:expr) => {
@@ -1052,14 +1068,7 @@ impl SqlDialect for MySql {
             Arg::Int(i64::from(limit)),
         ];
         let sql = prepared.sql.overdue.clone();
-        let rows: Vec<(String, Option<i64>)> =
-            sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
-                .fetch_all(&store.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, us)| (id, from_micros(us)))
-            .collect())
+        page_rows(store, sql, values).await
     }
 
     async fn set_aside(
@@ -1139,14 +1148,7 @@ impl SqlDialect for MySql {
             Arg::Int(i64::from(limit)),
         ];
         let sql = prepared.sql.waiting_page.clone();
-        let rows: Vec<(String, Option<i64>)> =
-            sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
-                .fetch_all(&store.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, us)| (id, from_micros(us)))
-            .collect())
+        page_rows(store, sql, values).await
     }
 
     /// The timer's row is created at the database's clock the first time;
@@ -1215,14 +1217,7 @@ impl SqlDialect for MySql {
             after_id,
             Arg::Int(i64::from(limit)),
         ];
-        let rows: Vec<(String, Option<i64>)> =
-            sqlx::query_as_with(AssertSqlSafe(sql.clone()), args(values)?)
-                .fetch_all(&store.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, us)| (id, from_micros(us)))
-            .collect())
+        page_rows(store, sql.clone(), values).await
     }
 
     async fn watch_advance(

@@ -101,6 +101,24 @@ impl Shop {
         }
     }
 
+    /// Orders `ids` the default timer flipped earlier and the shop
+    /// re-opened: unpaid, overdue by `secs` seconds, each with a finished
+    /// outbox row.
+    async fn reopened(&self, ids: &[String], secs: i64) {
+        self.unpaid(ids, secs).await;
+        let at = self.ago(secs - 60);
+        let outbox: Vec<String> = ids
+            .iter()
+            .map(|id| format!("('{DEFAULT_TIMER}', '{id}', {at}, {at}, {at})"))
+            .collect();
+        self.exec(&format!(
+            "INSERT INTO order_timeout_cancel_outbox \
+                    (timer, order_id, created_at, stock_released_at, event_published_at) VALUES {}",
+            outbox.join(", ")
+        ))
+        .await;
+    }
+
     /// How many of `prefix`'s orders are in `status`.
     async fn with_status(&self, prefix: &str, status: &str) -> i64 {
         self.count(&format!(
@@ -258,23 +276,7 @@ async fn rows_the_flip_leaves_alone_never_hide_the_rows_behind_them(dialect: Dia
     // 600 orders the timer flipped before and the shop re-opened (an outbox
     // row, unpaid again), and 60 rows that are no orders (a tab in the id),
     // all due before the orders nobody published a message for.
-    let reopened = ids("net-reopened", 600);
-    shop.unpaid(&reopened, 600).await;
-    let outbox: Vec<String> = reopened
-        .iter()
-        .map(|id| {
-            format!(
-                "('{DEFAULT_TIMER}', '{id}', {at}, {at}, {at})",
-                at = shop.ago(500)
-            )
-        })
-        .collect();
-    shop.exec(&format!(
-        "INSERT INTO order_timeout_cancel_outbox \
-                (timer, order_id, created_at, stock_released_at, event_published_at) VALUES {}",
-        outbox.join(", ")
-    ))
-    .await;
+    shop.reopened(&ids("net-reopened", 600), 600).await;
     let tab = match dialect {
         Dialect::Postgres => "E'net-bad\\t",
         Dialect::MySql => "'net-bad\\t",
@@ -385,23 +387,7 @@ async fn lateness_behind(dialect: Dialect, head: &str) -> [String; 2] {
             shop.unpaid(&["m-poison".to_owned()], 3_600).await;
         }
         _ => {
-            let reopened = ids("m-reopened", 600);
-            shop.unpaid(&reopened, 3_600).await;
-            let outbox: Vec<String> = reopened
-                .iter()
-                .map(|id| {
-                    format!(
-                        "('{DEFAULT_TIMER}', '{id}', {at}, {at}, {at})",
-                        at = shop.ago(3_000)
-                    )
-                })
-                .collect();
-            shop.exec(&format!(
-                "INSERT INTO order_timeout_cancel_outbox \
-                        (timer, order_id, created_at, stock_released_at, event_published_at) VALUES {}",
-                outbox.join(", ")
-            ))
-            .await;
+            shop.reopened(&ids("m-reopened", 600), 3_600).await;
         }
     }
     let mut settings = env.settings.clone();

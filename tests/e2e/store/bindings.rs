@@ -50,61 +50,47 @@ fn uuid_id(n: usize, i: usize) -> String {
     format!("5f0e2a4c-9b1d-4e8f-a2c3-{n:04x}{i:08x}")
 }
 
+impl IdType {
+    /// An integer type, whose ids a `wider` integer column holds too.
+    fn int(ty: &'static str, wider: &'static str) -> Self {
+        Self {
+            ty,
+            id: number,
+            wider: Some(wider),
+        }
+    }
+
+    /// Another type, with ids `id`.
+    fn other(ty: &'static str, id: fn(usize, usize) -> String) -> Self {
+        Self {
+            ty,
+            id,
+            wider: None,
+        }
+    }
+}
+
 fn postgres_types() -> Vec<IdType> {
-    let int = |ty, wider| IdType {
-        ty,
-        id: number,
-        wider,
-    };
     vec![
-        int("int2", Some("bigint")),
-        int("int4", Some("bigint")),
-        int("int8", Some("numeric(30,0)")),
-        int("numeric(20,0)", Some("numeric(30,0)")),
-        IdType {
-            ty: "uuid",
-            id: uuid_id,
-            wider: None,
-        },
-        IdType {
-            ty: "text",
-            id: text_id,
-            wider: None,
-        },
-        IdType {
-            ty: "varchar(32)",
-            id: text_id,
-            wider: None,
-        },
+        IdType::int("int2", "bigint"),
+        IdType::int("int4", "bigint"),
+        IdType::int("int8", "numeric(30,0)"),
+        IdType::int("numeric(20,0)", "numeric(30,0)"),
+        IdType::other("uuid", uuid_id),
+        IdType::other("text", text_id),
+        IdType::other("varchar(32)", text_id),
     ]
 }
 
 fn mysql_types() -> Vec<IdType> {
-    let int = |ty, wider| IdType {
-        ty,
-        id: number,
-        wider,
-    };
     vec![
-        int("int", Some("bigint")),
-        int("bigint", Some("decimal(30,0)")),
-        int("bigint unsigned", Some("decimal(30,0)")),
-        int("decimal(20,0)", Some("decimal(30,0)")),
-        IdType {
-            ty: "uuid",
-            id: uuid_id,
-            wider: None,
-        },
-        IdType {
-            ty: "varchar(32)",
-            id: text_id,
-            wider: None,
-        },
-        IdType {
-            ty: "char(16)",
-            id: text_id,
-            wider: None,
-        },
+        IdType::int("int", "bigint"),
+        IdType::int("bigint", "decimal(30,0)"),
+        IdType::int("bigint unsigned", "decimal(30,0)"),
+        IdType::int("decimal(20,0)", "decimal(30,0)"),
+        IdType::other("uuid", uuid_id),
+        IdType::other("varchar(32)", text_id),
+        IdType::other("char(16)", text_id),
     ]
 }
 
