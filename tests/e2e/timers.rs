@@ -193,14 +193,15 @@ impl ShopDb {
 
     /// The config file of this shop: the default timer and two more;
     /// `coupon_watch` is the coupon timer's `watch` ("" = off). The
-    /// sweeper is off, so that only messages, backfills and watches flip
-    /// rows.
+    /// sweeper sweeps once an hour, after the test (a watch needs it on),
+    /// so that only messages, backfills and watches flip rows.
     fn config(&self, coupon_watch: &str) -> String {
         let (now, p) = (self.now(), self.param());
         format!(
             r#"
             [sweeper]
-            enabled = false
+            interval = "1h"
+            catch_up_window = "0s"
 
             [orders]
             table = "shop_order"
