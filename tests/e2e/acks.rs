@@ -134,7 +134,7 @@ async fn back_in_queue(env: &TestEnv, expected: usize) -> Vec<u32> {
     left
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multiple_ack_never_settles_a_delivery_still_being_worked_on() {
     let env = TestEnv::new().await;
     queue_with(&env, 12).await;
@@ -170,7 +170,9 @@ async fn a_multiple_ack_never_settles_a_delivery_still_being_worked_on() {
     conn.close(200, "done".into()).await.unwrap();
 }
 
-#[tokio::test]
+/// On a runtime of several worker threads: the 8 acking tasks run in
+/// parallel, not only interleaved at their awaits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_acks_settle_exactly_the_finished_deliveries() {
     let env = TestEnv::new().await;
     let n = 600;
@@ -190,12 +192,18 @@ async fn concurrent_acks_settle_exactly_the_finished_deliveries() {
     let mut finished: Vec<u32> = (0..n)
         .filter(|b| !held.contains(b) && !requeued.contains(b))
         .collect();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
+    // ACKS_SEED=… replays a failing order.
+    let seed = std::env::var("ACKS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
         | 1;
-    eprintln!("shuffle seed {seed}");
+    eprintln!("shuffle seed {seed} (ACKS_SEED={seed} replays it)");
     let mut random = xorshift(seed);
     for i in (1..finished.len()).rev() {
         finished.swap(i, (random() % (i as u64 + 1)) as usize);

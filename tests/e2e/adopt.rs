@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::{
     InventorySettings, ItemsMapping, OrdersMapping, Release, SecretUrl, Settings, StatusValue,
 };
@@ -144,6 +145,13 @@ impl Drop for MallDb {
 }
 
 /// A header of a parked message, as text.
+/// Messages the service settled for good (each counted once, whatever its
+/// way: not the re-schedules, retries and holds on the way).
+fn settled(service: &order_timeout::app::RunningService) -> u64 {
+    let m = &service.metrics;
+    m.total() - m.count(Outcome::Rescheduled) - m.count(Outcome::Retried) - m.count(Outcome::Locked)
+}
+
 fn header(m: &lapin::message::BasicGetMessage, name: &str) -> Option<String> {
     order_timeout::broker::headers::header_str(m.properties.headers().as_ref()?.inner().get(name))
 }
@@ -230,15 +238,23 @@ async fn a_mall_shop_on_mariadb_adopts_by_config_alone() {
         },
     )
     .await;
-    let got = TestEnv::read_events(&mut events, 12, Duration::from_secs(10)).await;
+    // Every message settled (each of the 38 counted once, with its
+    // outcome): every event it will publish is published by then (an event
+    // is confirmed before its message is acked).
+    env.eventually(Duration::from_secs(20), "every message settled", || async {
+        settled(&service) >= 38
+    })
+    .await;
+    assert_eq!(settled(&service), 38);
+    // All of them: a duplicate event would be among them.
+    let got = TestEnv::read_events(&mut events, 13, Duration::from_secs(3)).await;
     let ids: HashSet<String> = got.iter().map(|e| e.order_id.clone()).collect();
     assert_eq!(ids.len(), 12, "one event per closed order: {got:?}");
+    assert_eq!(got.len(), 12, "and no event twice: {got:?}");
     assert!(
         got.iter().all(|e| e.lateness_ms >= 0),
         "never early: {got:?}"
     );
-    // Duplicates settle as well; then nothing is left to happen.
-    tokio::time::sleep(Duration::from_secs(3)).await;
     for id in (200..203).chain(300..303) {
         let status = db.status(id).await;
         assert!(status == 1 || status == 0, "order {id} untouched: {status}");
@@ -325,12 +341,14 @@ async fn schema_check_names_the_key_that_does_not_fit() {
         .unwrap();
     };
     let check = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
-            .args(["--config", config.to_str().unwrap(), "schema", "check"])
-            .env("DATABASE_URL", db.url.expose())
-            .env("RUST_LOG", "off")
-            .output()
-            .unwrap()
+        crate::bounds::output_within(
+            std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+                .args(["--config", config.to_str().unwrap(), "schema", "check"])
+                .env("DATABASE_URL", db.url.expose())
+                .env("RUST_LOG", "off"),
+            Duration::from_secs(60),
+            "order-timeout schema check",
+        )
     };
     write(r#"guard = "delete_status = 0""#);
     let out = check();
@@ -361,12 +379,14 @@ async fn schema_check_names_the_key_that_does_not_fit() {
     // A database nobody migrated: what to run, not a page of SQL.
     let fresh = MallDb::unmigrated().await;
     write(r#"guard = "delete_status = 0""#);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
-        .args(["--config", config.to_str().unwrap(), "schema", "check"])
-        .env("DATABASE_URL", fresh.url.expose())
-        .env("RUST_LOG", "off")
-        .output()
-        .unwrap();
+    let out = crate::bounds::output_within(
+        std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+            .args(["--config", config.to_str().unwrap(), "schema", "check"])
+            .env("DATABASE_URL", fresh.url.expose())
+            .env("RUST_LOG", "off"),
+        Duration::from_secs(60),
+        "order-timeout schema check on an unmigrated database",
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("run `order-timeout migrate`"), "{stderr}");
@@ -551,19 +571,21 @@ async fn backfill_schedules_the_unpaid_orders_already_in_the_table() {
     )
     .unwrap();
     let backfill = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
-            .args([
-                "--config",
-                config.to_str().unwrap(),
-                "backfill",
-                "--batch",
-                "3",
-            ])
-            .env("AMQP_URL", env.settings.amqp_url.expose())
-            .env("DATABASE_URL", db.url.expose())
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap()
+        crate::bounds::output_within(
+            std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+                .args([
+                    "--config",
+                    config.to_str().unwrap(),
+                    "backfill",
+                    "--batch",
+                    "3",
+                ])
+                .env("AMQP_URL", env.settings.amqp_url.expose())
+                .env("DATABASE_URL", db.url.expose())
+                .env("RUST_LOG", "warn"),
+            Duration::from_secs(120),
+            "order-timeout backfill",
+        )
     };
     let out = backfill();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -667,5 +689,14 @@ async fn an_id_out_of_the_columns_range_is_parked_with_the_reason_and_fails_noth
         error.contains("3000000000 is out of range for integer"),
         "{error}"
     );
+    // Without a retry: every message settled on its first delivery.
+    env.eventually(Duration::from_secs(10), "101 messages settled", || async {
+        settled(&service) >= 101
+    })
+    .await;
+    assert_eq!(service.metrics.count(Outcome::Cancelled), 100);
+    assert_eq!(service.metrics.count(Outcome::Parked), 1);
+    assert_eq!(service.metrics.count(Outcome::Retried), 0, "no retry");
+    assert_eq!(settled(&service), 101);
     service.stop().await.unwrap();
 }

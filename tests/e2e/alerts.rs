@@ -22,11 +22,13 @@ fn deploy(file: &str) -> PathBuf {
 /// succeeds.
 fn promtool(args: &[&str]) -> String {
     let binary = std::env::var("PROMTOOL").unwrap_or_else(|_| "promtool".into());
-    let out = Command::new(&binary).args(args).output().unwrap_or_else(|e| {
-        panic!(
-            "cannot run {binary} ({e}): run scripts/ensure-services.sh --ops-tools (installs Debian's prometheus package)"
-        )
-    });
+    let out = crate::bounds::output_within(
+        Command::new(&binary).args(args),
+        std::time::Duration::from_secs(120),
+        &format!(
+            "{binary} {args:?} (scripts/ensure-services.sh --ops-tools installs Debian's prometheus package)"
+        ),
+    );
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -84,6 +84,8 @@ pub struct TestEnv {
     base_db_url: SecretUrl,
     /// The vhost was made for this test (and is deleted with it).
     owns_vhost: bool,
+    /// Ends the run, naming the test, if it hangs.
+    _watchdog: crate::bounds::Watchdog,
 }
 
 impl TestEnv {
@@ -101,6 +103,8 @@ impl TestEnv {
     }
 
     async fn build(own_broker: Option<SecretUrl>) -> Self {
+        let watchdog = crate::bounds::Watchdog::start();
+        crate::bounds::step("creating the test's vhost and database");
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
@@ -175,6 +179,7 @@ impl TestEnv {
             inventory_addr,
             base_db_url,
             owns_vhost,
+            _watchdog: watchdog,
         }
     }
 
@@ -198,10 +203,18 @@ impl TestEnv {
     /// A listener on the inventory server's address, once the old listener
     /// has let go of the port (it may take a moment).
     async fn inventory_listener(&self) -> tokio::net::TcpListener {
+        let end = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             match tokio::net::TcpListener::bind(self.inventory_addr).await {
                 Ok(l) => break l,
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) if tokio::time::Instant::now() < end => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!(
+                    "the inventory's port {} is still taken after 30 s: {e}",
+                    self.inventory_addr
+                ),
             }
         }
     }
@@ -434,6 +447,7 @@ impl TestEnv {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
+        crate::bounds::step(what);
         let end = tokio::time::Instant::now() + timeout;
         loop {
             if check().await {
@@ -563,6 +577,7 @@ impl Drop for TestEnv {
 // ---- Operator tooling helpers (tests/operations.rs) ----
 
 /// Output of one run of the real `order-timeout` binary.
+#[derive(Debug)]
 pub struct CliOutput {
     /// Exit code (None: killed by a signal).
     pub code: Option<i32>,
@@ -657,7 +672,6 @@ struct EnvForCli {
 
 impl EnvForCli {
     fn run(&self, args: &[String], stdin: &str) -> CliOutput {
-        use std::io::Write;
         std::fs::write(
             &self.config,
             format!(
@@ -666,22 +680,18 @@ impl EnvForCli {
             ),
         )
         .expect("write the CLI's config file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
-            .args(args)
-            .env("AMQP_URL", &self.amqp_url)
-            .env("DATABASE_URL", &self.database_url)
-            .env("INVENTORY_URL", &self.inventory_url)
-            .env("RUST_LOG", "warn")
-            .env("ORDER_TIMEOUT_CONFIG", &self.config)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start order-timeout");
-        let mut input = child.stdin.take().unwrap();
-        let _ = input.write_all(stdin.as_bytes());
-        drop(input);
-        let out = child.wait_with_output().expect("wait for order-timeout");
+        let out = crate::bounds::output_with_input(
+            Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+                .args(args)
+                .env("AMQP_URL", &self.amqp_url)
+                .env("DATABASE_URL", &self.database_url)
+                .env("INVENTORY_URL", &self.inventory_url)
+                .env("RUST_LOG", "warn")
+                .env("ORDER_TIMEOUT_CONFIG", &self.config),
+            Some(stdin.as_bytes()),
+            Duration::from_secs(180),
+            &format!("order-timeout {}", args.join(" ")),
+        );
         let _ = std::fs::remove_file(&self.config);
         CliOutput {
             code: out.status.code(),

@@ -4,7 +4,6 @@
 //! own vhost and database.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::common::{STOCK, TestEnv, http_get, ready};
@@ -12,6 +11,7 @@ use chrono::Utc;
 use order_timeout::broker::headers::{header_int, header_str};
 use order_timeout::message::format_instant;
 use order_timeout::observe::metrics::Outcome;
+use order_timeout_tools::scratch;
 
 /// Generous lateness bound for "on time" on a busy 2-core machine.
 fn late_ok() -> chrono::Duration {
@@ -484,19 +484,15 @@ async fn database_connections_killed_mid_run_every_order_still_ends_right() {
 /// Erlang pids of the service's own broker connections in `vhost` (not
 /// the harness's), for `rabbitmqctl close_connection`.
 fn service_connections(vhost: &str) -> Vec<String> {
-    let out = Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "list_connections",
-            "--no-table-headers",
-            "pid",
-            "vhost",
-            "client_properties",
-        ])
-        .output()
-        .expect("rabbitmqctl list_connections");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+    let out = scratch::rabbitmqctl(&[
+        "list_connections",
+        "--no-table-headers",
+        "pid",
+        "vhost",
+        "client_properties",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    out.lines()
         .filter_map(|line| {
             let mut cols = line.split('\t');
             let name = cols.next()?;
@@ -532,11 +528,10 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows() {
         .username()
         .to_owned();
     let rabbitmqctl = |args: &[&str]| {
-        let out = Command::new("rabbitmqctl").args(args).output().unwrap();
-        assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
+        scratch::rabbitmqctl(args).unwrap_or_else(|e| panic!("{e}"));
     };
-    rabbitmqctl(&["-q", "clear_permissions", "-p", &env.name, &user]);
-    rabbitmqctl(&["-q", "close_connection", &names[0], "test: connection lost"]);
+    rabbitmqctl(&["clear_permissions", "-p", &env.name, &user]);
+    rabbitmqctl(&["close_connection", &names[0], "test: connection lost"]);
     env.eventually(
         Duration::from_secs(10),
         "not ready, broker down",
@@ -550,16 +545,7 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows() {
         service.metrics.reconnects() >= 2
     })
     .await;
-    rabbitmqctl(&[
-        "-q",
-        "set_permissions",
-        "-p",
-        &env.name,
-        &user,
-        ".*",
-        ".*",
-        ".*",
-    ]);
+    rabbitmqctl(&["set_permissions", "-p", &env.name, &user, ".*", ".*", ".*"]);
     env.eventually(Duration::from_secs(40), "ready again", || async {
         ready(addr).await && service_connections(&env.name).len() == 1
     })

@@ -43,14 +43,14 @@ fn python() -> PathBuf {
 
 /// Runs the checker on `manifests`: `(success, output)`.
 fn check(manifests: &Path) -> (bool, String) {
-    let out = Command::new("timeout")
-        .arg("300")
-        .arg(python())
-        .arg(root().join("scripts/check-kubernetes-manifests.py"))
-        .arg("--manifests")
-        .arg(manifests)
-        .output()
-        .expect("run scripts/check-kubernetes-manifests.py");
+    let out = crate::bounds::output_within(
+        Command::new(python())
+            .arg(root().join("scripts/check-kubernetes-manifests.py"))
+            .arg("--manifests")
+            .arg(manifests),
+        std::time::Duration::from_secs(300),
+        "scripts/check-kubernetes-manifests.py",
+    );
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -5,11 +5,13 @@
 mod acks;
 mod adopt;
 mod alerts;
+mod bounds;
 mod broker_faults;
 mod browser;
 mod common;
 mod console;
 mod failures;
+mod guarantees;
 mod kubernetes;
 mod lanes;
 mod operations;

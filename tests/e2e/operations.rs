@@ -591,3 +591,34 @@ async fn a_missing_queue_is_named(env: &TestEnv) {
     );
     assert_eq!(report["total"]["messages"], 5, "the rest still measured");
 }
+
+/// `schedule --in` far in the future is an error that says so, and nothing
+/// is published: past what the clock can carry (a million years), and past
+/// the years a timeout message may name (the consumer would park it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_far_in_the_future_is_an_error_and_publishes_nothing() {
+    let env = TestEnv::new().await;
+    for (when, says) in [
+        ("1000000years", "--in 1000000years: too far in the future"),
+        ("200years", "outside"),
+    ] {
+        let out = env
+            .cli(&["schedule", "--order-id", "far-1", "--in", when])
+            .await;
+        assert_ne!(out.code, Some(0), "{when}: {out:?}");
+        assert!(out.stderr.contains(says), "{when}: {}", out.stderr);
+    }
+    // A near one goes through: the far ones were refused for being far.
+    let near = env
+        .cli(&["schedule", "--order-id", "far-2", "--in", "1h"])
+        .await;
+    assert_eq!(near.code, Some(0), "{near:?}");
+    // With no service running, what was published waits in the due queue.
+    let pending = env.cli(&["pending", "--json"]).await;
+    let pending: serde_json::Value = serde_json::from_str(pending.stdout.trim()).unwrap();
+    assert_eq!(
+        pending["due"]["messages"], 1,
+        "only the near one: {pending}"
+    );
+    assert_eq!(pending["total"]["messages"], 0, "{pending}");
+}

@@ -230,8 +230,11 @@ async fn an_also_statement_failing_for_one_order_parks_only_that_order() {
     settings.retry.max_attempts = 5;
     settings.sweeper.enabled = false;
 
-    // Every message is waiting before the service starts and every row is
-    // overdue: they come due together, in one batch.
+    // Every message is in the queue (confirmed) before the service starts
+    // and every row is overdue: they come due together. (A timer with
+    // `also` statements cancels each order in a transaction of its own; a
+    // batch failing for one row is the store's case
+    // `a_flip_failing_for_one_row_fails_only_that_order`.)
     let mut ids: Vec<String> = (1..=9).map(|i| format!("also-{i}")).collect();
     ids.insert(4, "also-x".into());
     for id in &ids {
@@ -240,7 +243,6 @@ async fn an_also_statement_failing_for_one_order_parks_only_that_order() {
         env.publish_raw(serde_json::json!({ "order_id": id }).to_string().as_bytes())
             .await;
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
     let started = chrono::Utc::now();
     let service = env.service_with(settings).await;
 

@@ -5,6 +5,8 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::Duration;
 
+use order_timeout_tools::scratch;
+
 use crate::common::{STOCK, TestEnv};
 
 /// `order-timeout serve` on the test's world, logging to `log`.
@@ -167,26 +169,14 @@ async fn passwords_never_appear_in_logs() {
     let amqp_secret = format!("AmqpS3cret{suffix}");
     let db_secret = format!("DbS3cret{suffix}");
     let run = |args: &[&str]| {
-        let out = Command::new("rabbitmqctl").args(args).output().unwrap();
-        assert!(out.status.success(), "{args:?}: {out:?}");
+        scratch::rabbitmqctl(args).unwrap_or_else(|e| panic!("{e}"));
     };
-    run(&["-q", "add_user", &user, &amqp_secret]);
-    run(&[
-        "-q",
-        "set_permissions",
-        "-p",
-        &env.name,
-        &user,
-        ".*",
-        ".*",
-        ".*",
-    ]);
+    run(&["add_user", &user, &amqp_secret]);
+    run(&["set_permissions", "-p", &env.name, &user, ".*", ".*", ".*"]);
     struct DeleteUser(String);
     impl Drop for DeleteUser {
         fn drop(&mut self) {
-            let _ = Command::new("rabbitmqctl")
-                .args(["-q", "delete_user", &self.0])
-                .output();
+            let _ = scratch::rabbitmqctl(&["delete_user", &self.0]);
         }
     }
     let _cleanup = DeleteUser(user.clone());
@@ -238,19 +228,23 @@ async fn passwords_never_appear_in_logs() {
 
     // 3. The other commands that take URLs.
     let log_cmds = temp_log("secrets-cmds");
-    let out = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
-        .args(["schedule", "--order-id", "secret-order-2", "--in", "1h"])
-        .env("AMQP_URL", &amqp_wrong)
-        .env("RUST_LOG", "debug")
-        .output()
-        .unwrap();
+    let out = crate::bounds::output_within(
+        Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+            .args(["schedule", "--order-id", "secret-order-2", "--in", "1h"])
+            .env("AMQP_URL", &amqp_wrong)
+            .env("RUST_LOG", "debug"),
+        Duration::from_secs(120),
+        "order-timeout schedule with a wrong password",
+    );
     assert!(!out.status.success(), "a wrong password fails the command");
-    let migrate = Command::new(env!("CARGO_BIN_EXE_order-timeout"))
-        .arg("migrate")
-        .env("DATABASE_URL", &db)
-        .env("RUST_LOG", "debug")
-        .output()
-        .unwrap();
+    let migrate = crate::bounds::output_within(
+        Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+            .arg("migrate")
+            .env("DATABASE_URL", &db)
+            .env("RUST_LOG", "debug"),
+        Duration::from_secs(120),
+        "order-timeout migrate",
+    );
     assert!(migrate.status.success(), "{migrate:?}");
     std::fs::write(
         &log_cmds,

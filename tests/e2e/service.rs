@@ -35,8 +35,20 @@ async fn an_unpaid_order_is_cancelled_after_never_before_its_deadline() {
     let b = env
         .create_order("late-2", Duration::from_millis(2500), &[(0, 1)])
         .await;
-    env.publish_timeout(&a).await;
-    env.publish_timeout(&b).await;
+    // The deadlines on the database's clock, not this host's, and the
+    // messages bare ids (the deadline is read from the row): every time
+    // this test compares is the database's own.
+    for (order, ms) in [(&a, 1500), (&b, 2500)] {
+        sqlx::query(
+            "UPDATE orders SET expires_at = now() + make_interval(secs => $2) WHERE id = $1",
+        )
+        .bind(&order.id)
+        .bind(f64::from(ms) / 1000.0)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+        env.publish_raw(format!("{:?}", order.id).as_bytes()).await;
+    }
     assert_eq!(env.stock(0).await, STOCK - 4);
 
     // Shortly before each deadline the order is still unpaid.
@@ -274,6 +286,15 @@ async fn a_killed_service_loses_nothing_and_releases_once() {
     first.kill().expect("kill -9");
     first.wait().unwrap();
     let at_kill = env.count("kill-", "CANCELLED").await;
+    // Orders cancelled with their release not yet marked done: the only
+    // ones whose ReleaseStock the next process may call again (the
+    // inventory's idempotency key absorbs it).
+    let unmarked_at_kill: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM order_timeout_cancel_outbox WHERE stock_released_at IS NULL",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
     assert!(
         at_kill < n,
         "the kill should land mid-stream ({at_kill}/{n} done)"
@@ -299,6 +320,21 @@ async fn a_killed_service_loses_nothing_and_releases_once() {
     for n in 0..5 {
         assert_eq!(env.stock(n).await, STOCK);
     }
+    // Released once in effect: one release per order; a repeated call only
+    // for an order whose release was in flight at the kill.
+    let (orders, calls): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), coalesce(sum(calls), 0)::int8 FROM inventory.releases \
+          WHERE order_id LIKE 'kill-%'",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(orders, n, "one release per cancelled order");
+    assert!(
+        calls - orders <= unmarked_at_kill,
+        "{} repeated release calls, but only {unmarked_at_kill} releases were in flight at the kill",
+        calls - orders
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,11 +375,17 @@ async fn two_consumers_on_one_queue_cancel_each_order_once() {
         "both consumers got work"
     );
     env.assert_stock_exact(3).await;
-    let max_calls: Option<i64> = sqlx::query_scalar("SELECT max(calls) FROM inventory.releases")
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-    assert!(max_calls.is_some());
+    // Every copy of every order settled by two live consumers: one release
+    // per order, and one call each (the outbox lease keeps the second
+    // copy's worker from calling while the first finishes).
+    let (orders, max_calls): (i64, Option<i64>) = sqlx::query_as(
+        "SELECT count(*), max(calls) FROM inventory.releases WHERE order_id LIKE 'two-%'",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(orders, n as i64, "one release per order");
+    assert_eq!(max_calls, Some(1), "no release called twice");
     one.stop().await.unwrap();
     two.stop().await.unwrap();
 }

@@ -306,10 +306,15 @@ async fn backfill(env: &TestEnv, db: &ShopDb, config: &str, args: &[&str]) -> St
         .env("AMQP_URL", env.settings.amqp_url.expose())
         .env("DATABASE_URL", db.url.expose())
         .env("RUST_LOG", "warn");
-    let out = tokio::task::spawn_blocking(move || command.output())
-        .await
-        .unwrap()
-        .unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        crate::bounds::output_within(
+            &mut command,
+            Duration::from_secs(120),
+            "order-timeout backfill",
+        )
+    })
+    .await
+    .unwrap();
     let _ = std::fs::remove_file(&file);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(

@@ -152,10 +152,7 @@ impl Pki {
 
 /// Runs a command to completion; panics with its output if it fails.
 fn run(cmd: &mut Command, what: &str) -> String {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let out = crate::bounds::output_within(cmd, Duration::from_secs(120), what);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
