@@ -98,6 +98,26 @@ impl Drop for Watchdog {
     }
 }
 
+/// A child process killed (SIGKILL) and reaped when dropped, so that a
+/// test that fails halfway leaves no `serve` running behind it (one kept
+/// the test run's output pipe open, and the run with it).
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl KillOnDrop {
+    /// Kills it now (`kill -9`), and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Runs `command` to its end, with its output captured, for at most
 /// `limit`: past it the command is killed and the test fails, naming
 /// `what`. (A command that cannot start fails the test too.)

@@ -2,11 +2,12 @@
 //! and what its logs may (not) contain.
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 use order_timeout_tools::scratch;
 
+use crate::bounds::KillOnDrop;
 use crate::common::{STOCK, TestEnv};
 
 /// `order-timeout serve` on the test's world, logging to `log`.
@@ -16,7 +17,7 @@ fn serve(
     database_url: &str,
     log: &Path,
     extra: &[(&str, &str)],
-) -> Child {
+) -> KillOnDrop {
     let file = std::fs::File::create(log).expect("log file");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_order-timeout"));
     cmd.arg("serve")
@@ -30,12 +31,12 @@ fn serve(
     for (k, v) in extra {
         cmd.env(k, v);
     }
-    cmd.spawn().expect("start order-timeout serve")
+    KillOnDrop(cmd.spawn().expect("start order-timeout serve"))
 }
 
-fn signal(child: &Child, sig: &str) {
+fn signal(child: &KillOnDrop, sig: &str) {
     let ok = Command::new("kill")
-        .args([sig, &child.id().to_string()])
+        .args([sig, &child.0.id().to_string()])
         .status()
         .unwrap()
         .success();
@@ -43,14 +44,14 @@ fn signal(child: &Child, sig: &str) {
 }
 
 /// Waits up to `timeout` for the process to exit.
-async fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+async fn wait_exit(child: &mut KillOnDrop, timeout: Duration) -> std::process::ExitStatus {
     let end = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = child.0.try_wait().unwrap() {
             return status;
         }
         if tokio::time::Instant::now() > end {
-            let _ = child.kill();
+            child.kill();
             panic!("the process did not exit within {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

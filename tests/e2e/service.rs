@@ -254,7 +254,7 @@ async fn a_killed_service_loses_nothing_and_releases_once() {
     let env = TestEnv::new().await;
     env.stock_skus(5).await;
     let spawn = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
             .arg("serve")
             .env("AMQP_URL", env.settings.amqp_url.expose())
             .env("DATABASE_URL", env.settings.database_url.expose())
@@ -263,7 +263,8 @@ async fn a_killed_service_loses_nothing_and_releases_once() {
             .env("HTTP_ADDR", "127.0.0.1:0")
             .stdout(std::process::Stdio::null())
             .spawn()
-            .expect("start order-timeout serve")
+            .expect("start order-timeout serve");
+        crate::bounds::KillOnDrop(child)
     };
     let mut first = spawn();
     // 300 orders due over 1.5–4.5 s: the kill lands mid-stream.
@@ -283,8 +284,7 @@ async fn a_killed_service_loses_nothing_and_releases_once() {
         env.count("kill-", "CANCELLED").await >= 60
     })
     .await;
-    first.kill().expect("kill -9");
-    first.wait().unwrap();
+    first.kill();
     let at_kill = env.count("kill-", "CANCELLED").await;
     // Orders cancelled with their release not yet marked done: the only
     // ones whose ReleaseStock the next process may call again (the
@@ -308,8 +308,7 @@ async fn a_killed_service_loses_nothing_and_releases_once() {
     // Let the outbox settle: releases the killed process had leased are
     // taken over once their lease (15 s) runs out.
     env.wait_outbox_done(Duration::from_secs(45)).await;
-    second.kill().unwrap();
-    second.wait().unwrap();
+    second.kill();
     let early: i64 =
         sqlx::query_scalar("SELECT count(*) FROM orders WHERE cancelled_at < expires_at")
             .fetch_one(&env.pool)

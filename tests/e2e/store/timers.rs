@@ -663,6 +663,14 @@ async fn race(f: &impl Fixture, guard: &str, toggle: &str, settle: &str) {
     // The rows the other session never touched have all flipped.
     let untouched_flipped = check_untouched(f).await;
     assert_eq!(untouched_flipped, ROWS / 2, "the rows left alone all flip");
+    // The race happened: of the rows the other session touched, some
+    // flipped and some were held back (else the invariant above was never
+    // put to the test).
+    assert!(
+        flipped > untouched_flipped,
+        "none of the touched rows flipped during the race"
+    );
+    assert!(flipped < ROWS, "every touched row flipped: no race");
 
     f.exec(settle).await;
     run_batches(&stores, &ids, &mut reported).await;
