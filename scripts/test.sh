@@ -35,6 +35,9 @@ cargo fmt --all -- --check
 section "lint: cargo clippy --locked --workspace --all-targets -- -D warnings"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 
+section "previous release: scripts/previous-release.sh (the rolling-upgrade test's, cached under target/)"
+scripts/previous-release.sh
+
 section "test: cargo test --locked --workspace $*"
 cargo test --locked --workspace "$@"
 

@@ -110,6 +110,7 @@ impl Service {
             listener,
         } = self;
         tracing::info!(
+            version = crate::observe::metrics::VERSION,
             amqp = %settings.amqp_url,
             database = %settings.database_url,
             inventory = %settings.inventory_url,

@@ -21,6 +21,7 @@ mod serve;
 mod topology;
 
 pub use backfill::BackfillArgs;
+pub use migrate::MigrateArgs;
 pub use parked::ParkedCommand;
 pub use pending::PendingArgs;
 pub use schedule::ScheduleArgs;
@@ -45,7 +46,9 @@ pub struct Cli {
 pub enum Command {
     /// Create the database if missing and apply the service's own migrations
     /// (its `order_timeout_*` tables; the shop's tables are never touched).
-    Migrate,
+    /// The previous release keeps working against the migrated database;
+    /// `--contract` drops what was kept for it (docs/upgrading.md).
+    Migrate(MigrateArgs),
     /// Declare the broker topology, then consume and cancel until SIGTERM/SIGINT.
     Serve,
     /// Publish one timeout (with publisher confirms), as the order service would.
@@ -96,7 +99,7 @@ pub async fn main(cli: Cli) -> ExitCode {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let settings = Settings::load(cli.config.as_deref())?;
     match cli.command {
-        Command::Migrate => migrate::run(settings).await,
+        Command::Migrate(args) => migrate::run(settings, args).await,
         Command::Serve => serve::run(settings).await,
         Command::Schedule(args) => schedule::run(settings, args).await,
         Command::Parked(command) => parked::run(settings, command).await,

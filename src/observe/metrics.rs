@@ -20,6 +20,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry, Unit};
 
 use crate::message::ParkReason;
@@ -229,6 +230,11 @@ impl Default for Metrics {
     }
 }
 
+/// The release this binary is (`order-timeout --version`, the start-up log
+/// line and `order_timeout_build_info{version}`): during a rolling upgrade
+/// it tells which replicas run which release (CHANGELOG.md, docs/upgrading.md).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// The `timer` label of a message parked before its timer was known.
 pub const NO_TIMER: &str = "";
 
@@ -265,7 +271,7 @@ impl Metrics {
     )]
     pub fn for_timers<S: AsRef<str>>(timers: impl IntoIterator<Item = S>) -> Self {
         let mut r = Registry::with_prefix("order_timeout");
-        let metrics = Self {
+        let mut metrics = Self {
             timers: timers.into_iter().map(|t| t.as_ref().to_owned()).collect(),
             messages: register(
                 &mut r,
@@ -372,6 +378,11 @@ impl Metrics {
             pending: super::pending::PendingGauges::register(&mut r),
             registry: r,
         };
+        metrics.registry.register(
+            "build",
+            "The running release: version (CHANGELOG.md), always 1",
+            Info::new(vec![("version", VERSION)]),
+        );
         metrics.create_known_series();
         metrics
     }
@@ -699,6 +710,11 @@ mod tests {
             "order_timeout_outbox_deleted_total 0",
             "order_timeout_publish_failures_total 0",
             "order_timeout_requeued_total 0",
+            concat!(
+                r#"order_timeout_build_info{version=""#,
+                env!("CARGO_PKG_VERSION"),
+                r#""} 1"#
+            ),
         ] {
             assert!(text.contains(needle), "missing {needle:?} in\n{text}");
         }

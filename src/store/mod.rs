@@ -33,12 +33,14 @@ use crate::settings::{
 mod ids;
 mod mysql;
 mod postgres;
+mod releases;
 mod shape;
 mod sql;
 mod state;
 mod tls;
 
 pub use ids::IdRejected;
+pub use releases::{Expansion, Migrated};
 pub use shape::{IdKind, SchemaReport};
 pub use tls::{mysql_options, pg_options};
 
@@ -424,11 +426,22 @@ pub fn connect_timers(
 }
 
 /// Creates the database if it does not exist, then applies the service's
-/// own migrations (the `order_timeout_*` tables; never the shop's).
-pub async fn migrate(url: &SecretUrl) -> Result<(), StoreError> {
+/// own migrations (the `order_timeout_*` tables; never the shop's). What
+/// they keep for the previous release stays until [`contract`], unless the
+/// database had none of the service's tables.
+pub async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
     match Dialect::of(url)? {
         Dialect::Postgres => PgStore::migrate(url).await,
         Dialect::MySql => MySqlStore::migrate(url).await,
+    }
+}
+
+/// Drops what the migrations keep for the previous release (`migrate
+/// --contract`, once no replica of it runs); returns what was there.
+pub async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
+    match Dialect::of(url)? {
+        Dialect::Postgres => PgStore::contract(url).await,
+        Dialect::MySql => MySqlStore::contract(url).await,
     }
 }
 

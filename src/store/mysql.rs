@@ -38,6 +38,7 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row, SqlSafeStr}
 
 use super::ids::{IdColumn, IdValue, uuid_text};
 use super::shape::{self, Column, Columns, OrdersColumns};
+use super::releases::{Expansion, Migrated};
 use super::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
 use super::state::StateRow;
 use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
@@ -825,10 +826,30 @@ impl SqlDialect for MySql {
         Ok(())
     }
 
-    async fn run_migrations(url: &SecretUrl) -> Result<(), StoreError> {
+    async fn run_migrations(url: &SecretUrl) -> Result<Migrated, StoreError> {
         let mut conn = sqlx::MySqlConnection::connect_with(&connect_options(url, "UTC")?).await?;
+        let fresh: bool = sqlx::query_scalar(
+            "SELECT NOT EXISTS (SELECT 1 FROM information_schema.tables \
+              WHERE table_schema = DATABASE() AND table_name = ?)",
+        )
+        .bind(shape::OUTBOX)
+        .fetch_one(&mut conn)
+        .await?;
         migrator().run(&mut conn).await?;
-        Ok(())
+        Ok(Migrated {
+            fresh,
+            kept: Vec::new(),
+        })
+    }
+
+    /// Nothing to contract: MySQL's `ON DUPLICATE KEY` of 0.1.0 works
+    /// with the outbox's new key as it is.
+    async fn contract(_url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn expansions(_store: &MySqlStore) -> Result<Vec<Expansion>, StoreError> {
+        Ok(Vec::new())
     }
 
     async fn columns(store: &MySqlStore, table: &str) -> Result<Columns, StoreError> {

@@ -25,6 +25,7 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
 use super::ids::{IdColumn, IdValue};
 use super::shape::{self, Column, Columns, OrdersColumns};
+use super::releases::{self, Expansion, Migrated};
 use super::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
 use super::state::StateRow;
 use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
@@ -44,6 +45,36 @@ fn migrator() -> sqlx::migrate::Migrator {
     let mut migrator = sqlx::migrate!("./migrations/postgres");
     migrator.dangerous_set_table_name("order_timeout_migrations");
     migrator
+}
+
+/// What the migrations keep for the previous release ([`super::releases`]).
+const EXPANSIONS: [Expansion; 1] = [releases::OUTBOX_ORDER_ID_UNIQUE];
+
+/// The [`EXPANSIONS`] present in the database.
+async fn expansions_on(conn: &mut sqlx::PgConnection) -> Result<Vec<Expansion>, StoreError> {
+    let mut present = Vec::new();
+    for e in EXPANSIONS {
+        let there: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(e.object)
+            .fetch_one(&mut *conn)
+            .await?;
+        if there {
+            present.push(e);
+        }
+    }
+    Ok(present)
+}
+
+/// Drops the [`EXPANSIONS`] present (indexes of the service's own tables:
+/// a short lock on them, none on the shop's).
+async fn contract_on(conn: &mut sqlx::PgConnection) -> Result<Vec<Expansion>, StoreError> {
+    let present = expansions_on(conn).await?;
+    for e in &present {
+        let drop = format!("DROP INDEX IF EXISTS \"{}\"", e.object);
+        conn.execute(AssertSqlSafe(drop)).await?;
+        tracing::info!(dropped = e.object, kept_for = e.kept_for, "contracted");
+    }
+    Ok(present)
 }
 
 /// `time_zone` as PostgreSQL's `TimeZone` setting: names as they are; an
@@ -149,10 +180,28 @@ impl SqlDialect for Postgres {
         Ok(())
     }
 
-    async fn run_migrations(url: &SecretUrl) -> Result<(), StoreError> {
+    async fn run_migrations(url: &SecretUrl) -> Result<Migrated, StoreError> {
         let mut conn = sqlx::PgConnection::connect_with(&connect_options(url, "UTC")?).await?;
+        let fresh: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NULL")
+            .bind(shape::OUTBOX)
+            .fetch_one(&mut conn)
+            .await?;
         migrator().run(&mut conn).await?;
-        Ok(())
+        if fresh {
+            contract_on(&mut conn).await?;
+        }
+        let kept = expansions_on(&mut conn).await?;
+        Ok(Migrated { fresh, kept })
+    }
+
+    async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
+        let mut conn = sqlx::PgConnection::connect_with(&connect_options(url, "UTC")?).await?;
+        contract_on(&mut conn).await
+    }
+
+    async fn expansions(store: &PgStore) -> Result<Vec<Expansion>, StoreError> {
+        let mut conn = store.pool.acquire().await?;
+        expansions_on(&mut conn).await
     }
 
     async fn columns(store: &PgStore, table: &str) -> Result<Columns, StoreError> {

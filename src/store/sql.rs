@@ -20,6 +20,7 @@ use sqlx::{Connection, Pool};
 use tokio::sync::OnceCell;
 
 use super::ids::{IdColumn, IdRejected, IdValue};
+use super::releases::{self, Expansion, Migrated};
 use super::shape::{self, Columns, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
@@ -57,9 +58,20 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
     /// Creates the database `url` names if it does not exist.
     fn create_database(url: &SecretUrl) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Applies the service's own migrations to `url`'s database. (Not
-    /// `Send`: sqlx's migrator cannot prove it for a borrowed connection.)
-    fn run_migrations(url: &SecretUrl) -> impl Future<Output = Result<(), StoreError>>;
+    /// Applies the service's own migrations to `url`'s database, and
+    /// contracts at once when it had none of the service's tables
+    /// ([`super::releases`]). (Not `Send`: sqlx's migrator cannot prove it
+    /// for a borrowed connection.)
+    fn run_migrations(url: &SecretUrl) -> impl Future<Output = Result<Migrated, StoreError>>;
+
+    /// Drops what the migrations keep for the previous release
+    /// ([`super::releases`]) and returns what was there.
+    fn contract(url: &SecretUrl) -> impl Future<Output = Result<Vec<Expansion>, StoreError>>;
+
+    /// What the migrations keep for the previous release, still in place.
+    fn expansions(
+        store: &SqlStore<Self>,
+    ) -> impl Future<Output = Result<Vec<Expansion>, StoreError>> + Send;
 
     /// A table's columns; empty when there is no such table.
     fn columns(
@@ -361,9 +373,15 @@ impl<D: SqlDialect> SqlStore<D> {
     /// Creates the database if it does not exist, then applies the
     /// service's own migrations.
     #[tracing::instrument(skip_all, fields(url = %url))]
-    pub(crate) async fn migrate(url: &SecretUrl) -> Result<(), StoreError> {
+    pub(crate) async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
         D::create_database(url).await?;
         D::run_migrations(url).await
+    }
+
+    /// Drops what the migrations keep for the previous release.
+    #[tracing::instrument(skip_all, fields(url = %url))]
+    pub(crate) async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
+        D::contract(url).await
     }
 
     async fn prepared(&self) -> Result<&Prepared<D>, StoreError> {
@@ -391,6 +409,14 @@ impl<D: SqlDialect> SqlStore<D> {
         let outbox = D::columns(self, shape::OUTBOX).await?;
         shape::check_outbox_columns(&outbox, D::OUTBOX_COLUMNS)?;
         shape::check_set_aside(&D::columns(self, shape::SET_ASIDE).await?)?;
+        if !t.is_default()
+            && let Some(problem) = releases::refuse_timers(&D::expansions(self).await?)
+        {
+            return Err(StoreError::Schema {
+                key: "[[timers]]",
+                problem,
+            });
+        }
         let orders = shape::check_orders_columns(t, &D::columns(self, &t.table).await?)?;
         self.check_codes_differ(&orders).await?;
         let items = match t.release {

@@ -102,7 +102,18 @@ impl TestEnv {
         Self::build(Some(amqp_url)).await
     }
 
+    /// [`TestEnv::new`] as an earlier release left it: its binary `bin`
+    /// created the database and ran its own migrations, and nothing is
+    /// declared on the broker yet (its `serve` does that). For upgrades.
+    pub async fn migrated_by(bin: &std::path::Path) -> Self {
+        Self::build_with(None, Some(bin)).await
+    }
+
     async fn build(own_broker: Option<SecretUrl>) -> Self {
+        Self::build_with(own_broker, None).await
+    }
+
+    async fn build_with(own_broker: Option<SecretUrl>, release: Option<&std::path::Path>) -> Self {
         let watchdog = crate::bounds::Watchdog::start();
         crate::bounds::step("creating the test's vhost and database");
         let _ = tracing_subscriber::fmt()
@@ -127,9 +138,35 @@ impl TestEnv {
 
         let base_db_url = scratch::test_pg_server();
         let database_url = scratch::with_path(&base_db_url, &name).unwrap();
-        let pool = shop::prepare_database(&database_url, 10)
-            .await
-            .expect("prepare the test database");
+        let pool = match release {
+            None => shop::prepare_database(&database_url, 10)
+                .await
+                .expect("prepare the test database"),
+            Some(bin) => {
+                let out = crate::bounds::output_within(
+                    Command::new(bin)
+                        .arg("migrate")
+                        .env("DATABASE_URL", database_url.expose()),
+                    Duration::from_secs(60),
+                    "the earlier release's migrate",
+                );
+                assert!(
+                    out.status.success(),
+                    "{} migrate: {}",
+                    bin.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(10)
+                    .connect_with(order_timeout::store::pg_options(&database_url).unwrap())
+                    .await
+                    .expect("connect to the test database");
+                shop::create_reference_schema(&pool)
+                    .await
+                    .expect("the reference shop schema");
+                pool
+            }
+        };
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let inventory_addr = listener.local_addr().unwrap();
@@ -159,7 +196,9 @@ impl TestEnv {
         settings.cascade_shards = Shards::try_from(2).unwrap();
         // Several services per test: let each pick a free port.
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
-        declare_topology(&settings).await.expect("declare topology");
+        if release.is_none() {
+            declare_topology(&settings).await.expect("declare topology");
+        }
         let amqp = connect_amqp(&settings.amqp_url, "test-client")
             .await
             .unwrap();

@@ -26,4 +26,5 @@ mod service;
 mod store;
 mod timers;
 mod tls;
+mod upgrade;
 mod worked_configs;

@@ -1,0 +1,64 @@
+//! Expand and contract: what a migration keeps in place for the previous
+//! release while replicas of both run side by side (docs/upgrading.md).
+//!
+//! A migration of this service only ever expands for one release: the
+//! previous release keeps working against the migrated schema. What it
+//! keeps for that release is an [`Expansion`], dropped later by
+//! `order-timeout migrate --contract`, once no replica of that release runs.
+//! `migrate` on a database that had none of the service's tables contracts
+//! at once ([`Migrated::fresh`]): no earlier release ever ran against it.
+
+/// One thing a migration keeps for the previous release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expansion {
+    /// The object kept (an index of the service's own tables).
+    pub object: &'static str,
+    /// The release that needs it.
+    pub kept_for: &'static str,
+    /// What waits for its contraction.
+    pub blocks: &'static str,
+}
+
+/// The outbox's order ids unique on their own (PostgreSQL, migration
+/// `20261130000001`): 0.1.0 writes its rows with `ON CONFLICT (order_id)`,
+/// and one order can only have a row per timer once it is gone.
+pub(crate) const OUTBOX_ORDER_ID_UNIQUE: Expansion = Expansion {
+    object: "order_timeout_cancel_outbox_order_id",
+    kept_for: "0.1.0",
+    blocks: "a timer other than cancel_unpaid ([[timers]])",
+};
+
+/// What `migrate` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// The database had none of the service's tables before: the expand
+    /// steps were contracted at once.
+    pub fresh: bool,
+    /// What the migrations keep for the previous release, in place now.
+    pub kept: Vec<Expansion>,
+}
+
+/// The refusal of a timer other than `cancel_unpaid` while `kept` (present
+/// expansions) still constrain the outbox.
+pub(crate) fn refuse_timers(kept: &[Expansion]) -> Option<String> {
+    let e = kept.first()?;
+    Some(format!(
+        "the outbox still keeps {} for {} replicas, which {} cannot run beside: \
+         once no {} replica runs, run `order-timeout migrate --contract` \
+         (docs/upgrading.md), then start this config",
+        e.object, e.kept_for, e.blocks, e.kept_for
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_are_refused_only_while_an_expansion_is_kept() {
+        assert_eq!(refuse_timers(&[]), None);
+        let why = refuse_timers(&[OUTBOX_ORDER_ID_UNIQUE]).unwrap();
+        assert!(why.contains("migrate --contract"), "{why}");
+        assert!(why.contains("0.1.0"), "{why}");
+    }
+}

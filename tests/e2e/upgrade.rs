@@ -1,0 +1,623 @@
+//! A rolling upgrade from the previous release (CHANGELOG.md names its
+//! commit; `scripts/previous-release.sh` builds its binary, cached under
+//! `target/previous-release/`) to this one, with orders waiting in every
+//! store the previous release has: the delay cascade, the due queue (held
+//! by the replicas), the parked queue, outbox rows whose stock release is
+//! pending, and messages waiting as retries. Then the way back.
+//!
+//! PostgreSQL only: there, the previous release depends on the outbox's
+//! order ids being unique on their own (`ON CONFLICT (order_id)`), which the
+//! timers migration took away and migration 20261130000001 keeps until
+//! `migrate --contract`. On MySQL/MariaDB the previous release's `ON
+//! DUPLICATE KEY` works with the new key as it is, and nothing is kept.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use order_timeout::broker::topology::DUE_QUEUE;
+use order_timeout_tools::inventory::ReferenceInventory;
+use order_timeout_tools::inventory::pb;
+use order_timeout_tools::inventory::pb::inventory_server::Inventory;
+use tonic::{Request, Response, Status};
+
+use crate::bounds::{KillOnDrop, output_within, step};
+use crate::common::{RESTARTS, TestEnv};
+
+/// The previous release's binary: `ORDER_TIMEOUT_PREVIOUS_BIN`, else what
+/// `scripts/previous-release.sh` builds (at once when cached, as
+/// `scripts/test.sh` leaves it).
+fn previous_release() -> PathBuf {
+    if let Ok(bin) = std::env::var("ORDER_TIMEOUT_PREVIOUS_BIN") {
+        return PathBuf::from(bin);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = output_within(
+        Command::new(root.join("scripts/previous-release.sh")).current_dir(root),
+        Duration::from_secs(540),
+        "scripts/previous-release.sh",
+    );
+    assert!(
+        out.status.success(),
+        "scripts/previous-release.sh failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(stdout.lines().last().expect("the binary's path").trim())
+}
+
+/// The reference inventory, except that releases of orders named `held-*`
+/// fail (`UNAVAILABLE`) until `open` is set: their outbox rows stay pending
+/// through the upgrade. Counts every release call per order.
+#[derive(Clone)]
+struct GatedInventory {
+    inner: ReferenceInventory,
+    open: Arc<AtomicBool>,
+    calls: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+#[tonic::async_trait]
+impl Inventory for GatedInventory {
+    async fn release_stock(
+        &self,
+        request: Request<pb::ReleaseStockRequest>,
+    ) -> Result<Response<pb::ReleaseStockResponse>, Status> {
+        let id = request.get_ref().order_id.clone();
+        *self.calls.lock().unwrap().entry(id.clone()).or_default() += 1;
+        if id.starts_with("held-") && !self.open.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("the stock shard is down"));
+        }
+        self.inner.release_stock(request).await
+    }
+
+    async fn reserve_stock(
+        &self,
+        request: Request<pb::ReserveStockRequest>,
+    ) -> Result<Response<pb::ReserveStockResponse>, Status> {
+        self.inner.reserve_stock(request).await
+    }
+
+    async fn get_stock(
+        &self,
+        request: Request<pb::GetStockRequest>,
+    ) -> Result<Response<pb::GetStockResponse>, Status> {
+        self.inner.get_stock(request).await
+    }
+}
+
+/// One `serve` replica of `bin` on the test's world, logging to a file.
+struct Replica {
+    name: String,
+    process: KillOnDrop,
+    log: PathBuf,
+}
+
+impl Replica {
+    fn start(bin: &Path, env: &TestEnv, name: &str) -> Self {
+        let log = std::env::temp_dir().join(format!(
+            "upgrade-{name}-{}.log",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let file = std::fs::File::create(&log).expect("log file");
+        let process = Command::new(bin)
+            .arg("serve")
+            .env("AMQP_URL", env.settings.amqp_url.expose())
+            .env("DATABASE_URL", env.settings.database_url.expose())
+            .env("INVENTORY_URL", env.settings.inventory_url.expose())
+            .env("HTTP_ADDR", "127.0.0.1:0")
+            .env("RUST_LOG", "info")
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("start serve");
+        Self {
+            name: name.to_owned(),
+            process: KillOnDrop(process),
+            log,
+        }
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, as a rolling update stops a pod; waits for a clean exit.
+    async fn stop(mut self) -> String {
+        let pid = self.process.0.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let end = tokio::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.process.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "{} did not stop within 30 s:\n{}",
+                self.name,
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let logs = self.logs();
+        assert!(status.success(), "{} exit {status:?}:\n{logs}", self.name);
+        logs
+    }
+}
+
+/// Consumers on the due queue (a passive declare).
+async fn due_consumers(env: &TestEnv) -> u32 {
+    let channel = env.amqp.create_channel().await.unwrap();
+    let queue = channel
+        .queue_declare(
+            DUE_QUEUE.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    let _ = channel.close(200, "done".into()).await;
+    queue.map(|q| q.consumer_count()).unwrap_or(0)
+}
+
+/// Waits until `n` replicas consume the due queue.
+async fn wait_consumers(env: &TestEnv, n: u32, replicas: &[&Replica]) {
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    while due_consumers(env).await != n {
+        if tokio::time::Instant::now() > end {
+            let logs: Vec<String> = replicas
+                .iter()
+                .map(|r| format!("--- {}\n{}", r.name, r.logs()))
+                .collect();
+            panic!("{n} consumers on the due queue within 30 s:\n{}", logs.join("\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `(id, expires_at, cancelled_at)` of the cancelled orders named `prefix*`.
+async fn cancelled(env: &TestEnv, prefix: &str) -> Vec<(String, DateTime<Utc>, DateTime<Utc>)> {
+    sqlx::query_as(
+        "SELECT id, expires_at, cancelled_at FROM orders \
+          WHERE starts_with(id, $1) AND status = 'CANCELLED' ORDER BY id",
+    )
+    .bind(prefix)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap()
+}
+
+/// Never early, and the largest lateness, of the orders named `prefix*`.
+async fn lateness(env: &TestEnv, prefix: &str, expected: usize) -> chrono::Duration {
+    let rows = cancelled(env, prefix).await;
+    assert_eq!(rows.len(), expected, "{prefix}* cancelled");
+    let mut worst = chrono::Duration::zero();
+    for (id, expires_at, cancelled_at) in rows {
+        assert!(
+            cancelled_at >= expires_at,
+            "{id} cancelled early: {cancelled_at} < {expires_at}"
+        );
+        worst = worst.max(cancelled_at - expires_at);
+    }
+    worst
+}
+
+/// The `order.cancelled` events read so far, by order id.
+async fn drain_events(consumer: &mut lapin::Consumer, seen: &mut HashMap<String, usize>) {
+    while let Ok(Some(Ok(delivery))) =
+        tokio::time::timeout(Duration::from_millis(300), consumer.next()).await
+    {
+        let body: serde_json::Value =
+            serde_json::from_slice(&delivery.data).expect("the event is JSON");
+        let id = body["order_id"].as_str().expect("order_id").to_owned();
+        *seen.entry(id).or_default() += 1;
+        delivery.ack(BasicAckOptions::default()).await.unwrap();
+    }
+}
+
+fn cli(bin: &Path, env: &TestEnv, args: &[&str]) -> (bool, String) {
+    let out = output_within(
+        Command::new(bin)
+            .args(args)
+            .env("AMQP_URL", env.settings.amqp_url.expose())
+            .env("DATABASE_URL", env.settings.database_url.expose())
+            .env("RUST_LOG", "warn"),
+        Duration::from_secs(60),
+        &format!("{} {}", bin.display(), args.join(" ")),
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight() {
+    step("building (or finding) the previous release");
+    let previous = previous_release();
+    let current = PathBuf::from(env!("CARGO_BIN_EXE_order-timeout"));
+    let _turn = RESTARTS.lock().await;
+    let env = TestEnv::migrated_by(&previous).await;
+    env.stock_skus(5).await;
+    let inventory = GatedInventory {
+        inner: ReferenceInventory::new(env.pool.clone()),
+        open: Arc::new(AtomicBool::new(false)),
+        calls: Arc::default(),
+    };
+    let _stop_inventory = env.replace_inventory(inventory.clone()).await;
+
+    step("two replicas of the previous release");
+    let old_a = Replica::start(&previous, &env, "old-a");
+    let old_b = Replica::start(&previous, &env, "old-b");
+    wait_consumers(&env, 2, &[&old_a, &old_b]).await;
+    let mut events = env.subscribe_events().await;
+    let mut seen = HashMap::new();
+
+    // What waits in the previous release's stores when the upgrade starts
+    // (t = 0 now; the migration runs at 8 s, the replicas are replaced at
+    // 14 s and 22 s):
+    // - held-*: due at 2 s; cancelled by the old replicas, their releases
+    //   failing until the end of the upgrade (outbox rows pending, their
+    //   messages waiting as retries in the cascade);
+    // - stream-*: one due every 150 ms from 4 s to 34 s, through the
+    //   migration and both replacements (the due queue, held messages);
+    // - cascade-*: due at 40–55 s, in the delay cascade all along;
+    // - paid-*: due at 10–30 s, paid before: left alone;
+    // - late-row: a timeout whose row does not exist yet, parked.
+    let start = Utc::now();
+    let at = |ms: u64| {
+        let due = start + chrono::Duration::milliseconds(ms as i64);
+        (due - Utc::now()).to_std().unwrap_or(Duration::ZERO)
+    };
+    let mut n_orders = 0;
+    for i in 0..20u64 {
+        let o = env
+            .create_order(&format!("held-{i:02}"), at(2_000), &[(i as usize % 5, 1)])
+            .await;
+        env.publish_timeout(&o).await;
+        n_orders += 1;
+    }
+    for i in 0..200u64 {
+        let o = env
+            .create_order(
+                &format!("stream-{i:03}"),
+                at(4_000 + i * 150),
+                &[(i as usize % 5, 1 + i as i64 % 3)],
+            )
+            .await;
+        env.publish_timeout(&o).await;
+        n_orders += 1;
+    }
+    for i in 0..60u64 {
+        let o = env
+            .create_order(
+                &format!("cascade-{i:02}"),
+                at(40_000 + i * 250),
+                &[(i as usize % 5, 2)],
+            )
+            .await;
+        env.publish_timeout(&o).await;
+        n_orders += 1;
+    }
+    for i in 0..20u64 {
+        let o = env
+            .create_order(
+                &format!("paid-{i:02}"),
+                at(10_000 + i * 1_000),
+                &[(i as usize % 5, 1)],
+            )
+            .await;
+        env.publish_timeout(&o).await;
+    }
+    sqlx::query("UPDATE orders SET status = 'PAID' WHERE starts_with(id, 'paid-')")
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    env.publish_raw(br#"{"order_id":"late-row","timeout_ms":0}"#)
+        .await;
+    let publishing = Utc::now() - start;
+    assert!(
+        publishing < chrono::Duration::seconds(4),
+        "publishing took {publishing}: the timeline below needs it under 4 s"
+    );
+
+    env.eventually(Duration::from_secs(20), "held-* cancelled, releases pending", || async {
+        let pending: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM order_timeout_cancel_outbox \
+              WHERE starts_with(order_id, 'held-') AND stock_released_at IS NULL",
+        )
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+        pending == 20
+    })
+    .await;
+    env.eventually(Duration::from_secs(10), "late-row parked", || async {
+        env.parked_count().await == 1
+    })
+    .await;
+
+    step("migrate with the new release while the old replicas run");
+    tokio::time::sleep(at(8_000)).await;
+    let (ok, out) = cli(&current, &env, &["migrate"]);
+    assert!(ok, "migrate: {out}");
+    assert!(
+        out.contains("kept for 0.1.0 replicas: order_timeout_cancel_outbox_order_id"),
+        "migrate says what it keeps for the previous release: {out}"
+    );
+    let migrated_at = Utc::now();
+
+    step("replace the first replica");
+    tokio::time::sleep(at(14_000)).await;
+    let old_a_logs = old_a.stop().await;
+    let stopped_a = Utc::now();
+    let new_a = Replica::start(&current, &env, "new-a");
+    wait_consumers(&env, 2, &[&new_a, &old_b]).await;
+    // Only old replicas ran between the migration and the first stop: the
+    // orders cancelled then were cancelled by the previous release, against
+    // the migrated outbox.
+    let by_old_after_migration: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders WHERE status = 'CANCELLED' \
+            AND cancelled_at > $1 AND cancelled_at < $2",
+    )
+    .bind(migrated_at)
+    .bind(stopped_a)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+
+    step("replace the second replica");
+    tokio::time::sleep(at(22_000)).await;
+    let old_b_logs = old_b.stop().await;
+    let new_b = Replica::start(&current, &env, "new-b");
+    wait_consumers(&env, 2, &[&new_a, &new_b]).await;
+    for (name, logs) in [("old-a", &old_a_logs), ("old-b", &old_b_logs)] {
+        assert!(
+            !logs.contains("no unique or exclusion constraint"),
+            "{name} failed against the migrated outbox:\n{logs}"
+        );
+    }
+    assert!(
+        by_old_after_migration >= 10,
+        "the old replicas cancelled orders after the migration ({by_old_after_migration})"
+    );
+
+    step("every order cancelled once, the pending releases finished");
+    tokio::time::sleep(at(26_000)).await;
+    inventory.open.store(true, Ordering::SeqCst);
+    env.eventually(Duration::from_secs(60), "every order cancelled", || async {
+        env.count("held-", "CANCELLED").await
+            + env.count("stream-", "CANCELLED").await
+            + env.count("cascade-", "CANCELLED").await
+            == n_orders
+    })
+    .await;
+    env.wait_outbox_done(Duration::from_secs(60)).await;
+    env.assert_stock_exact(5).await;
+    assert_eq!(env.count("paid-", "PAID").await, 20, "paid orders left alone");
+    let held = lateness(&env, "held-", 20).await;
+    let stream = lateness(&env, "stream-", 200).await;
+    let cascade = lateness(&env, "cascade-", 60).await;
+    eprintln!(
+        "upgrade: {n_orders} orders; lateness max: held {held}, stream {stream}, cascade {cascade}; \
+         {by_old_after_migration} cancelled by 0.1.0 after the migration"
+    );
+    assert!(
+        stream < chrono::Duration::seconds(3),
+        "orders due through the migration and the replacements are on time (max {stream})"
+    );
+    assert!(
+        cascade < chrono::Duration::seconds(3),
+        "orders waiting in the cascade are on time (max {cascade})"
+    );
+    let releases: i64 = sqlx::query_scalar("SELECT count(*) FROM inventory.releases")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(releases, n_orders, "one release per cancelled order");
+    for i in 0..20 {
+        let id = format!("held-{i:02}");
+        assert_eq!(env.release_calls(&id).await, Some(1), "{id} released once");
+    }
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    while (seen.len() as i64) < n_orders && tokio::time::Instant::now() < end {
+        drain_events(&mut events, &mut seen).await;
+    }
+    drain_events(&mut events, &mut seen).await;
+    assert_eq!(seen.len() as i64, n_orders, "an event per order");
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "events published twice: {twice:?}");
+
+    step("the parked message of the previous release, replayed by this one");
+    let (ok, out) = cli(&current, &env, &["parked", "list"]);
+    assert!(ok && out.contains("late-row"), "parked list: {out}");
+    let o = env.create_order("late-row", Duration::ZERO, &[(0, 1)]).await;
+    let _ = o;
+    let (ok, out) = cli(&current, &env, &["parked", "replay", "--all"]);
+    assert!(ok, "parked replay: {out}");
+    env.eventually(Duration::from_secs(20), "late-row cancelled", || async {
+        env.order_state("late-row").await.0 == "CANCELLED"
+    })
+    .await;
+    assert_eq!(env.parked_count().await, 0);
+    new_a.stop().await;
+    new_b.stop().await;
+
+    step("the way back before the contraction: the previous release works");
+    let back = Replica::start(&previous, &env, "back");
+    wait_consumers(&env, 1, &[&back]).await;
+    for i in 0..10 {
+        let o = env
+            .create_order(&format!("back-{i}"), Duration::from_secs(2), &[(1, 1)])
+            .await;
+        env.publish_timeout(&o).await;
+    }
+    env.eventually(Duration::from_secs(20), "back-* cancelled by 0.1.0", || async {
+        env.count("back-", "CANCELLED").await == 10
+    })
+    .await;
+    env.wait_outbox_done(Duration::from_secs(20)).await;
+    let back_logs = back.stop().await;
+    assert!(!back_logs.contains("ERROR"), "{back_logs}");
+
+    step("contract; the previous release can no longer cancel");
+    let (ok, out) = cli(&current, &env, &["migrate", "--contract"]);
+    assert!(
+        ok && out.contains("dropped order_timeout_cancel_outbox_order_id"),
+        "migrate --contract: {out}"
+    );
+    let (ok, out) = cli(&current, &env, &["migrate", "--contract"]);
+    assert!(ok && out.contains("nothing was kept"), "again: {out}");
+    let too_old = Replica::start(&previous, &env, "too-old");
+    wait_consumers(&env, 1, &[&too_old]).await;
+    let o = env
+        .create_order("after-contract", Duration::from_millis(500), &[(2, 1)])
+        .await;
+    env.publish_timeout(&o).await;
+    let end = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !too_old.logs().contains("no unique or exclusion constraint") {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "0.1.0 after the contraction:\n{}",
+            too_old.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(env.order_state("after-contract").await.0, "UNPAID");
+    too_old.stop().await;
+    // This release picks the order up from where 0.1.0 left it (a retry
+    // in the cascade): nothing is lost on the way back either.
+    let again = Replica::start(&current, &env, "again");
+    env.eventually(Duration::from_secs(30), "after-contract cancelled", || async {
+        env.order_state("after-contract").await.0 == "CANCELLED"
+    })
+    .await;
+    env.wait_outbox_done(Duration::from_secs(20)).await;
+    again.stop().await;
+    env.assert_stock_exact(5).await;
+}
+
+/// The version is one everywhere a shop reads it: the binary, the newest
+/// release in CHANGELOG.md, the Kubernetes image tag and its docs.
+#[test]
+fn the_version_is_the_changelogs_newest_release_and_the_images_tag() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let version = env!("CARGO_PKG_VERSION");
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_order-timeout")).arg("--version"),
+        Duration::from_secs(30),
+        "order-timeout --version",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("order-timeout {version}")
+    );
+    let changelog = std::fs::read_to_string(root.join("CHANGELOG.md")).unwrap();
+    let newest = changelog
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("## [")
+                .and_then(|r| r.split(']').next())
+                .filter(|v| v.chars().next().is_some_and(|c| c.is_ascii_digit()))
+        })
+        .expect("a release in CHANGELOG.md");
+    assert_eq!(newest, version, "CHANGELOG.md's newest release");
+    for (file, needle) in [
+        (
+            "deploy/kubernetes/kustomization.yaml",
+            format!("newTag: \"{version}\""),
+        ),
+        ("docs/kubernetes.md", format!("order-timeout:{version}")),
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        assert!(text.contains(&needle), "{file} names {needle}");
+    }
+    // Every release but the newest names its commit, which
+    // scripts/previous-release.sh builds.
+    let mut release = None;
+    for line in changelog.lines() {
+        if let Some(v) = line.strip_prefix("## [").and_then(|r| r.split(']').next()) {
+            release = Some(v.to_owned());
+        } else if let (Some(v), Some(commit)) = (&release, line.strip_prefix("Commit: `")) {
+            let sha = commit.trim_end_matches('`');
+            assert!(
+                sha.len() == 40 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+                "release {v}: a full commit hash, not {sha:?}"
+            );
+        }
+    }
+}
+
+/// A timer other than `cancel_unpaid` is refused while the outbox keeps
+/// order ids unique for the previous release, and accepted after `migrate
+/// --contract`; a new database is contracted by `migrate` at once.
+#[tokio::test]
+async fn other_timers_wait_for_the_contraction() {
+    let env = TestEnv::new().await;
+    let current = PathBuf::from(env!("CARGO_BIN_EXE_order-timeout"));
+    let kept: bool = sqlx::query_scalar(
+        "SELECT to_regclass('order_timeout_cancel_outbox_order_id') IS NOT NULL",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(!kept, "a new database keeps nothing for an earlier release");
+    let config = std::env::temp_dir().join(format!(
+        "upgrade-timers-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(
+        &config,
+        r#"
+[[timers]]
+name = "auto_complete"
+from = "PAID"
+to = "COMPLETED"
+deadline = "expires_at + interval '7 days'"
+"#,
+    )
+    .unwrap();
+    let check = || {
+        cli(
+            &current,
+            &env,
+            &["--config", config.to_str().unwrap(), "schema", "check"],
+        )
+    };
+    let (ok, out) = check();
+    assert!(ok, "schema check on a contracted database: {out}");
+    // As 0.1.0's database is after `migrate`: the index kept for it.
+    sqlx::query(
+        "CREATE UNIQUE INDEX order_timeout_cancel_outbox_order_id \
+             ON order_timeout_cancel_outbox (order_id)",
+    )
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    let (ok, out) = check();
+    assert!(!ok, "refused while the index is kept: {out}");
+    assert!(
+        out.contains("auto_complete") && out.contains("migrate --contract"),
+        "says which timer and what to run: {out}"
+    );
+    let (ok, out) = cli(&current, &env, &["migrate"]);
+    assert!(
+        ok && out.contains("kept for 0.1.0 replicas"),
+        "migrate says what it keeps: {out}"
+    );
+    let (ok, out) = cli(&current, &env, &["migrate", "--contract"]);
+    assert!(ok, "{out}");
+    let (ok, out) = check();
+    assert!(ok, "accepted after the contraction: {out}");
+    let _ = std::fs::remove_file(&config);
+}
