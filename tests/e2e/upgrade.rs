@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use order_timeout::broker::topology::DUE_QUEUE;
 use order_timeout_tools::inventory::ReferenceInventory;
@@ -131,7 +131,13 @@ impl Replica {
     /// SIGTERM, as a rolling update stops a pod; waits for a clean exit.
     async fn stop(mut self) -> String {
         let pid = self.process.0.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
         let end = tokio::time::Instant::now() + Duration::from_secs(30);
         let status = loop {
             if let Some(status) = self.process.0.try_wait().unwrap() {
@@ -177,7 +183,10 @@ async fn wait_consumers(env: &TestEnv, n: u32, replicas: &[&Replica]) {
                 .iter()
                 .map(|r| format!("--- {}\n{}", r.name, r.logs()))
                 .collect();
-            panic!("{n} consumers on the due queue within 30 s:\n{}", logs.join("\n"));
+            panic!(
+                "{n} consumers on the due queue within 30 s:\n{}",
+                logs.join("\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -219,7 +228,6 @@ async fn drain_events(consumer: &mut lapin::Consumer, seen: &mut HashMap<String,
             serde_json::from_slice(&delivery.data).expect("the event is JSON");
         let id = body["order_id"].as_str().expect("order_id").to_owned();
         *seen.entry(id).or_default() += 1;
-        delivery.ack(BasicAckOptions::default()).await.unwrap();
     }
 }
 
@@ -323,24 +331,31 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
         .execute(&env.pool)
         .await
         .unwrap();
-    env.publish_raw(br#"{"order_id":"late-row","timeout_ms":0}"#)
-        .await;
+    let late_row = serde_json::json!({
+        "order_id": "late-row",
+        "cancel_at": order_timeout::message::format_instant(Utc::now()),
+    });
+    env.publish_raw(late_row.to_string().as_bytes()).await;
     let publishing = Utc::now() - start;
     assert!(
         publishing < chrono::Duration::seconds(4),
         "publishing took {publishing}: the timeline below needs it under 4 s"
     );
 
-    env.eventually(Duration::from_secs(20), "held-* cancelled, releases pending", || async {
-        let pending: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM order_timeout_cancel_outbox \
+    env.eventually(
+        Duration::from_secs(20),
+        "held-* cancelled, releases pending",
+        || async {
+            let pending: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM order_timeout_cancel_outbox \
               WHERE starts_with(order_id, 'held-') AND stock_released_at IS NULL",
-        )
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-        pending == 20
-    })
+            )
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+            pending == 20
+        },
+    )
     .await;
     env.eventually(Duration::from_secs(10), "late-row parked", || async {
         env.parked_count().await == 1
@@ -404,7 +419,11 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
     .await;
     env.wait_outbox_done(Duration::from_secs(60)).await;
     env.assert_stock_exact(5).await;
-    assert_eq!(env.count("paid-", "PAID").await, 20, "paid orders left alone");
+    assert_eq!(
+        env.count("paid-", "PAID").await,
+        20,
+        "paid orders left alone"
+    );
     let held = lateness(&env, "held-", 20).await;
     let stream = lateness(&env, "stream-", 200).await;
     let cascade = lateness(&env, "cascade-", 60).await;
@@ -440,8 +459,13 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
 
     step("the parked message of the previous release, replayed by this one");
     let (ok, out) = cli(&current, &env, &["parked", "list"]);
-    assert!(ok && out.contains("late-row"), "parked list: {out}");
-    let o = env.create_order("late-row", Duration::ZERO, &[(0, 1)]).await;
+    assert!(
+        ok && out.contains("late-row") && out.contains("unknown_order"),
+        "parked list: {out}"
+    );
+    let o = env
+        .create_order("late-row", Duration::ZERO, &[(0, 1)])
+        .await;
     let _ = o;
     let (ok, out) = cli(&current, &env, &["parked", "replay", "--all"]);
     assert!(ok, "parked replay: {out}");
@@ -449,7 +473,8 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
         env.order_state("late-row").await.0 == "CANCELLED"
     })
     .await;
-    assert_eq!(env.parked_count().await, 0);
+    let (_, parked) = cli(&current, &env, &["parked", "list"]);
+    assert_eq!(env.parked_count().await, 0, "{parked}");
     new_a.stop().await;
     new_b.stop().await;
 
@@ -462,9 +487,11 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
             .await;
         env.publish_timeout(&o).await;
     }
-    env.eventually(Duration::from_secs(20), "back-* cancelled by 0.1.0", || async {
-        env.count("back-", "CANCELLED").await == 10
-    })
+    env.eventually(
+        Duration::from_secs(20),
+        "back-* cancelled by 0.1.0",
+        || async { env.count("back-", "CANCELLED").await == 10 },
+    )
     .await;
     env.wait_outbox_done(Duration::from_secs(20)).await;
     let back_logs = back.stop().await;
@@ -498,9 +525,11 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
     // This release picks the order up from where 0.1.0 left it (a retry
     // in the cascade): nothing is lost on the way back either.
     let again = Replica::start(&current, &env, "again");
-    env.eventually(Duration::from_secs(30), "after-contract cancelled", || async {
-        env.order_state("after-contract").await.0 == "CANCELLED"
-    })
+    env.eventually(
+        Duration::from_secs(30),
+        "after-contract cancelled",
+        || async { env.order_state("after-contract").await.0 == "CANCELLED" },
+    )
     .await;
     env.wait_outbox_done(Duration::from_secs(20)).await;
     again.stop().await;
