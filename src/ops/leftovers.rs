@@ -379,58 +379,29 @@ mod tests {
         }
     }
 
+    /// Shard 2 all empty, shard 3 partly; the removed 7 s lane's shard 0
+    /// empty and its shard 1 holding; an empty shard of the kept lane.
+    fn sample() -> LeftoverReport {
+        let cascade = |shard, level| Place::Cascade { shard, level };
+        let lane = |lane_secs, shard| Place::Lane { lane_secs, shard };
+        LeftoverReport {
+            queues: vec![
+                queue("order-timeout.delay.00.s2", cascade(2, 0), 0),
+                queue("order-timeout.delay.01.s2", cascade(2, 1), 0),
+                queue("order-timeout.delay.00.s3", cascade(3, 0), 0),
+                queue("order-timeout.delay.03.s3", cascade(3, 3), 5),
+                queue("order-timeout.lane.7s", lane(7, 0), 0),
+                queue("order-timeout.lane.7s.s1", lane(7, 1), 2),
+                queue("order-timeout.lane.1800s.s1", lane(1800, 1), 0),
+            ],
+            record_unread: None,
+        }
+    }
+
     #[test]
     fn a_shard_may_go_only_when_all_of_it_is_empty_and_a_removed_lanes_entry_is_named() {
         let current = layout(2, &["30m"], 1);
-        let report = LeftoverReport {
-            queues: vec![
-                queue(
-                    "order-timeout.delay.00.s2",
-                    Place::Cascade { shard: 2, level: 0 },
-                    0,
-                ),
-                queue(
-                    "order-timeout.delay.01.s2",
-                    Place::Cascade { shard: 2, level: 1 },
-                    0,
-                ),
-                queue(
-                    "order-timeout.delay.00.s3",
-                    Place::Cascade { shard: 3, level: 0 },
-                    0,
-                ),
-                queue(
-                    "order-timeout.delay.03.s3",
-                    Place::Cascade { shard: 3, level: 3 },
-                    5,
-                ),
-                queue(
-                    "order-timeout.lane.7s",
-                    Place::Lane {
-                        lane_secs: 7,
-                        shard: 0,
-                    },
-                    0,
-                ),
-                queue(
-                    "order-timeout.lane.7s.s1",
-                    Place::Lane {
-                        lane_secs: 7,
-                        shard: 1,
-                    },
-                    2,
-                ),
-                queue(
-                    "order-timeout.lane.1800s.s1",
-                    Place::Lane {
-                        lane_secs: 1800,
-                        shard: 1,
-                    },
-                    0,
-                ),
-            ],
-            record_unread: None,
-        };
+        let report = sample();
         assert_eq!(report.messages(), 7);
         let advice = report.advice(&current);
         assert_eq!(advice.len(), 6, "{advice:?}");
@@ -460,7 +431,12 @@ mod tests {
                 entry_key: None
             }
         );
-        let text = lines(&report, &current).join("\n");
+    }
+
+    #[test]
+    fn the_lines_say_what_is_held_what_can_go_and_what_was_not_looked_for() {
+        let current = layout(2, &["30m"], 1);
+        let text = lines(&sample(), &current).join("\n");
         assert!(
             text.contains("LEFTOVER queue order-timeout.delay.03.s3 holds 5 messages"),
             "{text}"
