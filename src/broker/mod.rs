@@ -1,6 +1,7 @@
 //! The broker side: connecting, settling deliveries in few frames
 //! ([`acks`]), the objects the service declares
 //! ([`topology`]) and **the delay cascade** they form ([`cascade`]), the
+//! record of the layouts declared on the vhost ([`layouts`]), the
 //! `x-*` headers ([`headers`]), confirmed publishing ([`publisher`]), the
 //! parked-message format ([`parked`]), and `amqps://` ([`tls`]).
 
@@ -14,6 +15,7 @@ pub mod acks;
 pub mod cascade;
 pub mod headers;
 pub mod lanes;
+pub mod layouts;
 pub mod parked;
 pub mod publisher;
 pub mod tls;

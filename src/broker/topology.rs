@@ -22,6 +22,16 @@
 //! [`binding_specs`]): [`declare`] creates them, `topology check` compares
 //! the broker's objects against them, and the tests below walk a message
 //! through them as the broker would.
+//!
+//! **Changing the layout.** Nothing here deletes an object: after
+//! `cascade_shards` or `lane_shards` shrink or a lane is removed, the queues
+//! the new layout no longer declares keep their TTL and dead-letter
+//! exchange, and an old cascade shard keeps its lower levels' exchanges and
+//! bindings, so what waits there is delivered where it is (the tests below
+//! walk an old shard's messages through the objects an old and a new
+//! layout leave on the broker). [`super::layouts`] records every layout
+//! declared, so that `topology check` and `pending` name what is left over
+//! ([`crate::ops::leftovers`]).
 
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
@@ -32,6 +42,7 @@ use lapin::{Channel, Connection, ErrorKind, ExchangeKind};
 
 use super::cascade::{DelayRoute, LEVELS, bit_pattern, shard_level_name};
 use super::lanes::{self, lane_name, lane_ttl_ms};
+use super::layouts::{self, LAYOUTS_QUEUE};
 use crate::settings::{Lane, QueueType, Settings, Shards};
 
 /// Entry exchange the order service publishes timeouts to (direct, durable).
@@ -217,6 +228,10 @@ pub fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
             name: PARKED_QUEUE.into(),
             args: queue_args(queue_type, Reads::Consumed, None, None),
         },
+        QueueSpec {
+            name: LAYOUTS_QUEUE.into(),
+            args: queue_args(queue_type, Reads::Consumed, None, None),
+        },
     ];
     for shard in layout.shard_range() {
         for k in 0..LEVELS {
@@ -355,7 +370,8 @@ pub fn queue_options() -> QueueDeclareOptions {
 
 /// Declares every exchange, queue and binding, on a channel of its own
 /// (a refused declaration closes the channel it was made on). Idempotent:
-/// safe to run on every start and from several replicas at once.
+/// safe to run on every start and from several replicas at once. Adds the
+/// layout to the record of the layouts declared on the vhost ([`layouts`]).
 ///
 /// A due or parked queue declared by an older version, without
 /// [`DELIVERY_LIMIT`], is used as it is, with a warning naming the fix
@@ -368,6 +384,14 @@ pub async fn declare(connection: &Connection, layout: &Layout) -> Result<(), Top
     declare_exchanges(&channel, layout).await?;
     for spec in queue_specs(layout) {
         declare_queue(connection, &mut channel, &spec).await?;
+    }
+    // Before the bindings that route into a new layout's queues: a layout
+    // in use is always in the record. A failure to record costs only the
+    // reports of leftover queues, never a timeout, so it does not stop the
+    // start.
+    match layouts::record(connection, layout).await {
+        Ok(added) => tracing::debug!(added, "layout recorded"),
+        Err(e) => tracing::warn!(error = %e, "could not record the layout in {LAYOUTS_QUEUE}; `topology check` may not name the queues of this layout once it changes"),
     }
     declare_bindings(&channel, layout).await?;
     let _ = channel.close(200, "declared".into()).await;
@@ -543,8 +567,11 @@ mod tests {
     /// Follows a message through the declared bindings and dead-letter
     /// exchanges, as the broker would, and returns the queues it waits in.
     fn walk(layout: &Layout, route: &DelayRoute) -> Vec<String> {
-        let bindings = binding_specs(layout);
-        let queues = queue_specs(layout);
+        walk_on(&binding_specs(layout), &queue_specs(layout), route)
+    }
+
+    /// [`walk`] through `bindings` and `queues`: what is on the broker.
+    fn walk_on(bindings: &[BindingSpec], queues: &[QueueSpec], route: &DelayRoute) -> Vec<String> {
         let key: Vec<&str> = route.routing_key.split('.').collect();
         let mut visited = Vec::new();
         let mut exchange = route.exchange.clone();
@@ -680,6 +707,63 @@ mod tests {
     }
 
     #[test]
+    fn after_a_layout_change_what_waits_in_the_old_queues_is_delivered_where_it_is() {
+        // The broker keeps what every layout declared: nothing is deleted.
+        let old = with_lanes(&["7s", "30m"], 4);
+        let new = Layout {
+            shards: Shards::try_from(2).unwrap(),
+            lanes: vec![Lane::try_from("30m".to_string()).unwrap()],
+            lane_shards: Shards::try_from(1).unwrap(),
+            ..old.clone()
+        };
+        let on_broker = |f: fn(&Layout) -> Vec<BindingSpec>| {
+            let mut all = f(&old);
+            all.extend(f(&new));
+            all
+        };
+        let bindings = on_broker(binding_specs);
+        let mut queues = queue_specs(&old);
+        queues.extend(queue_specs(&new));
+        let new_names: Vec<String> = queue_specs(&new).into_iter().map(|q| q.name).collect();
+        // Old shards 2 and 3: every level's message takes its own shard's
+        // lower levels, which the new layout does not declare, to the exit.
+        for shard in [2, 3] {
+            for d in [1u64, 5, 12, 1800, 86_399] {
+                let route = cascade_route(d, shard);
+                let visited = walk_on(&bindings, &queues, &route);
+                assert_eq!(visited.len() as u32, route.hops, "d={d} shard={shard}");
+                assert!(
+                    visited.iter().all(|q| !new_names.contains(q)),
+                    "{visited:?}"
+                );
+                let total: u64 = visited.iter().map(|q| ttl_ms(&old, q)).sum();
+                assert_eq!(total, d * 1000, "never early, never later");
+            }
+        }
+        // The removed lane and the lane shards beyond the new count: one hop
+        // into the exit.
+        for lane in ["7s", "30m"] {
+            let lane = Lane::try_from(lane.to_string()).unwrap();
+            for shard in 1..4 {
+                let route = DelayRoute {
+                    exchange: String::new(),
+                    routing_key: lane_name(lane, shard),
+                    hops: 1,
+                };
+                assert_eq!(walk_on(&bindings, &queues, &route).len(), 1);
+            }
+        }
+        // The removed lane's entry stays bound to its shard 0: what an order
+        // service still publishes with it waits there, and is delivered.
+        let entry = DelayRoute {
+            exchange: ENTRY_EXCHANGE.into(),
+            routing_key: "schedule.7s".into(),
+            hops: 1,
+        };
+        assert_eq!(walk_on(&bindings, &queues, &entry), ["order-timeout.lane.7s"]);
+    }
+
+    #[test]
     fn every_level_has_a_fixed_ttl_and_dead_letters_one_level_down() {
         let layout = layout(2);
         let specs = queue_specs(&layout);
@@ -721,7 +805,7 @@ mod tests {
                 .map(|q| q.name)
                 .collect()
         };
-        assert_eq!(limited(&layout(2)), [DUE_QUEUE, PARKED_QUEUE]);
+        assert_eq!(limited(&layout(2)), [DUE_QUEUE, PARKED_QUEUE, LAYOUTS_QUEUE]);
         let due = &queue_specs(&layout(1))[0];
         assert_eq!(
             due.args.inner().get("x-delivery-limit"),
@@ -753,7 +837,7 @@ mod tests {
                 }
             }
             assert_eq!(exchanges.len(), 3 + (LEVELS * shards) as usize);
-            assert_eq!(queues.len(), 2 + (LEVELS * shards) as usize);
+            assert_eq!(queues.len(), 3 + (LEVELS * shards) as usize);
         }
     }
 }

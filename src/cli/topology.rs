@@ -7,6 +7,7 @@ use clap::{Args, Subcommand};
 
 use super::connect;
 use crate::broker::topology::{BindingDestination, DELIVERY_LIMIT_FIX, Layout};
+use crate::ops::leftovers;
 use crate::ops::topology_check::{self, Status};
 use crate::settings::{QueueType, Settings};
 
@@ -14,7 +15,9 @@ use crate::settings::{QueueType, Settings};
 #[derive(Debug, Subcommand)]
 pub enum TopologyCommand {
     /// Compare the broker's exchanges and queues with what the service
-    /// declares; exit 0 when everything matches, 1 otherwise. Creates nothing.
+    /// declares, and list the queues earlier layouts left (with what they
+    /// hold); exit 0 when everything declared matches, 1 otherwise. Creates
+    /// nothing.
     Check(CheckArgs),
 }
 
@@ -29,7 +32,12 @@ pub struct CheckArgs {
 pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow::Result<ExitCode> {
     let TopologyCommand::Check(args) = command;
     let conn = connect(&settings, "order-timeout-topology-check").await?;
-    let report = topology_check::check(&conn, &Layout::of(&settings)).await;
+    let layout = Layout::of(&settings);
+    let report = topology_check::check(&conn, &layout).await;
+    let leftovers = match &report {
+        Ok(_) => Some(leftovers::find(&conn, &layout).await),
+        Err(_) => None,
+    };
     crate::broker::close_quietly(&conn).await;
     let report = report?;
     let vhost = vhost_of(&settings);
@@ -65,6 +73,13 @@ pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow:
         report.bindings.len(),
         broken,
     );
+    // Informational: leftovers are delivered where they are, so they do
+    // not make the check fail.
+    if let Some(leftovers) = leftovers {
+        for line in leftovers::lines(&leftovers?, &layout) {
+            println!("{line}");
+        }
+    }
     if report.is_ok() {
         println!("OK");
         Ok(ExitCode::SUCCESS)

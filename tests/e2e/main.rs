@@ -14,6 +14,7 @@ mod failures;
 mod guarantees;
 mod kubernetes;
 mod lanes;
+mod layout_changes;
 mod operations;
 mod outbox;
 mod permanent_failures;
