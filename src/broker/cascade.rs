@@ -101,7 +101,7 @@ pub const HOLD_SLACK_MS: u64 = 500;
 /// so a "round" 10 s timeout has 9.99 s left: 9 s = `1001` is 2 hops, while
 /// 8 s = `1000` is 1 and leaves 1.99 s for the hold. Every hop is a quorum
 /// enqueue and a pass through a dead-letter worker, the broker's scarcest
-/// work here (docs/BENCHMARKS.md); odd second counts lose one hop, half a
+/// work here (docs/benchmarks-log.md); odd second counts lose one hop, half a
 /// hop saved per cascade message on average.
 pub fn cascade_delay_secs(remaining_ms: u64) -> u64 {
     let longest = (remaining_ms.saturating_sub(HOLD_SLACK_MS) / 1000).max(1);

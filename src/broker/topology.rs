@@ -335,7 +335,7 @@ pub fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
     for &lane in &layout.lanes {
         // A direct exchange copies a message to every queue bound with its
         // key, so a lane entry goes to one shard; one lane shard carried
-        // 2,000 orders/s on the benchmark machine (docs/BENCHMARKS.md).
+        // 2,000 orders/s on the benchmark machine (docs/benchmarks-log.md).
         specs.push(queue(ENTRY_EXCHANGE, &lane_name(lane, 0), lane_entry_key(lane)));
     }
     for shard in layout.shard_range() {

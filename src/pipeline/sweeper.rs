@@ -38,7 +38,7 @@
 //! in the cascade for minutes (RabbitMQ's dead-letter worker starts before
 //! the next level's queue is back and retries only after
 //! `dead_letter_worker_publisher_confirm_timeout`). Measured in
-//! docs/BENCHMARKS.md, "Broker crashes".
+//! docs/benchmarks-log.md, "Broker crashes".
 
 use std::collections::HashSet;
 

@@ -16,8 +16,8 @@ use serde::Deserialize;
 use super::Shards;
 
 /// Default `lane_shards`: four. One lane shard carried 2,000 orders/s on
-/// the 2-core test machine (p99 lateness 10 ms, docs/BENCHMARKS.md
-/// "Lanes"); four leave headroom for faster machines and spread a lane's
+/// the 2-core test machine (p99 lateness 10 ms, docs/benchmarks-log.md
+/// "Headline: the shared-timeout workload, with lanes"); four leave headroom for faster machines and spread a lane's
 /// queue leaders over a cluster's nodes.
 pub const DEFAULT_LANE_SHARDS: Shards = Shards(4);
 

@@ -42,7 +42,7 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9464";
 
 /// The batcher's default wait for more due orders ([`Settings::batch_linger`]):
 /// 25 ms. Measured with `bench` at 1,000 orders/s on a shared 31 s window,
-/// four alternating runs each against 10 ms (docs/BENCHMARKS.md): the
+/// four alternating runs each against 10 ms (docs/benchmarks-log.md): the
 /// service's statements cost PostgreSQL 0.10 instead of 0.13–0.14 ms of CPU
 /// per order, the reference inventory's 0.03 instead of 0.04–0.05, all
 /// processes 0.91–1.03 instead of 1.00–1.13 ms, for lateness p99 ~30
@@ -145,7 +145,7 @@ impl TryFrom<u32> for Shards {
 }
 
 impl Default for Shards {
-    /// Four, for the cascade: measured with `bench` (docs/BENCHMARKS.md).
+    /// Four, for the cascade: measured with `bench` (docs/benchmarks-log.md).
     fn default() -> Self {
         Self(4)
     }

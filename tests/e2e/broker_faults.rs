@@ -6,7 +6,7 @@
 //! none lost, none early, stock exact, the latest order at most the outage
 //! plus a few seconds late, and orders due after recovery on time.
 //!
-//! The figures are printed (`--nocapture`); docs/BENCHMARKS.md "Broker
+//! The figures are printed (`--nocapture`); docs/benchmarks-log.md "Broker
 //! crashes" records them, with `crash_levers_measured` (ignored: ~10 min)
 //! comparing the broker setting and the service's catch-up sweeps.
 

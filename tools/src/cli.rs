@@ -42,7 +42,7 @@ pub enum Command {
     /// (`--part query`: 1,000,000 rows, windows of 0, ~1,000 and ~60,000
     /// rows, with the plan) and the lateness of its flips at 1,000 rows/s
     /// coming due with nobody publishing (`--part lateness`), on
-    /// PostgreSQL or MariaDB (see docs/BENCHMARKS.md).
+    /// PostgreSQL or MariaDB (see docs/benchmarks-log.md).
     BenchWatch(Box<crate::bench::watch::WatchArgs>),
     /// Run the reference gRPC inventory service (stock in `inventory.stock`
     /// of DATABASE_URL's database).
