@@ -43,6 +43,11 @@ if [[ -x $bin && -f $out/commit && $(cat "$out/commit") == "$commit" ]]; then
     echo "$PWD/$bin"
     exit 0
 fi
+if ! git cat-file -e "$commit^{commit}" 2>/dev/null \
+    && [[ $(git rev-parse --is-shallow-repository 2>/dev/null) == true ]]; then
+    echo "previous-release: a shallow clone; fetching the history for $commit" >&2
+    git fetch --quiet --unshallow >&2 || true
+fi
 if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
     echo "previous-release: commit $commit of release $version is not in this checkout's history (a shallow clone? git fetch --unshallow)" >&2
     exit 1

@@ -518,6 +518,66 @@ impl Findings {
     }
 }
 
+/// The cancel transaction's statements on `tx` (see the module docs); the
+/// caller commits, or rolls back at once when they fail.
+async fn cancel_in(
+    tx: &mut Tx,
+    store: &MySqlStore,
+    prepared: &Prepared<MySql>,
+    ids: &[&str],
+    lease: Duration,
+) -> Result<Vec<StateRow>, StoreError> {
+    let mut orders = lock_orders(tx, store, prepared, ids).await?;
+    // The rows `SKIP LOCKED` left out, as last committed: which of them
+    // exist, and which another transaction holds while they are due.
+    let skipped: Vec<&str> = match prepared.sql.skip_locked {
+        true => ids
+            .iter()
+            .copied()
+            .filter(|id| !orders.contains_key(*id))
+            .collect(),
+        false => Vec::new(),
+    };
+    let held = match skipped.is_empty() {
+        true => HashMap::new(),
+        false => {
+            let sql = &prepared.sql.read_orders;
+            read_orders(tx, store, prepared, &skipped, sql).await?
+        }
+    };
+    let outbox = lock_outbox(tx, &store.timer, ids).await?;
+    // After the locks: a cancel that waited for a row the shop held is
+    // timed when it happened, not when it began waiting.
+    let db_now = utc_now(tx).await?;
+    let eligible = eligible(ids, &orders, &outbox);
+    let mut flipped = Vec::new();
+    if !eligible.is_empty() {
+        flipped = flip(tx, store, prepared, &eligible, &mut orders).await?;
+    }
+    let mut findings = Findings {
+        orders,
+        held,
+        outbox,
+        cancelled: HashMap::new(),
+        taken: Vec::new(),
+        db_now,
+    };
+    // In id order, as the rows were locked.
+    let flipped: Vec<(String, DateTime<Utc>)> = (flipped.into_iter())
+        .map(|id| {
+            let at = findings.cancelled_at(&id);
+            (id, at)
+        })
+        .collect();
+    if !flipped.is_empty() {
+        record_effects(tx, store, prepared, &flipped, lease).await?;
+    }
+    findings.cancelled = flipped.into_iter().collect();
+    findings.taken = take_over(tx, &store.timer, ids, &findings.outbox, lease).await?;
+    let none = store.timer.release == Release::None;
+    Ok(ids.iter().map(|id| findings.state_row(id, none)).collect())
+}
+
 /// The database's UTC clock.
 async fn utc_now(tx: &mut Tx) -> Result<DateTime<Utc>, StoreError> {
     Ok(sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
@@ -991,56 +1051,19 @@ impl SqlDialect for MySql {
         lease: Duration,
     ) -> Result<Vec<StateRow>, StoreError> {
         let mut tx = store.pool.begin().await?;
-        let mut orders = lock_orders(&mut tx, store, prepared, ids).await?;
-        // The rows `SKIP LOCKED` left out, as last committed: which of them
-        // exist, and which another transaction holds while they are due.
-        let skipped: Vec<&str> = match prepared.sql.skip_locked {
-            true => ids
-                .iter()
-                .copied()
-                .filter(|id| !orders.contains_key(*id))
-                .collect(),
-            false => Vec::new(),
-        };
-        let held = match skipped.is_empty() {
-            true => HashMap::new(),
-            false => {
-                let sql = &prepared.sql.read_orders;
-                read_orders(&mut tx, store, prepared, &skipped, sql).await?
+        match cancel_in(&mut tx, store, prepared, ids, lease).await {
+            Ok(rows) => {
+                tx.commit().await?;
+                Ok(rows)
             }
-        };
-        let outbox = lock_outbox(&mut tx, &store.timer, ids).await?;
-        // After the locks: a cancel that waited for a row the shop held is
-        // timed when it happened, not when it began waiting.
-        let db_now = utc_now(&mut tx).await?;
-        let eligible = eligible(ids, &orders, &outbox);
-        let mut flipped = Vec::new();
-        if !eligible.is_empty() {
-            flipped = flip(&mut tx, store, prepared, &eligible, &mut orders).await?;
+            // Rolled back now, not when the connection is next used: the
+            // rows it locked are free before the caller runs the batch again
+            // order by order.
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Err(e)
+            }
         }
-        let mut findings = Findings {
-            orders,
-            held,
-            outbox,
-            cancelled: HashMap::new(),
-            taken: Vec::new(),
-            db_now,
-        };
-        // In id order, as the rows were locked.
-        let flipped: Vec<(String, DateTime<Utc>)> = (flipped.into_iter())
-            .map(|id| {
-                let at = findings.cancelled_at(&id);
-                (id, at)
-            })
-            .collect();
-        if !flipped.is_empty() {
-            record_effects(&mut tx, store, prepared, &flipped, lease).await?;
-        }
-        findings.cancelled = flipped.into_iter().collect();
-        findings.taken = take_over(&mut tx, &store.timer, ids, &findings.outbox, lease).await?;
-        tx.commit().await?;
-        let none = store.timer.release == Release::None;
-        Ok(ids.iter().map(|id| findings.state_row(id, none)).collect())
     }
 
     async fn items(

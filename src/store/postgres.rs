@@ -47,6 +47,32 @@ fn migrator() -> sqlx::migrate::Migrator {
     migrator
 }
 
+/// The cancel statement `query` and the timer's `also` statements for each
+/// order it flipped, on `tx`; the caller commits, or rolls back at once
+/// when they fail.
+async fn cancel_with_also(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    store: &PgStore,
+    prepared: &Prepared<Postgres>,
+    query: sqlx::query::QueryAs<'_, sqlx::Postgres, StateRow, sqlx::postgres::PgArguments>,
+) -> Result<Vec<StateRow>, StoreError> {
+    let o = &store.timer;
+    let rows = query.fetch_all(&mut **tx).await?;
+    for row in rows.iter().filter(|r| r.just_cancelled) {
+        for (statement, params) in o.also.iter().zip(&prepared.also_params) {
+            let mut also = sqlx::query(AssertSqlSafe(statement.clone()));
+            for param in params {
+                also = also.bind(param.bind(&row.id).map_err(|problem| StoreError::Schema {
+                    key: o.key(TimerKey::Also),
+                    problem,
+                })?);
+            }
+            also.execute(&mut **tx).await?;
+        }
+    }
+    Ok(rows)
+}
+
 /// What the migrations keep for the previous release ([`super::releases`]).
 const EXPANSIONS: [Expansion; 1] = [releases::OUTBOX_ORDER_ID_UNIQUE];
 
@@ -346,24 +372,32 @@ impl SqlDialect for Postgres {
             .bind(o.release == Release::None)
             .bind(o.name.as_str());
         if o.also.is_empty() {
-            return Ok(query.fetch_all(&store.pool).await?);
+            let mut conn = store.pool.acquire().await?;
+            return match query.fetch_all(&mut *conn).await {
+                Ok(rows) => Ok(rows),
+                Err(e) => {
+                    // PostgreSQL reports the error before it has ended the
+                    // statement's transaction: wait for the session to be
+                    // ready again, so that the rows the statement locked
+                    // are free before the caller runs the batch again order
+                    // by order (else they are skipped there as locked).
+                    let _ = conn.ping().await;
+                    Err(e.into())
+                }
+            };
         }
         let mut tx = store.pool.begin().await?;
-        let rows = query.fetch_all(&mut *tx).await?;
-        for row in rows.iter().filter(|r| r.just_cancelled) {
-            for (statement, params) in o.also.iter().zip(&prepared.also_params) {
-                let mut also = sqlx::query(AssertSqlSafe(statement.clone()));
-                for param in params {
-                    also = also.bind(param.bind(&row.id).map_err(|problem| StoreError::Schema {
-                        key: o.key(TimerKey::Also),
-                        problem,
-                    })?);
-                }
-                also.execute(&mut *tx).await?;
+        match cancel_with_also(&mut tx, store, prepared, query).await {
+            Ok(rows) => {
+                tx.commit().await?;
+                Ok(rows)
+            }
+            // Rolled back now, not when the connection is next used.
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Err(e)
             }
         }
-        tx.commit().await?;
-        Ok(rows)
     }
 
     async fn items(
