@@ -46,7 +46,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use serde::{Deserialize, Serialize};
 
-use super::topology::{Layout, soft_error};
+use super::layout::Layout;
+use super::refusals::{is_not_found, soft_error};
 use crate::settings::{Lane, QueueType};
 
 /// The durable queue holding one [`RecordedLayout`] per layout declared on
@@ -167,7 +168,7 @@ async fn hold(connection: &Connection, wait: Duration) -> Result<Held, RecordErr
                 super::close_channel_quietly(&channel).await;
                 return Err(RecordError::Busy(wait));
             }
-            Err(e) if crate::ops::topology_check::is_not_found(&e) => {
+            Err(e) if is_not_found(&e) => {
                 return Err(RecordError::Missing);
             }
             Err(e) => {

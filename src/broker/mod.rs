@@ -15,9 +15,11 @@ pub mod acks;
 pub mod cascade;
 pub mod headers;
 pub mod lanes;
+pub mod layout;
 pub mod layouts;
 pub mod parked;
 pub mod publisher;
+pub mod refusals;
 pub mod tls;
 pub mod topology;
 

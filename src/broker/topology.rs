@@ -36,14 +36,15 @@
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::protocol::AMQPSoftError;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Channel, Connection, ErrorKind, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 
-use super::cascade::{DelayRoute, LEVELS, bit_pattern, shard_level_name};
-use super::lanes::{self, lane_name, lane_ttl_ms};
+use super::cascade::{LEVELS, bit_pattern, shard_level_name};
+use super::lanes::{lane_name, lane_ttl_ms};
 use super::layouts::{self, LAYOUTS_QUEUE};
-use crate::settings::{Lane, QueueType, Settings, Shards};
+pub use super::refusals::soft_error;
+use crate::settings::{Lane, QueueType};
 
 /// Entry exchange the order service publishes timeouts to (direct, durable).
 pub const ENTRY_EXCHANGE: &str = "order-timeout";
@@ -76,57 +77,7 @@ pub const EVENTS_EXCHANGE: &str = "order-timeout.events";
 /// Routing key of the cancellation event.
 pub const CANCELLED_ROUTING_KEY: &str = crate::settings::CANCELLED_EVENT;
 
-/// What to declare: the queue type, the number of cascade shards, the lanes
-/// and their shards, as the settings ask ([`Layout::of`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Layout {
-    /// Queue type of every queue.
-    pub queue_type: QueueType,
-    /// Copies of the cascade.
-    pub shards: Shards,
-    /// The lanes ([`super::lanes`]).
-    pub lanes: Vec<Lane>,
-    /// Copies of each lane.
-    pub lane_shards: Shards,
-}
-
-impl Layout {
-    /// The broker objects `settings` ask for.
-    pub fn of(settings: &Settings) -> Self {
-        Self {
-            queue_type: settings.queue_type,
-            shards: settings.cascade_shards,
-            lanes: settings.lanes.clone(),
-            lane_shards: settings.lane_shards,
-        }
-    }
-
-    /// The cascade alone, `shards` times over, of `queue_type` queues.
-    pub fn cascade(queue_type: QueueType, shards: Shards) -> Self {
-        Self {
-            queue_type,
-            shards,
-            lanes: Vec::new(),
-            lane_shards: Shards::default(),
-        }
-    }
-
-    /// Where a message for `order_id`, due in `remaining_ms` (≥ 1 s), waits:
-    /// the lane it fits, else the cascade ([`lanes::delay_route`]).
-    pub fn route(&self, remaining_ms: u64, order_id: &str) -> DelayRoute {
-        lanes::delay_route(
-            remaining_ms,
-            order_id,
-            &self.lanes,
-            self.lane_shards,
-            self.shards,
-        )
-    }
-
-    fn shard_range(&self) -> std::ops::Range<u32> {
-        0..self.shards.get()
-    }
-}
+pub use super::layout::Layout;
 
 /// Errors declaring the topology.
 #[derive(Debug, thiserror::Error)]
@@ -520,17 +471,6 @@ Set the limit with a policy (applies at once, no restart): rabbitmqctl set_polic
 --apply-to quorum_queues --priority 10 order-timeout-delivery-limit '^order-timeout\\.(due|parked)$' \
 '{\"delivery-limit\": 1000000}' -- or delete the queue while it is empty and restart the service";
 
-/// A broker's soft (channel-level) error: its kind and its text.
-pub fn soft_error(error: &lapin::Error) -> Option<(AMQPSoftError, String)> {
-    match error.kind() {
-        ErrorKind::ProtocolError(e) => match e.kind() {
-            AMQPErrorKind::Soft(kind) => Some((kind.clone(), e.get_message().to_string())),
-            AMQPErrorKind::Hard(_) => None,
-        },
-        _ => None,
-    }
-}
-
 /// True when the broker refused a declaration because the existing queue
 /// has no `x-delivery-limit` (it predates [`DELIVERY_LIMIT`]). RabbitMQ
 /// says: "inequivalent arg 'x-delivery-limit' for queue '…': received the
@@ -546,6 +486,7 @@ pub fn predates_delivery_limit(error: &lapin::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::Shards;
     use crate::broker::cascade::tests::topic_matches;
     use crate::broker::cascade::{DelayRoute, HOLD_WINDOW_SECS, cascade_route, level_name};
 

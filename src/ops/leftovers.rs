@@ -29,10 +29,10 @@
 use lapin::{Channel, Connection};
 use serde::Serialize;
 
-use super::topology_check::is_not_found;
 use crate::broker::cascade::{LEVELS, shard_level_name};
 use crate::broker::lanes::lane_name;
 use crate::broker::layouts;
+use crate::broker::refusals::is_not_found;
 use crate::broker::topology::{Layout, lane_entry_key};
 use crate::settings::{Lane, Shards};
 

@@ -106,7 +106,7 @@ impl Pass {
         let queue = crate::broker::peek_queue(&channel, PARKED_QUEUE)
             .await
             .map_err(|e| {
-                if super::topology_check::is_not_found(&e) {
+                if crate::broker::refusals::is_not_found(&e) {
                     ParkedError::QueueMissing
                 } else {
                     ParkedError::Amqp(e)

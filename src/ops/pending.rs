@@ -38,9 +38,9 @@ use chrono::{DateTime, Utc};
 use lapin::{Channel, Connection};
 use serde::Serialize;
 
-use super::topology_check::is_not_found;
 use crate::broker::cascade::{LEVELS, shard_level_name};
 use crate::broker::lanes::lane_name;
+use crate::broker::refusals::is_not_found;
 use crate::broker::topology::{DUE_QUEUE, Layout, PARKED_QUEUE};
 use crate::message::format_instant;
 use crate::observe::metrics::Metrics;

@@ -118,10 +118,7 @@ impl TopologyReport {
     }
 }
 
-/// True for a channel closed with `404 NOT_FOUND`.
-pub fn is_not_found(error: &lapin::Error) -> bool {
-    soft_error(error).is_some_and(|(kind, _)| kind == AMQPSoftError::NOTFOUND)
-}
+pub use crate::broker::refusals::is_not_found;
 
 /// Maps a failed declare to a status; errors that are not about this
 /// object (connection loss, hard errors) stop the check.

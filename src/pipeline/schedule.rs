@@ -1,7 +1,9 @@
 //! Ending a job by making it wait: sent back through the delay store
 //! toward its deadline ([`Job::wait_until`]), or, under the cascade's
 //! one-second resolution, held unacked on an in-process timer and then
-//! handed to the batcher ([`hold`]).
+//! handed to the batcher ([`hold`]); a failed attempt waits the same way,
+//! with the backoff **the retry policy** gives ([`super::retry`]), or is
+//! parked once it says so ([`Job::fail`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,9 +12,13 @@ use chrono::{DateTime, Utc};
 use tokio::sync::mpsc;
 
 use super::context::{Context, Delayed, Worker};
+use super::failure::Failure;
 use super::job::{Job, ack_all};
+use super::park::park;
+use super::retry::{RetryDecision, later};
 use crate::broker::cascade::HOLD_WINDOW_SECS;
 use crate::broker::headers::Attempts;
+use crate::message::ParkReason;
 use crate::observe::metrics::{Metrics, Outcome};
 
 /// Remaining time below which a message is held in-process instead of going
@@ -70,6 +76,27 @@ impl Worker {
                 let attempts = job.attempts.clone();
                 job.wait_until(&ctx, at, db_now, attempts, outcome, &due)
                     .await;
+            },
+            span,
+        ));
+    }
+
+    /// A failure for an order: the first message is retried with backoff
+    /// or parked (in its own task: a hold must not block the caller);
+    /// duplicates are acked as `duplicate`, since one retry is enough.
+    pub(crate) fn retry_later(&self, jobs: Vec<Job>, failure: Failure) {
+        let mut jobs = jobs.into_iter();
+        let Some(first) = jobs.next() else { return };
+        let ctx = self.ctx.clone();
+        let due = self.due.clone();
+        let span = first.span.clone();
+        self.tracker.spawn(tracing::Instrument::instrument(
+            async move {
+                match due.upgrade() {
+                    Some(due) => first.fail(&ctx, failure, &due).await,
+                    None => first.requeue(&ctx.metrics).await,
+                }
+                ack_all(&ctx.metrics, jobs.collect(), Outcome::Duplicate).await;
             },
             span,
         ));
@@ -136,6 +163,48 @@ impl Job {
                 self.requeue(&ctx.metrics).await;
             }
         }
+    }
+
+    /// A failed attempt: re-schedule with backoff, or park once the
+    /// attempts are used up or waiting cannot fix it (**the retry policy**
+    /// decides: [`RetryPolicy::decide_after`]).
+    pub(crate) async fn fail(self, ctx: &Context, failure: Failure, due: &mpsc::Sender<Job>) {
+        let now = Utc::now();
+        let error = failure.to_string();
+        let attempts = self.attempts.failed(now, error.clone());
+        let reason = match ctx.retry.decide_after(&attempts, &failure) {
+            RetryDecision::RetryIn(delay) => {
+                tracing::warn!(order_id = %self.order_id(), attempt = attempts.count, retry_in = ?delay, %error, "transient failure; will retry");
+                let at = later(now, delay);
+                self.wait_until(ctx, at, now, attempts, Outcome::Retried, due)
+                    .await;
+                return;
+            }
+            RetryDecision::Park => {
+                tracing::error!(order_id = %self.order_id(), attempts = attempts.count, %error, "giving up; parking");
+                ParkReason::RetriesExhausted
+            }
+            RetryDecision::ParkAtOnce if failure.is_release_refused() => {
+                tracing::error!(order_id = %self.order_id(), attempts = attempts.count, %error, "the inventory refused the stock release for good; parking (replaying the message tries the release again)");
+                ParkReason::ReleaseFailed
+            }
+            RetryDecision::ParkAtOnce => {
+                tracing::error!(order_id = %self.order_id(), attempts = attempts.count, %error, "a failure waiting cannot fix; parking");
+                ParkReason::PermanentFailure
+            }
+        };
+        let order_id = Some(self.order_id().clone());
+        let timer = self.timer().clone();
+        park(
+            ctx,
+            self.delivery,
+            error,
+            reason,
+            order_id,
+            attempts,
+            Some(&timer),
+        )
+        .await;
     }
 }
 

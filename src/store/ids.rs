@@ -9,7 +9,7 @@
 //! truncate it into another order's id, or fail the whole batch.
 
 use super::StoreError;
-use super::shape::Column;
+use super::catalog::Column;
 use crate::message::OrderId;
 
 /// Why an order id cannot be a value of the shop's id column: such an id

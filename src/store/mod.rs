@@ -30,6 +30,7 @@ use crate::settings::{
     ConfigError, ItemsMapping, OrdersMapping, Release, SecretUrl, Settings, Timer, TimerName,
 };
 
+mod catalog;
 mod ids;
 mod mysql;
 mod postgres;

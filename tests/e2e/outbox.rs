@@ -6,90 +6,42 @@
 //! until the parked message is replayed; finished rows past the retention
 //! are deleted, pending and recent ones kept.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
 use order_timeout::broker::headers::header_str;
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout::shutdown::Shutdown;
-use order_timeout_tools::inventory::ReferenceInventory;
-use order_timeout_tools::inventory::pb;
-use order_timeout_tools::inventory::pb::inventory_server::Inventory;
 use order_timeout_tools::scratch;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
-use crate::common::TestEnv;
+use crate::common::{RuleInventory, TestEnv};
 use crate::store::mysql_base;
 
-/// The reference inventory, except for releases of orders named
-/// `stuck-*` (always `UNAVAILABLE`), `later-*` (`UNAVAILABLE` on the first
-/// call only) and `frozen-*` (`FAILED_PRECONDITION` while `frozen` is set).
-/// Counts the release calls per order.
-#[derive(Clone)]
-struct PickyInventory {
-    inner: ReferenceInventory,
-    calls: Arc<Mutex<HashMap<String, usize>>>,
-    frozen: Arc<AtomicBool>,
-}
-
-impl PickyInventory {
-    fn calls(&self, order: &str) -> usize {
-        self.calls.lock().unwrap().get(order).copied().unwrap_or(0)
-    }
-}
-
-#[tonic::async_trait]
-impl Inventory for PickyInventory {
-    async fn release_stock(
-        &self,
-        request: Request<pb::ReleaseStockRequest>,
-    ) -> Result<Response<pb::ReleaseStockResponse>, Status> {
-        let id = request.get_ref().order_id.clone();
-        let calls = {
-            let mut all = self.calls.lock().unwrap();
-            let n = all.entry(id.clone()).or_default();
-            *n += 1;
-            *n
-        };
-        if id.starts_with("stuck-") || (id.starts_with("later-") && calls == 1) {
-            return Err(Status::unavailable("the stock shard is down"));
-        }
-        if id.starts_with("frozen-") && self.frozen.load(Ordering::SeqCst) {
-            return Err(Status::failed_precondition(
-                "the order is frozen by an audit",
-            ));
-        }
-        self.inner.release_stock(request).await
-    }
-
-    async fn reserve_stock(
-        &self,
-        request: Request<pb::ReserveStockRequest>,
-    ) -> Result<Response<pb::ReserveStockResponse>, Status> {
-        self.inner.reserve_stock(request).await
-    }
-
-    async fn get_stock(
-        &self,
-        request: Request<pb::GetStockRequest>,
-    ) -> Result<Response<pb::GetStockResponse>, Status> {
-        self.inner.get_stock(request).await
-    }
-}
-
-/// Replaces the test's inventory server by a [`PickyInventory`] on the same
-/// address; returns it and the switch that stops it.
-async fn picky_inventory(env: &TestEnv) -> (PickyInventory, Shutdown) {
-    let server = PickyInventory {
-        inner: ReferenceInventory::new(env.pool.clone()),
-        calls: Arc::default(),
-        frozen: Arc::new(AtomicBool::new(true)),
-    };
-    let stop = env.replace_inventory(server.clone()).await;
-    (server, stop)
+/// The inventory of the outbox tests: the reference inventory, except for
+/// releases of orders named `stuck-*` (always `UNAVAILABLE`), `later-*`
+/// (`UNAVAILABLE` on the first call only) and `frozen-*`
+/// (`FAILED_PRECONDITION` while the returned switch is set, as it is at
+/// first).
+async fn picky_inventory(env: &TestEnv) -> (RuleInventory, Arc<AtomicBool>, Shutdown) {
+    let frozen = Arc::new(AtomicBool::new(true));
+    let still_frozen = frozen.clone();
+    let (inventory, stop) = env
+        .inventory_refusing(move |id, call| {
+            if id.starts_with("stuck-") || (id.starts_with("later-") && call == 1) {
+                Some(Status::unavailable("the stock shard is down"))
+            } else if id.starts_with("frozen-") && still_frozen.load(Ordering::SeqCst) {
+                Some(Status::failed_precondition(
+                    "the order is frozen by an audit",
+                ))
+            } else {
+                None
+            }
+        })
+        .await;
+    (inventory, frozen, stop)
 }
 
 /// The shop's database of a test: the test's own PostgreSQL database, or
@@ -267,7 +219,7 @@ async fn parked(env: &TestEnv) -> Vec<(String, String, Vec<u8>)> {
 /// within a few sweeps instead of never.
 async fn releases_that_keep_failing_do_not_starve_newer_ones(mariadb: bool) {
     let env = TestEnv::new().await;
-    let (inventory, stop_inventory) = picky_inventory(&env).await;
+    let (inventory, _frozen, stop_inventory) = picky_inventory(&env).await;
     let shop = Shop::new(&env, mariadb).await;
     let batch = 4;
     let stuck: Vec<String> = (0..3 * batch).map(|n| format!("stuck-{n:02}")).collect();
@@ -346,7 +298,7 @@ async fn releases_that_keep_failing_do_not_starve_newer_ones_on_mariadb() {
 /// the inventory accepts releases the stock.
 async fn a_refused_release_is_given_up_parked_and_replayable(mariadb: bool) {
     let env = TestEnv::new().await;
-    let (inventory, stop_inventory) = picky_inventory(&env).await;
+    let (inventory, frozen, stop_inventory) = picky_inventory(&env).await;
     let shop = Shop::new(&env, mariadb).await;
     shop.overdue_order("frozen-1").await;
     shop.overdue_order("fine-1").await;
@@ -378,7 +330,7 @@ async fn a_refused_release_is_given_up_parked_and_replayable(mariadb: bool) {
     assert_eq!(json["order_id"], "frozen-1");
 
     // The audit is over; the operator replays the message.
-    inventory.frozen.store(false, Ordering::SeqCst);
+    frozen.store(false, Ordering::SeqCst);
     env.publish_raw(body).await;
     env.eventually(
         Duration::from_secs(20),
@@ -412,7 +364,7 @@ async fn a_refused_release_is_given_up_parked_and_replayable_on_mariadb() {
 /// kept.
 async fn retention_deletes_old_finished_rows_only(mariadb: bool) {
     let env = TestEnv::new().await;
-    let (_inventory, stop_inventory) = picky_inventory(&env).await;
+    let (_inventory, _frozen, stop_inventory) = picky_inventory(&env).await;
     let shop = Shop::new(&env, mariadb).await;
     let old: Vec<String> = (0..5).map(|n| format!("done-{n}")).collect();
     let all: Vec<&str> = old

@@ -4,11 +4,9 @@
 //! queue's delivery limit, and header values at the edges. Against the
 //! real RabbitMQ, PostgreSQL and MariaDB.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::common::{STOCK, TestEnv, ready};
+use crate::common::{RuleInventory, STOCK, TestEnv, ready};
 use crate::store::mysql_base;
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
@@ -20,11 +18,8 @@ use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::SecretUrl;
 use order_timeout::shutdown::Shutdown;
 use order_timeout::store::StoreError;
-use order_timeout_tools::inventory::ReferenceInventory;
-use order_timeout_tools::inventory::pb;
-use order_timeout_tools::inventory::pb::inventory_server::Inventory;
 use order_timeout_tools::scratch;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 /// Generous lateness bound for "on time" on a busy 2-core machine.
 fn late_ok() -> chrono::Duration {
@@ -55,57 +50,16 @@ async fn parked(env: &TestEnv) -> Vec<(String, String, i64, Vec<u8>)> {
         .collect()
 }
 
-/// The reference inventory, except that it answers `FAILED_PRECONDITION`
-/// to every release of one order (an order the inventory has frozen, say),
-/// counting those calls.
-#[derive(Clone)]
-struct RefusingInventory {
-    inner: ReferenceInventory,
-    refuse: String,
-    refused: Arc<AtomicUsize>,
-}
-
-#[tonic::async_trait]
-impl Inventory for RefusingInventory {
-    async fn release_stock(
-        &self,
-        request: Request<pb::ReleaseStockRequest>,
-    ) -> Result<Response<pb::ReleaseStockResponse>, Status> {
-        if request.get_ref().order_id == self.refuse {
-            self.refused.fetch_add(1, Ordering::SeqCst);
-            return Err(Status::failed_precondition(
-                "the order is frozen by an audit",
-            ));
-        }
-        self.inner.release_stock(request).await
-    }
-
-    async fn reserve_stock(
-        &self,
-        request: Request<pb::ReserveStockRequest>,
-    ) -> Result<Response<pb::ReserveStockResponse>, Status> {
-        self.inner.reserve_stock(request).await
-    }
-
-    async fn get_stock(
-        &self,
-        request: Request<pb::GetStockRequest>,
-    ) -> Result<Response<pb::GetStockResponse>, Status> {
-        self.inner.get_stock(request).await
-    }
-}
-
-/// Replaces the test's inventory server by a [`RefusingInventory`] on the
-/// same address; returns the count of refused calls and the switch that
-/// stops it.
-async fn refuse_releases_of(env: &TestEnv, order: &str) -> (Arc<AtomicUsize>, Shutdown) {
-    let refused = Arc::new(AtomicUsize::new(0));
-    let server = RefusingInventory {
-        inner: ReferenceInventory::new(env.pool.clone()),
-        refuse: order.to_owned(),
-        refused: refused.clone(),
-    };
-    (refused, env.replace_inventory(server).await)
+/// Replaces the test's inventory server by one that answers
+/// `FAILED_PRECONDITION` to every release of `order` (an order the
+/// inventory has frozen, say); returns it (its calls counted) and the
+/// switch that stops it.
+async fn refuse_releases_of(env: &TestEnv, order: &str) -> (RuleInventory, Shutdown) {
+    let order = order.to_owned();
+    env.inventory_refusing(move |id, _| {
+        (id == order).then(|| Status::failed_precondition("the order is frozen by an audit"))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,7 +113,7 @@ async fn an_inventory_refusing_one_order_parks_it_after_one_attempt_and_releases
     let body: serde_json::Value = serde_json::from_slice(body).unwrap();
     assert_eq!(body["order_id"], "frozen-1");
     assert_eq!(
-        refused.load(Ordering::SeqCst),
+        refused.calls("frozen-1"),
         1,
         "no in-process retry of an answer waiting cannot fix"
     );
@@ -204,7 +158,7 @@ async fn an_inventory_refusing_one_order_parks_it_after_one_attempt_and_releases
     assert_eq!(service.metrics.outbox_given_up_total(), 1);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        refused.load(Ordering::SeqCst),
+        refused.calls("frozen-1"),
         1,
         "the sweeper does not release a given-up order again"
     );

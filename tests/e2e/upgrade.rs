@@ -14,8 +14,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -23,10 +23,7 @@ use futures_util::StreamExt;
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use order_timeout::broker::topology::DUE_QUEUE;
-use order_timeout_tools::inventory::ReferenceInventory;
-use order_timeout_tools::inventory::pb;
-use order_timeout_tools::inventory::pb::inventory_server::Inventory;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::bounds::{KillOnDrop, output_within, step};
 use crate::common::{RESTARTS, TestEnv};
@@ -51,45 +48,6 @@ fn previous_release() -> PathBuf {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     PathBuf::from(stdout.lines().last().expect("the binary's path").trim())
-}
-
-/// The reference inventory, except that releases of orders named `held-*`
-/// fail (`UNAVAILABLE`) until `open` is set: their outbox rows stay pending
-/// through the upgrade. Counts every release call per order.
-#[derive(Clone)]
-struct GatedInventory {
-    inner: ReferenceInventory,
-    open: Arc<AtomicBool>,
-    calls: Arc<Mutex<HashMap<String, usize>>>,
-}
-
-#[tonic::async_trait]
-impl Inventory for GatedInventory {
-    async fn release_stock(
-        &self,
-        request: Request<pb::ReleaseStockRequest>,
-    ) -> Result<Response<pb::ReleaseStockResponse>, Status> {
-        let id = request.get_ref().order_id.clone();
-        *self.calls.lock().unwrap().entry(id.clone()).or_default() += 1;
-        if id.starts_with("held-") && !self.open.load(Ordering::SeqCst) {
-            return Err(Status::unavailable("the stock shard is down"));
-        }
-        self.inner.release_stock(request).await
-    }
-
-    async fn reserve_stock(
-        &self,
-        request: Request<pb::ReserveStockRequest>,
-    ) -> Result<Response<pb::ReserveStockResponse>, Status> {
-        self.inner.reserve_stock(request).await
-    }
-
-    async fn get_stock(
-        &self,
-        request: Request<pb::GetStockRequest>,
-    ) -> Result<Response<pb::GetStockResponse>, Status> {
-        self.inner.get_stock(request).await
-    }
 }
 
 /// One `serve` replica of `bin` on the test's world, logging to a file.
@@ -257,12 +215,16 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
     let _turn = RESTARTS.lock().await;
     let env = TestEnv::migrated_by(&previous).await;
     env.stock_skus(5).await;
-    let inventory = GatedInventory {
-        inner: ReferenceInventory::new(env.pool.clone()),
-        open: Arc::new(AtomicBool::new(false)),
-        calls: Arc::default(),
-    };
-    let _stop_inventory = env.replace_inventory(inventory.clone()).await;
+    // Releases of held-* fail until the roll is over: their outbox rows
+    // stay pending through the upgrade.
+    let open = Arc::new(AtomicBool::new(false));
+    let opened = open.clone();
+    let (_inventory, _stop_inventory) = env
+        .inventory_refusing(move |id, _| {
+            (id.starts_with("held-") && !opened.load(Ordering::SeqCst))
+                .then(|| Status::unavailable("the stock shard is down"))
+        })
+        .await;
 
     step("two replicas of the previous release");
     let old_a = Replica::start(&previous, &env, "old-a");
@@ -409,7 +371,7 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
 
     step("every order cancelled once, the pending releases finished");
     tokio::time::sleep(at(26_000)).await;
-    inventory.open.store(true, Ordering::SeqCst);
+    open.store(true, Ordering::SeqCst);
     env.eventually(Duration::from_secs(60), "every order cancelled", || async {
         env.count("held-", "CANCELLED").await
             + env.count("stream-", "CANCELLED").await

@@ -22,15 +22,14 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::future::join_all;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use tokio::sync::Semaphore;
 
 use super::BenchError;
-use super::load::{SINGLE_DELAY_QUEUE, confirm_channels};
+use super::amqp::{SINGLE_DELAY_QUEUE, args, confirm_channels, declare};
 use super::report::{CeilingReport, LatenessStats};
 use order_timeout::broker::connect_amqp;
 use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY};
@@ -45,95 +44,6 @@ pub const CEILING_TTL_MS: u64 = 1000;
 /// Most messages the ceiling keeps between publish and consume: more than
 /// one TTL's worth at any rate this machine reaches.
 const IN_FLIGHT: u64 = 15_000;
-
-fn args(queue_type: QueueType, ttl_ms: Option<u64>, dlx: Option<(&str, &str)>) -> FieldTable {
-    dead_letter_args(queue_type, ttl_ms, dlx, true)
-}
-
-/// [`args`], with at-most-once dead-lettering from a quorum queue unless
-/// `at_least_once`.
-fn dead_letter_args(
-    queue_type: QueueType,
-    ttl_ms: Option<u64>,
-    dlx: Option<(&str, &str)>,
-    at_least_once: bool,
-) -> FieldTable {
-    let mut t = FieldTable::default();
-    let text = |s: &str| AMQPValue::LongString(LongString::from(s));
-    let qt = match queue_type {
-        QueueType::Quorum => "quorum",
-        QueueType::Classic => "classic",
-    };
-    t.insert(ShortString::from("x-queue-type"), text(qt));
-    if let Some(ttl) = ttl_ms {
-        t.insert(
-            ShortString::from("x-message-ttl"),
-            AMQPValue::LongLongInt(ttl as i64),
-        );
-    }
-    if let Some((exchange, key)) = dlx {
-        t.insert(ShortString::from("x-dead-letter-exchange"), text(exchange));
-        t.insert(ShortString::from("x-dead-letter-routing-key"), text(key));
-        if queue_type == QueueType::Quorum && at_least_once {
-            // The same durability as the cascade's levels.
-            t.insert(
-                ShortString::from("x-dead-letter-strategy"),
-                text("at-least-once"),
-            );
-            t.insert(ShortString::from("x-overflow"), text("reject-publish"));
-        }
-    }
-    t
-}
-
-async fn declare(channel: &Channel, name: &str, a: FieldTable) -> Result<(), BenchError> {
-    channel
-        .queue_declare(
-            name.into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            a,
-        )
-        .await?;
-    Ok(())
-}
-
-/// The two queues of a delay path: a delay queue dead-lettering into the
-/// queue a consumer reads, both of one type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum QueuePair {
-    /// Quorum queues, dead-lettering at least once (as the service's lanes
-    /// and levels) or at most once (the broker's default).
-    Quorum {
-        /// `x-dead-letter-strategy = at-least-once`.
-        at_least_once: bool,
-    },
-    /// Classic queues (the seed design's).
-    Classic,
-}
-
-/// Declares a delay path, durable: `due`, and `delay` dead-lettering into
-/// it (through the default exchange), with a queue TTL of `ttl` if given.
-/// The seed design's queues ([`super::seed`]) and the broker paths'
-/// ([`super::paths`]).
-pub async fn declare_pair(
-    channel: &Channel,
-    pair: QueuePair,
-    delay: &str,
-    due: &str,
-    ttl: Option<Duration>,
-) -> Result<(), BenchError> {
-    let (queue_type, at_least_once) = match pair {
-        QueuePair::Quorum { at_least_once } => (QueueType::Quorum, at_least_once),
-        QueuePair::Classic => (QueueType::Classic, false),
-    };
-    let ttl_ms = ttl.map(|t| t.as_millis() as u64);
-    declare(channel, due, args(queue_type, None, None)).await?;
-    let a = dead_letter_args(queue_type, ttl_ms, Some(("", due)), at_least_once);
-    declare(channel, delay, a).await
-}
 
 /// Declares the single-queue baseline's delay queue (per-message TTL,
 /// dead-lettering into the service's entry point).
@@ -403,36 +313,4 @@ async fn publish_hundred(ch: &Channel) -> Vec<lapin::PublisherConfirm> {
         }
     }
     confirms
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn strategy(t: &FieldTable) -> Option<String> {
-        t.inner()
-            .get("x-dead-letter-strategy")
-            .and_then(|v| v.as_long_string())
-            .map(|s| s.to_string())
-    }
-
-    #[test]
-    fn quorum_queues_dead_letter_at_least_once_unless_asked_not_to() {
-        let dlx = Some(("", "due"));
-        let at_least_once = dead_letter_args(QueueType::Quorum, Some(2000), dlx, true);
-        assert_eq!(strategy(&at_least_once).as_deref(), Some("at-least-once"));
-        let at_most_once = dead_letter_args(QueueType::Quorum, Some(2000), dlx, false);
-        assert_eq!(strategy(&at_most_once), None);
-        assert!(
-            at_most_once
-                .inner()
-                .contains_key("x-dead-letter-routing-key")
-        );
-        // Classic queues have no strategy to set.
-        assert_eq!(strategy(&args(QueueType::Classic, None, dlx)), None);
-        assert_eq!(
-            strategy(&args(QueueType::Quorum, None, dlx)).as_deref(),
-            Some("at-least-once")
-        );
-    }
 }

@@ -12,14 +12,15 @@ use std::time::Duration;
 use chrono::{DateTime, DurationRound, Utc};
 use futures_util::future::join_all;
 use indicatif::{ProgressBar, ProgressStyle};
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Connection};
+use lapin::options::BasicPublishOptions;
+use lapin::{BasicProperties, Channel};
 use rand::Rng;
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 
 use super::BenchError;
+use super::amqp::SINGLE_DELAY_QUEUE;
 use super::report::{LatenessStats, PhaseReport, per_second};
 use super::workload::TimeoutDist;
 use crate::shop::ShopDb;
@@ -134,21 +135,6 @@ struct Order {
     skus: Vec<String>,
     quantities: Vec<i64>,
     pay_in: Option<Duration>,
-}
-
-/// The single-queue baseline's delay queue (declared by the baseline),
-/// where [`Route::SingleQueue`] publishes.
-pub const SINGLE_DELAY_QUEUE: &str = "bench.single-queue.delay";
-
-/// Opens `n` confirm-mode channels on `conn`.
-pub async fn confirm_channels(conn: &Connection, n: usize) -> Result<Vec<Channel>, BenchError> {
-    let mut out = Vec::new();
-    for _ in 0..n.max(1) {
-        let ch = conn.create_channel().await?;
-        ch.confirm_select(ConfirmSelectOptions::default()).await?;
-        out.push(ch);
-    }
-    Ok(out)
 }
 
 /// The bench's databases: where the orders live (PostgreSQL or

@@ -30,6 +30,7 @@
 //! own process apart. Results: a summary on stdout, JSON (`--out`), a PNG
 //! (`--plot`).
 
+pub mod amqp;
 mod autovacuum;
 pub mod baseline;
 mod checkpoints;
@@ -697,7 +698,7 @@ async fn run_workload(
     let conn =
         order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-shop")
             .await?;
-    let channels = load::confirm_channels(&conn, w.publish_channels).await?;
+    let channels = amqp::confirm_channels(&conn, w.publish_channels).await?;
     let mut routes = vec![Route::Service];
     if args.baseline.contains(&Baseline::SingleQueue) {
         baseline::declare_single_queue(&conn, env.settings.queue_type).await?;

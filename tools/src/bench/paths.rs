@@ -26,11 +26,11 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, ExchangeKind};
-use serde::Serialize;
 
 use super::BenchError;
-use super::baseline::{QueuePair, declare_pair};
-use super::load::confirm_channels;
+use super::amqp::confirm_channels;
+use super::amqp::{QueuePair, declare_pair};
+pub use super::report::PathCost;
 use super::sys::Sampling;
 use order_timeout::broker::connect_amqp;
 use order_timeout::settings::SecretUrl;
@@ -154,28 +154,6 @@ const PATHS: [Path; 5] = [
         hold: Duration::ZERO,
     },
 ];
-
-/// The broker's cost on one path.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct PathCost {
-    /// Short name (`lane, held`, `seed`, …).
-    pub path: String,
-    /// Which round (from 1): the paths run in turn, round after round, so
-    /// that a drift of the machine spreads over all of them.
-    pub round: usize,
-    /// What the path is.
-    pub what: String,
-    /// Messages consumed in the measured window.
-    pub messages: u64,
-    /// Length of the measured window, s.
-    pub seconds: f64,
-    /// The broker's CPU per message in the window, ms.
-    pub broker_ms_per_message: Option<f64>,
-    /// The broker's context switches per message in the window.
-    pub broker_switches_per_message: Option<f64>,
-    /// Messages published and not consumed by the end (should be 0).
-    pub lost: u64,
-}
 
 /// Measures every path in turn at `rate` messages/s, each for `duration`,
 /// `rounds` times over.

@@ -84,7 +84,7 @@ async fn fill(
     conn: &Connection,
     p: &mut PendingReport,
 ) -> Result<u64, BenchError> {
-    let channels = load::confirm_channels(conn, args.publish_channels).await?;
+    let channels = super::amqp::confirm_channels(conn, args.publish_channels).await?;
     eprintln!("== filling {n} orders, timeouts {}", args.chosen.timeouts);
     let bar = bar(
         n,

@@ -422,7 +422,7 @@ pub struct BenchReport {
     pub broker_ceiling: Option<CeilingReport>,
     /// The broker's CPU per message on each delay path, if measured
     /// (`--baseline broker-paths`).
-    pub broker_paths: Vec<super::paths::PathCost>,
+    pub broker_paths: Vec<PathCost>,
     /// The workload's runs (one unless `--repeat`).
     pub runs: Vec<RunReport>,
     /// Per design: were all runs within the lateness target?
@@ -537,4 +537,26 @@ mod tests {
         assert_eq!((s[0].t_s, s[0].cancelled), (0, 2));
         assert!((s[1].max_ms - 10.0).abs() < 0.1);
     }
+}
+
+/// The broker's cost on one path.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PathCost {
+    /// Short name (`lane, held`, `seed`, …).
+    pub path: String,
+    /// Which round (from 1): the paths run in turn, round after round, so
+    /// that a drift of the machine spreads over all of them.
+    pub round: usize,
+    /// What the path is.
+    pub what: String,
+    /// Messages consumed in the measured window.
+    pub messages: u64,
+    /// Length of the measured window, s.
+    pub seconds: f64,
+    /// The broker's CPU per message in the window, ms.
+    pub broker_ms_per_message: Option<f64>,
+    /// The broker's context switches per message in the window.
+    pub broker_switches_per_message: Option<f64>,
+    /// Messages published and not consumed by the end (should be 0).
+    pub lost: u64,
 }

@@ -26,7 +26,7 @@ use lapin::types::FieldTable;
 use sqlx::{ConnectOptions, Connection as _, MySqlConnection, PgConnection};
 
 use super::BenchError;
-use super::baseline::{QueuePair, declare_pair};
+use super::amqp::{QueuePair, declare_pair};
 use order_timeout::broker::connect_amqp;
 use order_timeout::settings::SecretUrl;
 

@@ -178,7 +178,7 @@ fn print_slow_seconds(p: &PhaseReport) {
 
 /// `--baseline broker-paths`: one line per path, its median over the
 /// rounds and their range.
-fn print_paths(costs: &[super::paths::PathCost]) {
+fn print_paths(costs: &[super::report::PathCost]) {
     use super::paths::summarize;
     use super::report::median;
     if costs.is_empty() {
