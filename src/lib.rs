@@ -37,15 +37,16 @@
 //!   behind `store/mod.rs`'s `OrderStore`; what a row means in either:
 //!   `store/state.rs`; the steps around it: `pipeline/cancel.rs` and
 //!   `pipeline/finish.rs` (outbox: release stock, publish, mark, ack);
-//! - **the retry policy**: `pipeline/retry.rs`, beside where it is applied
-//!   (`Job::fail`, `Worker::retry_later`); what a failure is and whether
+//! - **the retry policy**: `pipeline/retry.rs` (pure, at the bottom of the
+//!   pipeline), applied by `Job::fail` and `Worker::retry_later` in
+//!   `pipeline/schedule.rs`; what a failure is and whether
 //!   waiting can fix it: `pipeline/failure.rs`; the sweeper (safety net):
 //!   `pipeline/sweeper.rs`;
 //! - **the parked format** (headers written, read back, replayed):
 //!   `broker/parked.rs`; every `x-*` header: `broker/headers.rs`;
 //! - what happens to each message: `pipeline/consumer.rs`; the ways a job
 //!   ends: `pipeline/job.rs` (ack, requeue), `pipeline/schedule.rs` (hold,
-//!   back through the delay store), `pipeline/park.rs`; what the steps
+//!   back through the delay store, retried), `pipeline/park.rs`; what the steps
 //!   share: `pipeline/context.rs`;
 //! - [`message`]: the accepted message formats and the park reasons;
 //! - `observe/`: metrics (and the pending gauges), `/metrics` `/healthz`
@@ -53,6 +54,9 @@
 //! - [`ops`]: `parked list|replay|purge`, `pending`, `topology check` as a
 //!   library, and the web console (`ops/console/`); [`cli`]: one file per
 //!   command;
+//! - **upgrades**: `store/releases.rs` (what a migration keeps for the
+//!   previous release until `migrate --contract`), `broker/layouts.rs` (the
+//!   layouts declared on a vhost, for `ops/leftovers.rs`);
 //! - [`shutdown`]: graceful shutdown as a small explicit type.
 //!
 //! # Public API

@@ -5,11 +5,13 @@
 //! by the replicas), the parked queue, outbox rows whose stock release is
 //! pending, and messages waiting as retries. Then the way back.
 //!
-//! PostgreSQL only: there, the previous release depends on the outbox's
-//! order ids being unique on their own (`ON CONFLICT (order_id)`), which the
-//! timers migration took away and migration 20261130000001 keeps until
-//! `migrate --contract`. On MySQL/MariaDB the previous release's `ON
-//! DUPLICATE KEY` works with the new key as it is, and nothing is kept.
+//! The whole roll runs on PostgreSQL, where the previous release depends on
+//! the outbox's order ids being unique on their own (`ON CONFLICT
+//! (order_id)`), which the timers migration took away and migration
+//! 20261130000001 keeps until `migrate --contract`. On MariaDB the previous
+//! release's `ON DUPLICATE KEY` works with the new key as it is and nothing
+//! is kept: a shorter case checks a 0.1.0 replica through 0.2.0's `migrate`
+//! there.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,10 +21,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use lapin::options::QueueDeclareOptions;
 use lapin::types::FieldTable;
 use order_timeout::broker::topology::DUE_QUEUE;
+use order_timeout::settings::SecretUrl;
+use order_timeout::store::OrderItem;
+use order_timeout_tools::scratch;
+use order_timeout_tools::shop::{self, NewOrder, ShopDb};
 use tonic::Status;
 
 use crate::bounds::{KillOnDrop, output_within, step};
@@ -59,6 +65,11 @@ struct Replica {
 
 impl Replica {
     fn start(bin: &Path, env: &TestEnv, name: &str) -> Self {
+        Self::start_on(bin, env, &env.settings.database_url, name)
+    }
+
+    /// [`Replica::start`] on the database `database_url`.
+    fn start_on(bin: &Path, env: &TestEnv, database_url: &SecretUrl, name: &str) -> Self {
         let log = std::env::temp_dir().join(format!(
             "upgrade-{name}-{}.log",
             uuid::Uuid::new_v4().simple()
@@ -67,7 +78,7 @@ impl Replica {
         let process = Command::new(bin)
             .arg("serve")
             .env("AMQP_URL", env.settings.amqp_url.expose())
-            .env("DATABASE_URL", env.settings.database_url.expose())
+            .env("DATABASE_URL", database_url.expose())
             .env("INVENTORY_URL", env.settings.inventory_url.expose())
             .env("HTTP_ADDR", "127.0.0.1:0")
             .env("RUST_LOG", "info")
@@ -190,11 +201,16 @@ async fn drain_events(consumer: &mut lapin::Consumer, seen: &mut HashMap<String,
 }
 
 fn cli(bin: &Path, env: &TestEnv, args: &[&str]) -> (bool, String) {
+    cli_on(bin, env, &env.settings.database_url, args)
+}
+
+/// [`cli`] on the database `database_url`.
+fn cli_on(bin: &Path, env: &TestEnv, database_url: &SecretUrl, args: &[&str]) -> (bool, String) {
     let out = output_within(
         Command::new(bin)
             .args(args)
             .env("AMQP_URL", env.settings.amqp_url.expose())
-            .env("DATABASE_URL", env.settings.database_url.expose())
+            .env("DATABASE_URL", database_url.expose())
             .env("RUST_LOG", "warn"),
         Duration::from_secs(60),
         &format!("{} {}", bin.display(), args.join(" ")),
@@ -611,4 +627,146 @@ deadline = "expires_at + interval '7 days'"
     let (ok, out) = check();
     assert!(ok, "accepted after the contraction: {out}");
     let _ = std::fs::remove_file(&config);
+}
+
+/// MariaDB: 0.1.0 needs nothing kept (its `ON DUPLICATE KEY` works with
+/// the outbox's new key). A 0.1.0 replica cancels orders before and after
+/// 0.2.0's `migrate`, which rebuilds the outbox while it runs; then a 0.2.0
+/// replica takes over. Every order is cancelled, released and recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mariadb_the_previous_release_runs_against_the_migrated_outbox() {
+    step("building (or finding) the previous release");
+    let previous = previous_release();
+    let current = PathBuf::from(env!("CARGO_BIN_EXE_order-timeout"));
+    let _turn = RESTARTS.lock().await;
+    let env = TestEnv::new().await;
+    env.stock_skus(3).await;
+    let name = scratch::owned_name("ot_upgrade");
+    let url = scratch::with_path(&crate::store::mysql_base(), &name).unwrap();
+    step("0.1.0's migrate on a new MariaDB database");
+    let (ok, out) = cli_on(&previous, &env, &url, &["migrate"]);
+    assert!(ok, "0.1.0 migrate: {out}");
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(3)
+        .connect_with(order_timeout::store::mysql_options(&url).unwrap())
+        .await
+        .unwrap();
+    shop::create_reference_schema_mysql(&pool).await.unwrap();
+    let orders = ShopDb::MySql(pool.clone());
+    let old = Replica::start_on(&previous, &env, &url, "old-mariadb");
+    wait_consumers(&env, 1, &[&old]).await;
+
+    // a-*: due at 2 s, before the migration (at 5 s); b-*: one every
+    // 200 ms from 4 s to 12 s, across it; c-*: at 20 s, for 0.2.0.
+    let start = Utc::now();
+    let mut ids = Vec::new();
+    let plan = (0..20u64)
+        .map(|i| (format!("a-{i:02}"), 2_000))
+        .chain((0..40u64).map(|i| (format!("b-{i:02}"), 4_000 + i * 200)))
+        .chain((0..20u64).map(|i| (format!("c-{i:02}"), 20_000)));
+    for (i, (id, ms)) in plan.enumerate() {
+        let order = NewOrder {
+            id: id.clone(),
+            expires_at: start + chrono::Duration::milliseconds(ms as i64),
+            items: vec![OrderItem {
+                sku: env.sku(i % 3),
+                quantity: 1,
+            }],
+        };
+        env.inventory
+            .reserve(&order.id, &order.items)
+            .await
+            .unwrap();
+        orders.insert_order(&order).await.unwrap();
+        env.publish_timeout(&order).await;
+        ids.push(id);
+    }
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    env.eventually(Duration::from_secs(20), "a-* cancelled by 0.1.0", || {
+        count("SELECT COUNT(*) FROM orders WHERE id LIKE 'a-%' AND status = 'CANCELLED'")
+            .map(|n| n == 20)
+    })
+    .await;
+
+    step("0.2.0's migrate while 0.1.0 runs");
+    let wait = (start + chrono::Duration::seconds(5) - Utc::now())
+        .to_std()
+        .unwrap_or(Duration::ZERO);
+    tokio::time::sleep(wait).await;
+    let migrated_at = Utc::now().naive_utc();
+    let (ok, out) = cli_on(&current, &env, &url, &["migrate"]);
+    assert!(ok, "migrate: {out}");
+    assert!(!out.contains("kept for"), "MariaDB keeps nothing: {out}");
+    let wait = (start + chrono::Duration::seconds(13) - Utc::now())
+        .to_std()
+        .unwrap_or(Duration::ZERO);
+    tokio::time::sleep(wait).await;
+    let old_logs = old.stop().await;
+    let stopped_at = Utc::now().naive_utc();
+    let by_old: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED' \
+            AND cancelled_at > ? AND cancelled_at < ?",
+    )
+    .bind(migrated_at)
+    .bind(stopped_at)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        by_old >= 10,
+        "0.1.0 cancelled orders after the migration ({by_old}):\n{old_logs}"
+    );
+    assert!(!old_logs.contains("ERROR"), "{old_logs}");
+
+    step("0.2.0 takes over");
+    let new = Replica::start_on(&current, &env, &url, "new-mariadb");
+    env.eventually(Duration::from_secs(40), "every order cancelled", || {
+        count("SELECT COUNT(*) FROM orders WHERE status = 'CANCELLED'").map(|n| n == 80)
+    })
+    .await;
+    env.eventually(Duration::from_secs(20), "no outbox work pending", || {
+        count(
+            "SELECT COUNT(*) FROM order_timeout_cancel_outbox \
+              WHERE stock_released_at IS NULL OR event_published_at IS NULL",
+        )
+        .map(|n| n == 0)
+    })
+    .await;
+    new.stop().await;
+    // `now()` in the default `set` has whole seconds on MySQL: a flip at or
+    // after the deadline writes at least the deadline's second.
+    let early = count(
+        "SELECT COUNT(*) FROM orders \
+          WHERE cancelled_at < expires_at - INTERVAL MICROSECOND(expires_at) MICROSECOND",
+    )
+    .await;
+    assert_eq!(early, 0, "none early");
+    let rows =
+        count("SELECT COUNT(*) FROM order_timeout_cancel_outbox WHERE timer = 'cancel_unpaid'")
+            .await;
+    assert_eq!(rows, 80, "one outbox row per order, the default timer's");
+    for id in &ids {
+        assert_eq!(env.release_calls(id).await, Some(1), "{id} released once");
+    }
+    let late = count(
+        "SELECT MAX(TIMESTAMPDIFF(SECOND, \
+                    expires_at - INTERVAL MICROSECOND(expires_at) MICROSECOND, cancelled_at)) \
+           FROM orders",
+    )
+    .await;
+    eprintln!(
+        "upgrade on MariaDB: 80 orders, {by_old} cancelled by 0.1.0 after the migration, \
+         max lateness {late} s (whole seconds)"
+    );
+    assert!(late <= 2, "on time through the upgrade: {late} s");
+    pool.close().await;
+    let _ = scratch::drop_database(&crate::store::mysql_base(), &name).await;
 }

@@ -50,8 +50,15 @@ pub async fn prepare_mysql_database(
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(order_timeout::store::mysql_options(url)?)
         .await?;
-    sqlx::raw_sql(REFERENCE_ORDERS_MYSQL).execute(&pool).await?;
+    create_reference_schema_mysql(&pool).await?;
     Ok(pool)
+}
+
+/// The reference orders and items tables on MySQL/MariaDB, without the
+/// service's migrations (for a database an earlier release migrated).
+pub async fn create_reference_schema_mysql(pool: &MySqlPool) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(REFERENCE_ORDERS_MYSQL).execute(pool).await?;
+    Ok(())
 }
 
 /// Creates the reference shop schema if it is missing (idempotent).
