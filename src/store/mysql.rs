@@ -39,7 +39,9 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row, SqlSafeStr}
 use super::ids::{IdColumn, IdValue, uuid_text};
 use super::shape::{self, Column, Columns, OrdersColumns};
 use super::releases::{Expansion, Migrated};
-use super::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
+use super::sql::{
+    AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
+};
 use super::state::StateRow;
 use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
 use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
@@ -1051,19 +1053,8 @@ impl SqlDialect for MySql {
         lease: Duration,
     ) -> Result<Vec<StateRow>, StoreError> {
         let mut tx = store.pool.begin().await?;
-        match cancel_in(&mut tx, store, prepared, ids, lease).await {
-            Ok(rows) => {
-                tx.commit().await?;
-                Ok(rows)
-            }
-            // Rolled back now, not when the connection is next used: the
-            // rows it locked are free before the caller runs the batch again
-            // order by order.
-            Err(e) => {
-                let _ = tx.rollback().await;
-                Err(e)
-            }
-        }
+        let result = cancel_in(&mut tx, store, prepared, ids, lease).await;
+        commit_or_roll_back(tx, result).await
     }
 
     async fn items(

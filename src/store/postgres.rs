@@ -26,7 +26,9 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 use super::ids::{IdColumn, IdValue};
 use super::shape::{self, Column, Columns, OrdersColumns};
 use super::releases::{self, Expansion, Migrated};
-use super::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
+use super::sql::{
+    AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
+};
 use super::state::StateRow;
 use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
 use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
@@ -387,17 +389,8 @@ impl SqlDialect for Postgres {
             };
         }
         let mut tx = store.pool.begin().await?;
-        match cancel_with_also(&mut tx, store, prepared, query).await {
-            Ok(rows) => {
-                tx.commit().await?;
-                Ok(rows)
-            }
-            // Rolled back now, not when the connection is next used.
-            Err(e) => {
-                let _ = tx.rollback().await;
-                Err(e)
-            }
-        }
+        let result = cancel_with_also(&mut tx, store, prepared, query).await;
+        commit_or_roll_back(tx, result).await
     }
 
     async fn items(

@@ -563,6 +563,25 @@ impl<D: SqlDialect> SqlStore<D> {
     }
 }
 
+/// Commits `tx` when `result` is a success, else rolls it back at once (not
+/// when the connection is next used, as dropping it would): the rows it
+/// locked are free before the caller runs the batch again order by order.
+pub(crate) async fn commit_or_roll_back<DB: sqlx::Database, T>(
+    tx: sqlx::Transaction<'static, DB>,
+    result: Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    match result {
+        Ok(value) => {
+            tx.commit().await?;
+            Ok(value)
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
 impl<D: SqlDialect> SqlStore<D> {
     /// The cancel transaction for `ids` in batches (more ids than one
     /// transaction can carry go in several, one after the other: the

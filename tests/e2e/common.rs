@@ -514,6 +514,33 @@ impl TestEnv {
         assert_eq!(service.metrics.count(outcome), n, "{outcome:?}");
     }
 
+    /// Waits (at most `wait` each) until every one of `orders` is settled,
+    /// and checks each was cancelled at or after its deadline, less than
+    /// `late_ok` after it.
+    pub async fn cancelled_on_time<'a>(
+        &self,
+        orders: impl Iterator<Item = &'a NewOrder>,
+        wait: Duration,
+        late_ok: chrono::Duration,
+    ) {
+        for order in orders {
+            let (status, expires_at, cancelled_at) = self.wait_settled(&order.id, wait).await;
+            assert_eq!(status, "CANCELLED", "{}", order.id);
+            let cancelled_at = cancelled_at.expect("cancelled_at set");
+            assert!(
+                cancelled_at >= expires_at,
+                "{} cancelled early: {cancelled_at} < {expires_at}",
+                order.id
+            );
+            assert!(
+                cancelled_at - expires_at < late_ok,
+                "{} too late: {}",
+                order.id,
+                cancelled_at - expires_at
+            );
+        }
+    }
+
     /// Waits until the order with `id` is no longer UNPAID.
     pub async fn wait_settled(
         &self,

@@ -11,37 +11,10 @@ use order_timeout::broker::lanes::lane_name;
 use order_timeout::broker::topology::{DUE_QUEUE, lane_entry_key};
 use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::{Lane, Shards};
-use order_timeout_tools::shop::NewOrder;
 
 /// Generous bound on lateness for behaviour tests (the benchmark measures
 /// the real figure).
 const LATE_OK: chrono::Duration = chrono::Duration::milliseconds(1500);
-
-/// Waits (at most `wait` each) until every one of `orders` is settled, and
-/// checks each was cancelled at or after its deadline, less than
-/// [`LATE_OK`] after it.
-async fn cancelled_on_time<'a>(
-    env: &TestEnv,
-    orders: impl Iterator<Item = &'a NewOrder>,
-    wait: Duration,
-) {
-    for order in orders {
-        let (status, expires_at, cancelled_at) = env.wait_settled(&order.id, wait).await;
-        assert_eq!(status, "CANCELLED", "{}", order.id);
-        let cancelled_at = cancelled_at.expect("cancelled_at set");
-        assert!(
-            cancelled_at >= expires_at,
-            "{} cancelled early: {cancelled_at} < {expires_at}",
-            order.id
-        );
-        assert!(
-            cancelled_at - expires_at < LATE_OK,
-            "{} too late: {}",
-            order.id,
-            cancelled_at - expires_at
-        );
-    }
-}
 
 /// A test's world whose service runs one lane of `window` in 3 shards,
 /// with one SKU in stock.
@@ -101,7 +74,12 @@ async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_ti
     let check = env.cli(&["topology", "check"]).await;
     assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
 
-    cancelled_on_time(&env, orders.iter().chain([&other]), Duration::from_secs(15)).await;
+    env.cancelled_on_time(
+        orders.iter().chain([&other]),
+        Duration::from_secs(15),
+        LATE_OK,
+    )
+    .await;
     env.acked_exactly(&service, Outcome::Cancelled, 41).await;
     for shard in 0..3 {
         assert_eq!(env.queue_depth(&lane_name(lane, shard)).await, 0);
@@ -157,7 +135,12 @@ async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
     let check = env.cli(&["topology", "check"]).await;
     assert_eq!(check.code, Some(0), "{}{}", check.stdout, check.stderr);
 
-    cancelled_on_time(&env, orders.iter().chain([&later]), Duration::from_secs(25)).await;
+    env.cancelled_on_time(
+        orders.iter().chain([&later]),
+        Duration::from_secs(25),
+        LATE_OK,
+    )
+    .await;
     env.acked_exactly(&service, Outcome::Cancelled, 26).await;
     assert!(
         service.metrics.count(Outcome::Rescheduled) >= 1,

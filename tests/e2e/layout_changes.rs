@@ -148,23 +148,8 @@ async fn a_layout_change_strands_no_timeout_and_topology_check_lists_what_is_lef
 
     // The second service: every order cancelled once, on time.
     let second = env.service().await;
-    for order in &orders {
-        let (status, expires_at, cancelled_at) =
-            env.wait_settled(&order.id, Duration::from_secs(40)).await;
-        assert_eq!(status, "CANCELLED", "{}", order.id);
-        let cancelled_at = cancelled_at.expect("cancelled_at set");
-        assert!(
-            cancelled_at >= expires_at,
-            "{} cancelled early: {cancelled_at} < {expires_at}",
-            order.id
-        );
-        assert!(
-            cancelled_at - expires_at < LATE_OK,
-            "{} too late: {}",
-            order.id,
-            cancelled_at - expires_at
-        );
-    }
+    env.cancelled_on_time(orders.iter(), Duration::from_secs(40), LATE_OK)
+        .await;
     // Every message reached the consumer (none was replaced by a sweep).
     env.acked_exactly(&second, Outcome::Cancelled, orders.len() as u64)
         .await;
