@@ -209,84 +209,10 @@ impl Drop for MallDb {
     }
 }
 
-/// mall's tables as `document/sql/mall.sql` creates them, with the columns
-/// the worked config and this test use (types, nullability and defaults as
-/// mall has them).
-const MALL_SCHEMA: &str = r#"
-CREATE TABLE oms_order (
-    id               BIGINT(20)  NOT NULL AUTO_INCREMENT,
-    member_id        BIGINT(20)  NOT NULL,
-    coupon_id        BIGINT(20)  NULL DEFAULT NULL,
-    create_time      DATETIME    NULL DEFAULT NULL,
-    member_username  VARCHAR(64) NULL DEFAULT NULL,
-    status           INT(1)      NULL DEFAULT NULL,
-    auto_confirm_day INT(11)     NULL DEFAULT NULL,
-    confirm_status   INT(1)      NULL DEFAULT NULL,
-    delete_status    INT(1)      NOT NULL DEFAULT 0,
-    use_integration  INT(11)     NULL DEFAULT NULL,
-    delivery_time    DATETIME    NULL DEFAULT NULL,
-    receive_time     DATETIME    NULL DEFAULT NULL,
-    comment_time     DATETIME    NULL DEFAULT NULL,
-    modify_time      DATETIME    NULL DEFAULT NULL,
-    PRIMARY KEY (id)
-) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
-CREATE TABLE oms_order_item (
-    id               BIGINT(20)   NOT NULL AUTO_INCREMENT,
-    order_id         BIGINT(20)   NULL DEFAULT NULL,
-    product_id       BIGINT(20)   NULL DEFAULT NULL,
-    product_name     VARCHAR(200) NULL DEFAULT NULL,
-    product_quantity INT(11)      NULL DEFAULT NULL,
-    product_sku_id   BIGINT(20)   NULL DEFAULT NULL,
-    product_attr     VARCHAR(500) NULL DEFAULT NULL,
-    PRIMARY KEY (id)
-) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
-CREATE TABLE oms_order_setting (
-    id                    BIGINT(20) NOT NULL AUTO_INCREMENT,
-    flash_order_overtime  INT(11)    NULL DEFAULT NULL,
-    normal_order_overtime INT(11)    NULL DEFAULT NULL,
-    confirm_overtime      INT(11)    NULL DEFAULT NULL,
-    finish_overtime       INT(11)    NULL DEFAULT NULL,
-    comment_overtime      INT(11)    NULL DEFAULT NULL,
-    PRIMARY KEY (id)
-) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
-CREATE TABLE pms_sku_stock (
-    id         BIGINT(20) NOT NULL AUTO_INCREMENT,
-    stock      INT(11)    NULL DEFAULT 0,
-    lock_stock INT(11)    NULL DEFAULT 0,
-    PRIMARY KEY (id)
-) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
-CREATE TABLE sms_coupon_history (
-    id         BIGINT(20) NOT NULL AUTO_INCREMENT,
-    coupon_id  BIGINT(20) NULL DEFAULT NULL,
-    member_id  BIGINT(20) NULL DEFAULT NULL,
-    use_status INT(1)     NULL DEFAULT NULL,
-    use_time   DATETIME   NULL DEFAULT NULL,
-    PRIMARY KEY (id),
-    INDEX idx_member_id (member_id),
-    INDEX idx_coupon_id (coupon_id)
-) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
-CREATE TABLE ums_member (
-    id          BIGINT(20)   NOT NULL AUTO_INCREMENT,
-    nickname    VARCHAR(64)  NULL DEFAULT NULL,
-    icon        VARCHAR(500) NULL DEFAULT NULL,
-    integration INT(11)      NULL DEFAULT NULL,
-    PRIMARY KEY (id)
-) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
-CREATE TABLE pms_comment (
-    id                BIGINT(20)   NOT NULL AUTO_INCREMENT,
-    product_id        BIGINT(20)   NULL DEFAULT NULL,
-    member_nick_name  VARCHAR(255) NULL DEFAULT NULL,
-    product_name      VARCHAR(255) NULL DEFAULT NULL,
-    star              INT(3)       NULL DEFAULT NULL,
-    create_time       DATETIME     NULL DEFAULT NULL,
-    show_status       INT(1)       NULL DEFAULT NULL,
-    product_attribute VARCHAR(255) NULL DEFAULT NULL,
-    content           TEXT         NULL,
-    member_icon       VARCHAR(255) NULL DEFAULT NULL,
-    PRIMARY KEY (id)
-) ENGINE = InnoDB CHARACTER SET = utf8 COLLATE = utf8_general_ci;
-INSERT INTO oms_order_setting VALUES (1, 60, 120, 15, 7, 7);
-"#;
+/// mall's tables as `document/sql/mall.sql` creates them, trimmed to the
+/// columns the worked config reads and writes, with its settings row: the
+/// shop before the migration the config's header documents.
+const MALL_SCHEMA: &str = include_str!("../fixtures/mall_timers_mysql.sql");
 
 /// The shop before the migration the config documents: two orders
 /// received long ago (30 days: both windows closed long since) and lately
@@ -309,7 +235,8 @@ INSERT INTO ums_member (id, nickname, icon, integration)
 VALUES (1, 'windy', 'https://example.com/icon/windy.png', 500),
        (2, NULL, NULL, 50),
        (3, 'lily', NULL, 30);
-INSERT INTO pms_sku_stock (id, stock, lock_stock) VALUES (1, 100, 15), (2, 100, 17), (3, 100, 14);
+INSERT INTO pms_sku_stock (id, sku_code, stock, lock_stock)
+VALUES (1, '201806070026001', 100, 15), (2, '201806070026002', 100, 17), (3, '201806070026003', 100, 14);
 INSERT INTO sms_coupon_history (id, coupon_id, member_id, use_status, use_time)
 VALUES (1, 7, 1, 0, NULL),
        (2, 7, 1, 1, NOW() - INTERVAL 1 HOUR),
@@ -674,154 +601,7 @@ async fn mall_timers_on_mariadb() {
 /// `tinyint` -> int2, `bit(1)` -> bool except `deleted` -> int2,
 /// `datetime` -> timestamp; ids without defaults, from `<table>_seq`
 /// sequences), with the columns the worked config and this test use.
-const YUDAO_SCHEMA: &str = r#"
-CREATE TABLE trade_order (
-    id            int8      NOT NULL,
-    type          int4      NOT NULL DEFAULT 0,
-    user_id       int8      NOT NULL,
-    status        int4      NOT NULL DEFAULT 0,
-    cancel_type   int4      NULL DEFAULT NULL,
-    comment_status bool     NOT NULL DEFAULT '0',
-    pay_order_id  int8      NULL DEFAULT NULL,
-    finish_time   timestamp NULL DEFAULT NULL,
-    cancel_time   timestamp NULL DEFAULT NULL,
-    delivery_time timestamp NULL DEFAULT NULL,
-    receive_time  timestamp NULL DEFAULT NULL,
-    coupon_id     int8      NULL DEFAULT NULL,
-    create_time   timestamp NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    update_time   timestamp NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    deleted       int2      NOT NULL DEFAULT 0,
-    tenant_id     int8      NOT NULL DEFAULT 0
-);
-ALTER TABLE trade_order ADD CONSTRAINT pk_trade_order PRIMARY KEY (id);
-CREATE TABLE trade_order_item (
-    id                int8         NOT NULL,
-    user_id           int8         NOT NULL,
-    order_id          int8         NOT NULL,
-    spu_id            int8         NOT NULL,
-    spu_name          varchar(255) NOT NULL DEFAULT '',
-    sku_id            int8         NOT NULL,
-    count             int4         NOT NULL,
-    comment_status    bool         NOT NULL DEFAULT '0',
-    use_point         int4         NOT NULL DEFAULT 0,
-    after_sale_status int4         NOT NULL DEFAULT 0,
-    create_time       timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    update_time       timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    deleted           int2         NOT NULL DEFAULT 0,
-    tenant_id         int8         NOT NULL DEFAULT 0
-);
-ALTER TABLE trade_order_item ADD CONSTRAINT pk_trade_order_item PRIMARY KEY (id);
-CREATE TABLE trade_order_log (
-    id            int8          NOT NULL,
-    user_id       int8          NOT NULL,
-    user_type     int4          NOT NULL DEFAULT 0,
-    order_id      int8          NOT NULL,
-    before_status int4          NULL DEFAULT NULL,
-    after_status  int4          NULL DEFAULT NULL,
-    operate_type  int4          NOT NULL DEFAULT 0,
-    content       varchar(2000) NOT NULL,
-    creator       varchar(64)   NULL DEFAULT '',
-    create_time   timestamp     NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    updater       varchar(64)   NULL DEFAULT '',
-    update_time   timestamp     NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    deleted       int2          NOT NULL DEFAULT 0,
-    tenant_id     int8          NOT NULL DEFAULT 0
-);
-ALTER TABLE trade_order_log ADD CONSTRAINT pk_trade_order_log PRIMARY KEY (id);
-CREATE SEQUENCE trade_order_log_seq START 100;
-CREATE TABLE product_spu (
-    id          int8         NOT NULL,
-    name        varchar(128) NOT NULL,
-    stock       int4         NOT NULL DEFAULT 0,
-    sales_count int4         NULL DEFAULT 0,
-    deleted     int2         NOT NULL DEFAULT 0,
-    tenant_id   int8         NOT NULL DEFAULT 0
-);
-ALTER TABLE product_spu ADD CONSTRAINT pk_product_spu PRIMARY KEY (id);
-CREATE TABLE product_sku (
-    id          int8          NOT NULL,
-    spu_id      int8          NOT NULL,
-    properties  varchar(512)  NULL DEFAULT NULL,
-    pic_url     varchar(256)  NOT NULL,
-    stock       int4          NULL DEFAULT NULL,
-    sales_count int4          NULL DEFAULT NULL,
-    deleted     int2          NOT NULL DEFAULT 0,
-    tenant_id   int8          NOT NULL DEFAULT 0
-);
-ALTER TABLE product_sku ADD CONSTRAINT pk_product_sku PRIMARY KEY (id);
-CREATE TABLE product_comment (
-    id                 int8          NOT NULL,
-    user_id            int8          NULL DEFAULT NULL,
-    user_nickname      varchar(255)  NULL DEFAULT NULL,
-    user_avatar        varchar(1024) NULL DEFAULT NULL,
-    anonymous          bool          NULL DEFAULT NULL,
-    order_id           int8          NULL DEFAULT NULL,
-    order_item_id      int8          NULL DEFAULT NULL,
-    spu_id             int8          NOT NULL,
-    spu_name           varchar(255)  NOT NULL,
-    sku_id             int8          NOT NULL,
-    sku_pic_url        varchar(256)  NOT NULL,
-    sku_properties     varchar(512)  NULL DEFAULT NULL,
-    visible            bool          NULL DEFAULT NULL,
-    scores             int4          NULL DEFAULT NULL,
-    description_scores int4          NULL DEFAULT NULL,
-    benefit_scores     int4          NULL DEFAULT NULL,
-    content            varchar(1024) NULL DEFAULT NULL,
-    create_time        timestamp     NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    update_time        timestamp     NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    deleted            int2          NOT NULL DEFAULT 0,
-    tenant_id          int8          NOT NULL DEFAULT 0
-);
-ALTER TABLE product_comment ADD CONSTRAINT pk_product_comment PRIMARY KEY (id);
-CREATE SEQUENCE product_comment_seq START 100;
-CREATE TABLE promotion_coupon (
-    id               int8         NOT NULL,
-    name             varchar(32)  NOT NULL,
-    status           int4         NOT NULL,
-    user_id          int8         NOT NULL,
-    valid_start_time timestamp    NOT NULL,
-    valid_end_time   timestamp    NOT NULL,
-    use_order_id     int8         NULL DEFAULT NULL,
-    use_time         timestamp    NULL DEFAULT NULL,
-    create_time      timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    update_time      timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    deleted          int2         NOT NULL DEFAULT 0,
-    tenant_id        int8         NOT NULL DEFAULT 0
-);
-ALTER TABLE promotion_coupon ADD CONSTRAINT pk_promotion_coupon PRIMARY KEY (id);
-CREATE TABLE member_user (
-    id        int8         NOT NULL,
-    nickname  varchar(30)  NOT NULL DEFAULT '',
-    avatar    varchar(255) NOT NULL DEFAULT '',
-    point     int4         NOT NULL DEFAULT 0,
-    deleted   int2         NOT NULL DEFAULT 0,
-    tenant_id int8         NOT NULL DEFAULT 0
-);
-ALTER TABLE member_user ADD CONSTRAINT pk_member_user PRIMARY KEY (id);
-CREATE TABLE member_point_record (
-    id          int8         NOT NULL,
-    user_id     int8         NOT NULL,
-    biz_id      varchar(255) NOT NULL,
-    biz_type    int4         NOT NULL,
-    title       varchar(255) NOT NULL,
-    description varchar(5000) NOT NULL,
-    point       int4         NOT NULL,
-    total_point int4         NOT NULL,
-    creator     varchar(64)  NULL DEFAULT '',
-    create_time timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    updater     varchar(64)  NULL DEFAULT '',
-    update_time timestamp    NOT NULL DEFAULT CURRENT_TIMESTAMP,
-    deleted     int2         NOT NULL DEFAULT 0,
-    tenant_id   int8         NOT NULL DEFAULT 0
-);
-ALTER TABLE member_point_record ADD CONSTRAINT pk_member_point_record PRIMARY KEY (id);
-CREATE SEQUENCE member_point_record_seq START 100;
-CREATE TABLE pay_order (
-    id     int8 NOT NULL,
-    status int2 NOT NULL
-);
-ALTER TABLE pay_order ADD CONSTRAINT pk_pay_order PRIMARY KEY (id);
-"#;
+const YUDAO_SCHEMA: &str = include_str!("../fixtures/yudao_timers_postgres.sql");
 
 /// The shop's rows, written in its zone (`+08:00`, as yudao writes them).
 /// Every deadline is relative to now: due 8 to 14 s from now, or later.
@@ -1147,7 +927,7 @@ async fn yudao_timers_on_postgres() {
     // expired by coupon_expiry; the others as they were or as their member
     // left them.
     let coupons: Vec<(i64, i32)> =
-        sqlx::query_as("SELECT id, status FROM promotion_coupon ORDER BY id")
+        sqlx::query_as("SELECT id, status::int4 FROM promotion_coupon ORDER BY id")
             .fetch_all(&shop)
             .await
             .unwrap();
@@ -1173,7 +953,7 @@ async fn yudao_timers_on_postgres() {
     assert_eq!(points, [(1, 250), (2, 100), (3, 0)]);
     type Record = (bool, i64, String, i32, String, i32, i32, i64);
     let records: Vec<Record> = sqlx::query_as(
-        "SELECT id >= 100, user_id, biz_id, biz_type, description, point, total_point, \
+        "SELECT id >= 100, user_id, biz_id, biz_type::int4, description, point, total_point, \
                 tenant_id \
            FROM member_point_record ORDER BY id",
     )
@@ -1213,7 +993,7 @@ async fn yudao_timers_on_postgres() {
     );
     let reviews: Vec<Review> = sqlx::query_as(
         "SELECT order_id, order_item_id, sku_id, user_nickname, user_avatar, spu_name, \
-                sku_pic_url, sku_properties, scores, tenant_id \
+                sku_pic_url, sku_properties, scores::int4, tenant_id \
            FROM product_comment ORDER BY order_item_id",
     )
     .fetch_all(&shop)
@@ -1279,7 +1059,7 @@ async fn yudao_timers_on_postgres() {
 
     // One log row per flip, ids from trade_order_log_seq, the order's tenant.
     let logs: Vec<(i64, i32, i32, i32, i64)> = sqlx::query_as(
-        "SELECT order_id, before_status, after_status, operate_type, tenant_id \
+        "SELECT order_id, before_status::int4, after_status::int4, operate_type, tenant_id \
            FROM trade_order_log ORDER BY order_id",
     )
     .fetch_all(&shop)
