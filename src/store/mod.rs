@@ -608,8 +608,8 @@ impl StoreError {
     pub fn is_lock_timeout(&self) -> bool {
         match self {
             Self::Sql(sqlx::Error::Database(e)) => {
-                if let Some(my) = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                    return matches!(my.number(), 1205 | 3572);
+                if let Some(class) = mysql::error_class(e.as_ref()) {
+                    return class == mysql::ErrorClass::LockTimeout;
                 }
                 e.code().as_deref() == Some("55P03")
             }
@@ -648,32 +648,12 @@ impl StoreError {
             "45",
         ];
         fn database(e: &dyn sqlx::error::DatabaseError) -> bool {
-            if let Some(my) = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                match my.number() {
-                    1040
-                    | 1044
-                    | 1045
-                    | 1053
-                    | 1152
-                    | 1158..=1161
-                    | 1180
-                    | 1203
-                    | 1205
-                    | 1213
-                    | 1226
-                    | 1290
-                    | 1317
-                    | 1637
-                    | 1836
-                    | 1927
-                    | 1969
-                    | 2006
-                    | 2013
-                    | 3024
-                    | 3572 => return false,
-                    1093 | 1292 | 1364 | 1366 | 1411 | 1442 | 3819 => return true,
-                    _ => {}
+            match mysql::error_class(e) {
+                Some(mysql::ErrorClass::Permanent) => return true,
+                Some(mysql::ErrorClass::Transient | mysql::ErrorClass::LockTimeout) => {
+                    return false;
                 }
+                None => {}
             }
             let code = e.code();
             let class = code.as_deref().and_then(|c| c.get(..2)).unwrap_or("");

@@ -64,6 +64,39 @@ fn migrator() -> sqlx::migrate::Migrator {
     migrator
 }
 
+/// What a MySQL error number means to the store, where the generic SQLSTATE
+/// `HY000` hides it ([`StoreError::is_permanent`],
+/// [`StoreError::is_lock_timeout`] say why each matters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ErrorClass {
+    /// A lock waited for in vain: 1205 (`innodb_lock_wait_timeout`), 3572
+    /// (`NOWAIT`).
+    LockTimeout,
+    /// Waiting can fix it: connection and login errors (1040, 1044, 1045,
+    /// 1053, 1152, 1158–1161, 1180, 1203, 1226, 1927, 2006, 2013), a
+    /// deadlock (1213), a read-only server during a failover (1290, 1836),
+    /// a timeout or a killed query (1317, 1969, 3024), 1637 (too many active
+    /// transactions).
+    Transient,
+    /// Waiting cannot fix it: 1366 incorrect value, 1292 truncated value,
+    /// 1364 no default, 1411 incorrect value for a function, 3819 check
+    /// constraint, 1093/1442 statements MySQL refuses.
+    Permanent,
+}
+
+/// The [`ErrorClass`] of a MySQL/MariaDB error; `None` for another
+/// database's error, or a number the SQLSTATE classifies well enough.
+pub(super) fn error_class(e: &dyn sqlx::error::DatabaseError) -> Option<ErrorClass> {
+    let my = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()?;
+    match my.number() {
+        1205 | 3572 => Some(ErrorClass::LockTimeout),
+        1040 | 1044 | 1045 | 1053 | 1152 | 1158..=1161 | 1180 | 1203 | 1213 | 1226 | 1290
+        | 1317 | 1637 | 1836 | 1927 | 1969 | 2006 | 2013 | 3024 => Some(ErrorClass::Transient),
+        1093 | 1292 | 1364 | 1366 | 1411 | 1442 | 3819 => Some(ErrorClass::Permanent),
+        _ => None,
+    }
+}
+
 /// `time_zone` as a MySQL session `time_zone`: `UTC` as `+00:00` (named
 /// zones need the server's time zone tables, which MariaDB often lacks).
 fn mysql_time_zone(time_zone: &str) -> String {
