@@ -3,8 +3,10 @@
 //! Whatever is waiting is taken, up to `batch_max`, and a batch that is not
 //! full waits up to `batch_linger` for more; more pile up while all
 //! `batch_concurrency` cancel statements are running, so load makes batches
-//! bigger, not slower. Each batch is handled in its own task by
-//! [`super::cancel::cancel_batch`].
+//! bigger, not slower. Each batch is handled in its own task, straight
+//! down the pipeline: [`super::cancel::cancel_batch`] (the cancel
+//! transaction, every order settled by its state), then
+//! [`super::finish::finish`] (stock release, event, outbox marks, ack).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use super::cancel;
 use super::context::Worker;
+use super::finish;
 use super::job::Job;
 
 /// Runs until every sender of `due` is gone (the consumer has stopped and
@@ -30,7 +33,13 @@ pub(crate) async fn run(worker: Worker, mut due: mpsc::Receiver<Job>) {
         let batch = gather(first, &mut due, settings.batch_max, settings.batch_linger).await;
         let worker2 = worker.clone();
         worker.tracker.spawn(async move {
-            cancel::cancel_batch(&worker2, batch, slot).await;
+            let to_finish = cancel::cancel_batch(&worker2, batch).await;
+            // The slot bounds concurrent cancel statements only: the outbox
+            // work (inventory calls, events) runs after it is given back.
+            drop(slot);
+            for (store, pending) in to_finish {
+                finish::finish(&worker2, &store, pending).await;
+            }
         });
     }
 }

@@ -13,8 +13,9 @@
 //!    another transaction holds (skipped by the cancel transaction, so
 //!    that one held row delays only itself) wait a few seconds through the
 //!    delay store, without spending an attempt;
-//! 3. orders cancelled now or earlier with outbox work pending go to
-//!    [`super::finish`]: stock release, event, outbox marks, ack.
+//! 3. orders cancelled now or earlier with outbox work pending are returned
+//!    to the batcher, which hands them to [`super::finish`]: stock release,
+//!    event, outbox marks, ack.
 //!
 //! A statement that fails for one order (an `also` statement hitting a
 //! unique constraint for that order alone, a trigger refusing its row) is
@@ -33,13 +34,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::context::Worker;
 use super::failure::Failure;
-use super::finish::{self, Pending};
+use super::finish::Pending;
 use super::job::{Job, ack_each};
-use super::park::{park, park_unknown_timer};
+use super::park::{Parking, park, park_unknown_timer};
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};
 use crate::settings::{TimerName, UnknownOrderPolicy};
@@ -71,20 +71,18 @@ fn locked_wait(expires_at: DateTime<Utc>, db_now: DateTime<Utc>) -> Duration {
 type ByOrder = HashMap<OrderId, Vec<Job>>;
 
 /// Cancels one batch: per timer, the cancel transaction, then every order
-/// settled by its state. `slot` bounds concurrent cancel statements and is
-/// given back before the outbox work, so the next batch's cancellation does
-/// not wait for this batch's inventory calls.
+/// settled by its state. Returns, per timer, the cancelled orders whose
+/// outbox work is left: the batcher hands them to [`super::finish`] once it
+/// has given back its slot, so the next batch's cancellation does not wait
+/// for this batch's inventory calls.
 #[tracing::instrument(skip_all, fields(messages = jobs.len()))]
-pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>, slot: OwnedSemaphorePermit) {
+pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Pending>)> {
     let mut to_finish = Vec::new();
     for (store, jobs) in by_timer(worker, jobs).await {
         let pending = cancel_timer_batch(worker, &store, jobs).await;
         to_finish.push((store, pending));
     }
-    drop(slot);
-    for (store, pending) in to_finish {
-        finish::finish(worker, &store, pending).await;
-    }
+    to_finish
 }
 
 /// The jobs of each timer with its store, in the order of the config. A
@@ -328,16 +326,14 @@ async fn unknown_order(
                     None => format!("unknown order: no row in {table} with id {:?}", id.as_str()),
                 };
                 let attempts = job.attempts.failed(Utc::now(), error.clone());
-                park(
-                    ctx,
-                    job.delivery,
+                let why = Parking {
+                    kind: ParkReason::UnknownOrder,
                     error,
-                    ParkReason::UnknownOrder,
-                    Some(id.clone()),
+                    order_id: Some(id.clone()),
                     attempts,
-                    Some(&store.timer().name),
-                )
-                .await;
+                    timer: Some(store.timer().name.clone()),
+                };
+                park(ctx, job.delivery, why).await;
             }
             UnknownOrderPolicy::Drop => {
                 tracing::warn!(order_id = %id, "unknown order; dropped by configuration");

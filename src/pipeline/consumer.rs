@@ -29,7 +29,9 @@ use tokio_util::task::TaskTracker;
 
 use super::context::Context;
 use super::job::Job;
-use super::park::{near_delivery_limit, park, park_near_delivery_limit, park_unknown_timer};
+use super::park::{
+    Parking, near_delivery_limit, park, park_near_delivery_limit, park_unknown_timer,
+};
 use crate::broker::headers::Attempts;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
 use crate::message::{MessageError, TimeoutRequest};
@@ -220,15 +222,12 @@ fn spawn_parking(
 
 /// Parks an unparseable delivery with the parser's reason.
 async fn park_bad(ctx: &Context, delivery: Delivery, error: MessageError, attempts: Attempts) {
-    let attempts = attempts.failed(Utc::now(), error.to_string());
-    park(
-        ctx,
-        delivery,
-        error.to_string(),
-        error.kind(),
-        None,
-        attempts,
-        None,
-    )
-    .await;
+    let why = Parking {
+        kind: error.kind(),
+        error: error.to_string(),
+        order_id: None,
+        attempts: attempts.failed(Utc::now(), error.to_string()),
+        timer: None,
+    };
+    park(ctx, delivery, why).await;
 }

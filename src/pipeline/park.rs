@@ -49,16 +49,14 @@ pub(crate) async fn park_near_delivery_limit(ctx: &Context, delivery: Delivery, 
     );
     let attempts =
         Attempts::from_headers(delivery.properties.headers().as_ref()).failed(Utc::now(), &error);
-    park(
-        ctx,
-        delivery,
+    let why = Parking {
+        kind: ParkReason::DeliveryLimit,
         error,
-        ParkReason::DeliveryLimit,
-        None,
+        order_id: None,
         attempts,
-        None,
-    )
-    .await;
+        timer: None,
+    };
+    park(ctx, delivery, why).await;
 }
 
 /// Parks a job whose message names a timer the config does not have
@@ -73,33 +71,45 @@ pub(crate) async fn park_unknown_timer(ctx: &Context, job: Job) {
         known.join(", ")
     );
     let attempts = job.attempts.failed(Utc::now(), &error);
-    let order_id = Some(job.order_id().clone());
-    park(
-        ctx,
-        job.delivery,
+    let why = Parking {
+        kind: ParkReason::UnknownTimer,
         error,
-        ParkReason::UnknownTimer,
-        order_id,
+        order_id: Some(job.order_id().clone()),
         attempts,
-        None,
-    )
-    .await;
+        timer: None,
+    };
+    park(ctx, job.delivery, why).await;
 }
 
-/// Parks a delivery with its reason, then acks it, counted for `timer`
+/// Why a delivery is parked: its park record (`x-error`, `x-error-kind`,
+/// the order and the failure history), and the timer it is counted for
 /// (`None`: not known, the message could not say or named a timer the
-/// config does not have). A park the broker refuses is tried again with
-/// backoff ([`Context::publish_patiently`]); if it still fails, the
-/// delivery is returned to the queue rather than lost.
-pub(crate) async fn park(
-    ctx: &Context,
-    delivery: Delivery,
-    error: String,
-    kind: ParkReason,
-    order_id: Option<OrderId>,
-    attempts: Attempts,
-    timer: Option<&TimerName>,
-) {
+/// config does not have).
+pub(crate) struct Parking {
+    /// Short label (`x-error-kind`).
+    pub(crate) kind: ParkReason,
+    /// Human-readable reason (`x-error`).
+    pub(crate) error: String,
+    /// The order, if the message named a valid one.
+    pub(crate) order_id: Option<OrderId>,
+    /// Failure history including this failure.
+    pub(crate) attempts: Attempts,
+    /// The timer it is counted for.
+    pub(crate) timer: Option<TimerName>,
+}
+
+/// Parks a delivery from the due queue for `why`, then acks it. A park the
+/// broker refuses is tried again with backoff
+/// ([`Context::publish_patiently`]); if it still fails, the delivery is
+/// returned to the queue rather than lost.
+pub(crate) async fn park(ctx: &Context, delivery: Delivery, why: Parking) {
+    let Parking {
+        kind,
+        error,
+        order_id,
+        attempts,
+        timer,
+    } = why;
     let info = ParkInfo {
         error,
         kind,
@@ -118,7 +128,7 @@ pub(crate) async fn park(
     match parked {
         Ok(()) => {
             tracing::warn!(kind = %info.kind, error = %info.error, order_id = ?info.order_id, "parked a message");
-            let timer = timer.map_or(NO_TIMER, TimerName::as_str);
+            let timer = timer.as_ref().map_or(NO_TIMER, TimerName::as_str);
             ctx.metrics.record(timer, Outcome::Parked);
             ctx.metrics.parked(info.kind);
             if let Err(e) = ctx.acks.ack(&[delivery.delivery_tag]).await {

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::context::{Context, Delayed, Worker};
 use super::failure::Failure;
 use super::job::{Job, ack_all};
-use super::park::park;
+use super::park::{Parking, park};
 use super::retry::{RetryDecision, later};
 use crate::broker::cascade::HOLD_WINDOW_SECS;
 use crate::broker::headers::Attempts;
@@ -193,18 +193,14 @@ impl Job {
                 ParkReason::PermanentFailure
             }
         };
-        let order_id = Some(self.order_id().clone());
-        let timer = self.timer().clone();
-        park(
-            ctx,
-            self.delivery,
+        let why = Parking {
+            kind: reason,
             error,
-            reason,
-            order_id,
+            order_id: Some(self.order_id().clone()),
             attempts,
-            Some(&timer),
-        )
-        .await;
+            timer: Some(self.timer().clone()),
+        };
+        park(ctx, self.delivery, why).await;
     }
 }
 
