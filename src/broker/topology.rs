@@ -43,7 +43,7 @@ use lapin::{Channel, Connection, ExchangeKind};
 use super::cascade::{LEVELS, bit_pattern, shard_level_name};
 use super::lanes::{lane_name, lane_ttl_ms};
 use super::layouts::{self, LAYOUTS_QUEUE};
-pub use super::refusals::soft_error;
+use super::refusals::soft_error;
 use crate::settings::{Lane, QueueType};
 
 /// Entry exchange the order service publishes timeouts to (direct, durable).

@@ -22,9 +22,10 @@ use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 
+use crate::broker::refusals::soft_error;
 use crate::broker::topology::{
     self, BindingDestination, BindingSpec, Layout, exchange_options, exchange_specs, queue_options,
-    queue_specs, soft_error,
+    queue_specs,
 };
 use crate::settings::QueueType;
 
@@ -117,8 +118,6 @@ impl TopologyReport {
         self.problems().next().is_none() && self.broken_bindings().next().is_none()
     }
 }
-
-pub use crate::broker::refusals::is_not_found;
 
 /// Maps a failed declare to a status; errors that are not about this
 /// object (connection loss, hard errors) stop the check.

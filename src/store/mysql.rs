@@ -37,7 +37,8 @@ use sqlx::mysql::{
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row, SqlSafeStr};
 
 use super::ids::{IdColumn, IdValue, uuid_text};
-use super::shape::{self, Column, Columns, OrdersColumns};
+use super::catalog::{self, Column, Columns};
+use super::shape::{self, OrdersColumns};
 use super::releases::{Expansion, Migrated};
 use super::sql::{
     AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
@@ -963,7 +964,7 @@ impl SqlDialect for MySql {
         .bind(name)
         .fetch_all(&store.pool)
         .await?;
-        Ok(shape::by_name(columns))
+        Ok(catalog::by_name(columns))
     }
 
     async fn statements(

@@ -24,7 +24,8 @@ use sqlx::postgres::{
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
 use super::ids::{IdColumn, IdValue};
-use super::shape::{self, Column, Columns, OrdersColumns};
+use super::catalog::{self, Column, Columns};
+use super::shape::{self, OrdersColumns};
 use super::releases::{self, Expansion, Migrated};
 use super::sql::{
     AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
@@ -255,7 +256,7 @@ impl SqlDialect for Postgres {
         .bind(shape::quote(Dialect::Postgres, table))
         .fetch_all(&store.pool)
         .await?;
-        Ok(shape::by_name(columns))
+        Ok(catalog::by_name(columns))
     }
 
     async fn statements(

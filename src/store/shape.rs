@@ -6,7 +6,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 
-pub(crate) use super::catalog::{Column, Columns, TypeClass, by_name};
+use super::catalog::{Columns, TypeClass};
 use super::ids::IdColumn;
 use super::{Dialect, Page, RowCursor, StoreError};
 use crate::message::OrderId;

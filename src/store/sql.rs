@@ -21,7 +21,8 @@ use tokio::sync::OnceCell;
 
 use super::ids::{IdColumn, IdRejected, IdValue};
 use super::releases::{self, Expansion, Migrated};
-use super::shape::{self, Columns, OrdersColumns, SchemaReport};
+use super::catalog::Columns;
+use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
     Dialect, NextAttempt, OrderFailure, OrderItem, OrderState, OrderStore, OutboxFailure, Page,

@@ -388,18 +388,7 @@ impl TestEnv {
     /// `binding` (`#`: every timer's).
     pub async fn subscribe_events_on(&self, binding: &str) -> lapin::Consumer {
         let channel = self.amqp.create_channel().await.unwrap();
-        let queue = channel
-            .queue_declare(
-                "".into(),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let queue = exclusive_queue(&channel).await;
         channel
             .queue_bind(
                 queue.name().clone(),
@@ -767,7 +756,23 @@ impl EnvForCli {
     }
 }
 
-/// A bare-bones HTTP/1.1 GET: `(status, body)`.
+/// A server-named queue of `channel`'s own, gone with it: where a test
+/// binds what it wants to look at.
+pub async fn exclusive_queue(channel: &Channel) -> lapin::Queue {
+    channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+}
+
 /// Declares a durable queue `name` of `queue_type` (`quorum`, `classic`)
 /// with `args` besides, as a test's own or in place of one the service
 /// declared.
@@ -801,6 +806,7 @@ pub async fn ready(addr: std::net::SocketAddr) -> bool {
     http_get(addr, "/readyz").await.0 == 200
 }
 
+/// A bare-bones HTTP/1.1 GET: `(status, body)`.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {

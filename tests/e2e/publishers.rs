@@ -32,7 +32,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{BasicGetOptions, QueueBindOptions};
 use lapin::types::FieldTable;
 use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
 use order_timeout::message::format_instant;
@@ -41,7 +41,7 @@ use order_timeout::settings::Lane;
 use order_timeout_tools::shop;
 use serde_json::Value;
 
-use crate::common::{TestEnv, ready};
+use crate::common::{TestEnv, exclusive_queue, ready};
 
 /// The lane the service runs in these tests: every order of a 4 s window.
 const LANE_SECS: u64 = 4;
@@ -336,18 +336,7 @@ async fn the_python_publisher_keeps_the_contract() {
 /// the publisher got routed, to look at.
 async fn tap(env: &TestEnv, lane: Lane) -> (lapin::Channel, String) {
     let channel = env.amqp.create_channel().await.unwrap();
-    let queue = channel
-        .queue_declare(
-            "".into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let queue = exclusive_queue(&channel).await;
     for key in [SCHEDULE_ROUTING_KEY.to_owned(), lane_entry_key(lane)] {
         channel
             .queue_bind(

@@ -107,6 +107,21 @@ fn empty_note(svg: &mut String, note: &str) {
     );
 }
 
+/// Draws a y axis of counts from 0 to `most` rounded up to a nice number
+/// ([`nice_scale`]), and returns where a count sits on it.
+fn count_axis(svg: &mut String, most: f64) -> impl Fn(f64) -> f64 + use<> {
+    let (top, step) = nice_scale(most);
+    let y = move |v: f64| TOP + plot_height() * (1.0 - v / top);
+    let ticks: Vec<(f64, String)> = (0..=((top / step).round() as u64))
+        .map(|k| {
+            let v = k as f64 * step;
+            (y(v), count(v))
+        })
+        .collect();
+    y_axis(svg, &ticks);
+    y
+}
+
 /// Round steps for a linear axis up to at least `most`: (top, step).
 fn nice_scale(most: f64) -> (f64, f64) {
     if most <= 0.0 {
@@ -379,15 +394,7 @@ pub(super) fn flips_chart(
             count(most as f64)
         ),
     );
-    let (top, step) = nice_scale(most as f64);
-    let y = |v: f64| TOP + plot_height() * (1.0 - v / top);
-    let ticks: Vec<(f64, String)> = (0..=((top / step).round() as u64))
-        .map(|k| {
-            let v = k as f64 * step;
-            (y(v), count(v))
-        })
-        .collect();
-    y_axis(&mut svg, &ticks);
+    let y = count_axis(&mut svg, most as f64);
     hour.x_axis(&mut svg);
     let x = legend(&mut svg, LEFT, GREEN, flipped);
     legend(&mut svg, x, RED, "parked");
@@ -451,15 +458,7 @@ pub(super) fn due_windows_chart(id: &str, windows: &[DueWindow]) -> String {
         ),
     );
     // Headroom above the tallest bar for its count.
-    let (top, step) = nice_scale(most as f64 * 1.2);
-    let y = |v: f64| TOP + plot_height() * (1.0 - v / top);
-    let ticks: Vec<(f64, String)> = (0..=((top / step).round() as u64))
-        .map(|k| {
-            let v = k as f64 * step;
-            (y(v), count(v))
-        })
-        .collect();
-    y_axis(&mut svg, &ticks);
+    let y = count_axis(&mut svg, most as f64 * 1.2);
     let slot = plot_width() / windows.len().max(1) as f64;
     let bar = slot * 0.6;
     for (i, w) in windows.iter().enumerate() {

@@ -30,7 +30,7 @@ use lapin::{BasicProperties, Channel, ExchangeKind};
 use super::BenchError;
 use super::amqp::confirm_channels;
 use super::amqp::{QueuePair, declare_pair};
-pub use super::report::PathCost;
+use super::report::PathCost;
 use super::sys::Sampling;
 use order_timeout::broker::connect_amqp;
 use order_timeout::settings::SecretUrl;
