@@ -33,6 +33,7 @@ use crate::settings::{
 mod catalog;
 mod ids;
 mod mysql;
+mod outbox;
 mod postgres;
 mod releases;
 mod shape;
@@ -41,6 +42,8 @@ mod state;
 mod tls;
 
 pub use ids::IdRejected;
+#[cfg(feature = "testing")]
+pub use outbox::stale_statement_for_explain;
 pub use releases::{Expansion, Migrated};
 pub use shape::{IdKind, SchemaReport};
 pub use tls::{mysql_options, pg_options};

@@ -36,6 +36,7 @@ use sqlx::mysql::{
 };
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, Row, SqlSafeStr};
 
+use super::outbox::{OwnRow, Statement, Value, Vocabulary};
 use super::ids::{IdColumn, IdValue, uuid_text};
 use super::catalog::{self, Column, Columns};
 use super::shape::{self, OrdersColumns};
@@ -44,7 +45,7 @@ use super::sql::{
     AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
 };
 use super::state::StateRow;
-use super::{Dialect, NextAttempt, PoolSettings, StoreError, WatchMark};
+use super::{Dialect, PoolSettings, StoreError};
 use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
 
 /// MySQL and MariaDB, as a [`SqlDialect`].
@@ -821,22 +822,6 @@ async fn take_over(
     Ok(taken.into_iter().map(str::to_owned).collect())
 }
 
-/// Runs `UPDATE order_timeout_cancel_outbox SET {set} WHERE timer = …
-/// AND order_id IN (ids)` when `ids` is not empty.
-async fn update_outbox(store: &MySqlStore, set: &str, ids: &[&str]) -> Result<(), StoreError> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let sql = format!(
-        "UPDATE order_timeout_cancel_outbox SET {set} WHERE timer = ? AND order_id IN ({})",
-        marks(ids.len())
-    );
-    let values =
-        std::iter::once(Arg::Text(store.timer.name.as_str())).chain(ids.iter().map(|id| Arg::Text(id)));
-    run!(sql, values, &store.pool).await?;
-    Ok(())
-}
-
 /// Sets the session's lock wait timeout (`innodb_lock_wait_timeout`, whole
 /// seconds, rounded up) and statement timeout (MariaDB's
 /// `max_statement_time`; MySQL's `max_execution_time`, which bounds only
@@ -1220,49 +1205,6 @@ impl SqlDialect for MySql {
         page_rows(store, sql, values).await
     }
 
-    /// The timer's row is created at the database's clock the first time;
-    /// the lease is then taken if it is free, ran out, or is the holder's,
-    /// and read back.
-    async fn watch_lease(
-        store: &MySqlStore,
-        holder: &str,
-        lease: Duration,
-    ) -> Result<Option<WatchMark>, StoreError> {
-        let timer = Arg::Text(store.timer.name.as_str());
-        run!(
-            "INSERT IGNORE INTO order_timeout_watch (timer, scanned_until) \
-             VALUES (?, UTC_TIMESTAMP(6))",
-            [timer],
-            &store.pool
-        )
-        .await?;
-        run!(
-            "UPDATE order_timeout_watch \
-                SET holder = ?, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-              WHERE timer = ? \
-                AND (holder = ? OR lease_until IS NULL OR lease_until <= UTC_TIMESTAMP(6))",
-            [
-                Arg::Text(holder),
-                Arg::Int(micros(lease)),
-                timer,
-                Arg::Text(holder)
-            ],
-            &store.pool
-        )
-        .await?;
-        let row: Option<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as_with(
-            "SELECT scanned_until, UTC_TIMESTAMP(6) FROM order_timeout_watch \
-              WHERE timer = ? AND holder = ?",
-            args([timer, Arg::Text(holder)])?,
-        )
-        .fetch_optional(&store.pool)
-        .await?;
-        Ok(row.map(|(scanned_until, db_now)| WatchMark {
-            scanned_until,
-            db_now,
-        }))
-    }
-
     async fn due_between(
         store: &MySqlStore,
         prepared: &Prepared<Self>,
@@ -1289,162 +1231,58 @@ impl SqlDialect for MySql {
         page_rows(store, sql.clone(), values).await
     }
 
-    async fn watch_advance(
-        store: &MySqlStore,
-        holder: &str,
-        until: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        let done = run!(
-            "UPDATE order_timeout_watch SET scanned_until = GREATEST(scanned_until, ?) \
-              WHERE timer = ? AND holder = ?",
-            [
-                Arg::Time(until),
-                Arg::Text(store.timer.name.as_str()),
-                Arg::Text(holder)
-            ],
-            &store.pool
-        )
-        .await?;
-        Ok(done.rows_affected() == 1)
+
+    async fn execute(store: &MySqlStore, statement: Statement<'_>) -> Result<u64, StoreError> {
+        let values = statement.values.iter().flat_map(arg);
+        Ok(run!(statement.sql, values, &store.pool).await?.rows_affected())
     }
 
-    async fn watch_release(store: &MySqlStore, holder: &str) -> Result<(), StoreError> {
-        run!(
-            "UPDATE order_timeout_watch SET lease_until = NULL WHERE timer = ? AND holder = ?",
-            [Arg::Text(store.timer.name.as_str()), Arg::Text(holder)],
-            &store.pool
-        )
-        .await?;
-        Ok(())
+    async fn fetch<T: OwnRow>(store: &MySqlStore, statement: Statement<'_>) -> Result<Vec<T>, StoreError> {
+        let values = statement.values.iter().flat_map(arg);
+        let query = sqlx::query_as_with(AssertSqlSafe(statement.sql), args(values)?);
+        Ok(query.fetch_all(&store.pool).await?)
+    }
+}
+
+/// MySQL's words for the statements of the service's own tables.
+impl Vocabulary for MySql {
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
+    /// The column is `VARBINARY` (ids compare byte for byte).
+    const ORDER_ID: &'static str = "CAST(order_id AS CHAR)";
+    /// `sweep_at` is a generated column, set only while the row's work is
+    /// pending and not given up: the `(timer, sweep_at)` index holds
+    /// exactly the rows to sweep.
+    const SWEEP_DUE: &'static str = "sweep_at <= UTC_TIMESTAMP(6)";
+    const SWEEP_AT: &'static str = "sweep_at";
+    /// A no-op update rather than `INSERT IGNORE`, which would turn every
+    /// other error into a warning too.
+    const KEEP_EXISTING: &'static str = "ON DUPLICATE KEY UPDATE timer = timer";
+
+    fn placeholder(_n: usize) -> String {
+        "?".to_owned()
     }
 
-    /// A range of the `(timer, sweep_at)` index: exactly the timer's due
-    /// rows, the longest due first.
-    async fn stale_outbox(
-        store: &MySqlStore,
-        grace: Duration,
-        limit: u32,
-    ) -> Result<Vec<String>, StoreError> {
-        let values = [
-            Arg::Text(store.timer.name.as_str()),
-            Arg::Int(micros(grace)),
-            Arg::Int(i64::from(limit)),
-        ];
-        Ok(sqlx::query_scalar_with(
-            "SELECT CAST(order_id AS CHAR) FROM order_timeout_cancel_outbox \
-              WHERE timer = ? AND sweep_at <= UTC_TIMESTAMP(6) \
-                AND created_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
-                AND (claimed_until IS NULL OR claimed_until <= UTC_TIMESTAMP(6)) \
-              ORDER BY sweep_at LIMIT ?",
-            args(values)?,
-        )
-        .fetch_all(&store.pool)
-        .await?)
+    fn micros(_n: usize) -> String {
+        "INTERVAL ? MICROSECOND".to_owned()
     }
 
-    /// One update per row (each has its own error), then one read.
-    async fn count_failures(
-        store: &MySqlStore,
-        failures: &[(&str, &str)],
-    ) -> Result<Vec<(String, i32)>, StoreError> {
-        let timer = Arg::Text(store.timer.name.as_str());
-        for (id, error) in failures {
-            run!(
-                "UPDATE order_timeout_cancel_outbox \
-                    SET attempts = attempts + 1, last_error = ? WHERE timer = ? AND order_id = ?",
-                [Arg::Text(error), timer, Arg::Text(id)],
-                &store.pool
-            )
-            .await?;
-        }
-        let sql = format!(
-            "SELECT CAST(order_id AS CHAR), attempts FROM order_timeout_cancel_outbox \
-              WHERE timer = ? AND order_id IN ({})",
-            marks(failures.len())
-        );
-        Ok(sqlx::query_as_with(
-            AssertSqlSafe(sql),
-            args(std::iter::once(timer).chain(failures.iter().map(|(id, _)| Arg::Text(id))))?,
-        )
-        .fetch_all(&store.pool)
-        .await?)
+    fn in_ids(_first: usize, len: usize) -> String {
+        format!("IN ({})", marks(len))
     }
 
-    async fn plan_attempts(
-        store: &MySqlStore,
-        plans: &[(&str, &NextAttempt)],
-    ) -> Result<(), StoreError> {
-        let timer = Arg::Text(store.timer.name.as_str());
-        for (id, plan) in plans {
-            match plan {
-                NextAttempt::After(delay) => run!(
-                    "UPDATE order_timeout_cancel_outbox \
-                        SET next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, \
-                            gave_up_at = NULL, gave_up_reason = NULL \
-                      WHERE timer = ? AND order_id = ?",
-                    [Arg::Int(micros(*delay)), timer, Arg::Text(id)],
-                    &store.pool
-                ),
-                NextAttempt::GiveUp(reason) => run!(
-                    "UPDATE order_timeout_cancel_outbox \
-                        SET next_attempt_at = NULL, gave_up_at = UTC_TIMESTAMP(6), \
-                            gave_up_reason = ? \
-                      WHERE timer = ? AND order_id = ?",
-                    [Arg::Text(reason), timer, Arg::Text(id)],
-                    &store.pool
-                ),
-            }
-            .await?;
-        }
-        Ok(())
+    fn id_placeholders(len: usize) -> usize {
+        len
     }
+}
 
-    /// A range of the `(pending, created_at)` index: finished rows,
-    /// oldest first.
-    async fn delete_finished(
-        store: &MySqlStore,
-        older_than: Duration,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        Ok(run!(
-            "DELETE FROM order_timeout_cancel_outbox \
-              WHERE timer = ? AND pending = 0 \
-                AND created_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
-              ORDER BY created_at LIMIT ?",
-            [
-                Arg::Text(store.timer.name.as_str()),
-                Arg::Int(micros(older_than)),
-                Arg::Int(i64::from(limit))
-            ],
-            &store.pool
-        )
-        .await?
-        .rows_affected())
-    }
-
-    async fn release_leases(store: &MySqlStore, ids: &[&str]) -> Result<(), StoreError> {
-        update_outbox(store, "claimed_until = NULL", ids).await
-    }
-
-    async fn mark_done(
-        store: &MySqlStore,
-        released: &[&str],
-        published: &[&str],
-    ) -> Result<(), StoreError> {
-        // A released row (a replay finished it) is given up no more.
-        update_outbox(
-            store,
-            "stock_released_at = COALESCE(stock_released_at, UTC_TIMESTAMP(6)), \
-             gave_up_at = NULL, gave_up_reason = NULL",
-            released,
-        )
-        .await?;
-        update_outbox(
-            store,
-            "event_published_at = COALESCE(event_published_at, UTC_TIMESTAMP(6))",
-            published,
-        )
-        .await
+/// A value of a statement of the service's own tables as MySQL binds it:
+/// an id list as one value per id.
+fn arg<'a>(value: &Value<'a>) -> Vec<Arg<'a>> {
+    match *value {
+        Value::Text(s) => vec![Arg::Text(s)],
+        Value::Int(n) | Value::Micros(n) => vec![Arg::Int(n)],
+        Value::Time(t) => vec![Arg::Time(t)],
+        Value::Ids(ids) => ids.iter().map(|id| Arg::Text(id)).collect(),
     }
 }
 

@@ -20,6 +20,7 @@ use sqlx::{Connection, Pool};
 use tokio::sync::OnceCell;
 
 use super::ids::{IdColumn, IdRejected, IdValue};
+use super::outbox::{self, OwnRow, Statement, Vocabulary};
 use super::releases::{self, Expansion, Migrated};
 use super::catalog::Columns;
 use super::shape::{self, OrdersColumns, SchemaReport};
@@ -33,7 +34,7 @@ use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
 
 /// What one SQL dialect does its own way. Its methods are the dialect's
 /// statements; everything around them is [`SqlStore`]'s.
-pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
+pub(crate) trait SqlDialect: Vocabulary + fmt::Debug + Send + Sync + Sized + 'static {
     /// Which dialect this is.
     const DIALECT: Dialect;
     /// How many order ids one cancel transaction can carry
@@ -193,49 +194,6 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
 
-    /// Ids of outbox rows with work pending after `grace` and no live
-    /// lease, oldest first.
-    fn stale_outbox(
-        store: &SqlStore<Self>,
-        grace: Duration,
-        limit: u32,
-    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
-
-    /// Counts a failed attempt (`attempts` + 1, `last_error`) for each
-    /// `(id, error)` (not empty); returns the rows' attempts so far.
-    fn count_failures(
-        store: &SqlStore<Self>,
-        failures: &[(&str, &str)],
-    ) -> impl Future<Output = Result<Vec<(String, i32)>, StoreError>> + Send;
-
-    /// Plans each row's next attempt (not empty): `next_attempt_at` after
-    /// the delay, or given up with the reason.
-    fn plan_attempts(
-        store: &SqlStore<Self>,
-        plans: &[(&str, &NextAttempt)],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Deletes at most `limit` finished rows created more than
-    /// `older_than` ago, oldest first.
-    fn delete_finished(
-        store: &SqlStore<Self>,
-        older_than: Duration,
-        limit: u32,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Clears the leases of the outbox rows `ids` (not empty).
-    fn release_leases(
-        store: &SqlStore<Self>,
-        ids: &[&str],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// See [`OrderStore::watch_lease`].
-    fn watch_lease(
-        store: &SqlStore<Self>,
-        holder: &str,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Option<WatchMark>, StoreError>> + Send;
-
     /// `(id, deadline)` of rows in the `from` status due after `after` (a
     /// deadline, and an id at it) and not after `until`, in (deadline, id)
     /// order. Only for timers with a watch.
@@ -247,25 +205,19 @@ pub(crate) trait SqlDialect: fmt::Debug + Send + Sync + Sized + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
 
-    /// See [`OrderStore::watch_advance`].
-    fn watch_advance(
+    /// Runs a statement of the service's own tables ([`super::outbox`]);
+    /// the rows it changed.
+    fn execute(
         store: &SqlStore<Self>,
-        holder: &str,
-        until: DateTime<Utc>,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+        statement: Statement<'_>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// See [`OrderStore::watch_release`].
-    fn watch_release(
+    /// Runs a query of the service's own tables ([`super::outbox`]); its
+    /// rows.
+    fn fetch<T: OwnRow>(
         store: &SqlStore<Self>,
-        holder: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Marks outbox work done (one of the lists is not empty).
-    fn mark_done(
-        store: &SqlStore<Self>,
-        released: &[&str],
-        published: &[&str],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+        statement: Statement<'_>,
+    ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send;
 }
 
 /// A rendered statement the check prepares: the config key a failure
@@ -817,7 +769,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
 
     #[tracing::instrument(skip(self))]
     async fn stale_outbox(&self, grace: Duration, limit: u32) -> Result<Vec<OrderId>, StoreError> {
-        Ok(shape::order_ids(D::stale_outbox(self, grace, limit).await?))
+        Ok(shape::order_ids(outbox::stale(self, grace, limit).await?))
     }
 
     #[tracing::instrument(skip_all, fields(orders = failures.len()))]
@@ -830,7 +782,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
             return Ok(Vec::new());
         }
         let errors: Vec<(&str, &str)> = failures.iter().map(|f| (f.id, f.error)).collect();
-        let attempts: HashMap<String, u32> = D::count_failures(self, &errors)
+        let attempts: HashMap<String, u32> = outbox::count_failures(self, &errors)
             .await?
             .into_iter()
             .map(|(id, n)| (id, u32::try_from(n).unwrap_or(0)))
@@ -845,14 +797,14 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         let plans: Vec<(&str, &NextAttempt)> =
             planned.iter().map(|(id, _, p)| (id.as_str(), p)).collect();
         if !plans.is_empty() {
-            D::plan_attempts(self, &plans).await?;
+            outbox::plan_attempts(self, &plans).await?;
         }
         Ok(planned)
     }
 
     #[tracing::instrument(skip(self))]
     async fn delete_finished(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        D::delete_finished(self, older_than, limit).await
+        outbox::delete_finished(self, older_than, limit).await
     }
 
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]
@@ -860,7 +812,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         if ids.is_empty() {
             return Ok(());
         }
-        D::release_leases(self, ids).await
+        outbox::release_leases(self, ids).await
     }
 
     #[tracing::instrument(skip_all, fields(released = released.len(), published = published.len()))]
@@ -868,7 +820,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         if released.is_empty() && published.is_empty() {
             return Ok(());
         }
-        D::mark_done(self, released, published).await
+        outbox::mark_done(self, released, published).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -882,7 +834,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         holder: &str,
         lease: Duration,
     ) -> Result<Option<WatchMark>, StoreError> {
-        D::watch_lease(self, holder, lease).await
+        outbox::watch_lease(self, holder, lease).await
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
@@ -900,11 +852,11 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn watch_advance(&self, holder: &str, until: DateTime<Utc>) -> Result<bool, StoreError> {
-        D::watch_advance(self, holder, until).await
+        outbox::watch_advance(self, holder, until).await
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn watch_release(&self, holder: &str) -> Result<(), StoreError> {
-        D::watch_release(self, holder).await
+        outbox::watch_release(self, holder).await
     }
 }

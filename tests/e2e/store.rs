@@ -573,29 +573,17 @@ mod cases {
             .unwrap();
         assert_eq!(found.len(), 10, "{found:?}");
         assert!(found.iter().all(|id| id.as_str().starts_with("todo-")));
-        // The sweeper's statement (store/postgres.rs, store/mysql.rs
-        // `stale_outbox`), its parameters written in.
+        // The sweeper's own statement (store/outbox.rs), its values written in.
+        let statement = store::stale_statement_for_explain(
+            f.dialect(),
+            "cancel_unpaid",
+            Duration::from_secs(60),
+            100,
+        );
         let plan = if my {
-            f.texts(
-                "EXPLAIN FORMAT=JSON SELECT CAST(order_id AS CHAR) FROM order_timeout_cancel_outbox \
-                  WHERE timer = 'cancel_unpaid' AND sweep_at <= UTC_TIMESTAMP(6) \
-                    AND created_at < UTC_TIMESTAMP(6) - INTERVAL 60000000 MICROSECOND \
-                    AND (claimed_until IS NULL OR claimed_until <= UTC_TIMESTAMP(6)) \
-                  ORDER BY sweep_at LIMIT 100",
-            )
-            .await
+            f.texts(&format!("EXPLAIN FORMAT=JSON {statement}")).await
         } else {
-            f.texts(
-                "EXPLAIN SELECT order_id FROM order_timeout_cancel_outbox \
-                  WHERE timer = 'cancel_unpaid' \
-                    AND (stock_released_at IS NULL OR event_published_at IS NULL) \
-                    AND gave_up_at IS NULL \
-                    AND coalesce(next_attempt_at, created_at) <= now() \
-                    AND created_at < now() - interval '60 seconds' \
-                    AND (claimed_until IS NULL OR claimed_until <= now()) \
-                  ORDER BY coalesce(next_attempt_at, created_at) LIMIT 100",
-            )
-            .await
+            f.texts(&format!("EXPLAIN {statement}")).await
         }
         .join("\n");
         let index = if my {
