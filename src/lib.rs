@@ -91,18 +91,33 @@ pub mod shutdown;
 pub use app::{RunningService, Service, run};
 pub use settings::Settings;
 
-/// Declares the plumbing modules: private to the crate, or public with the
-/// `testing` feature, which the tools crate (demo, bench, reference
-/// inventory) and the integration tests enable. Not a stable API.
-macro_rules! plumbing {
-    ($($name:ident),* $(,)?) => {$(
-        #[cfg(feature = "testing")]
-        pub mod $name;
-        #[cfg(not(feature = "testing"))]
-        mod $name;
-    )*};
-}
-
-plumbing!(app, broker, inventory, observe, store, tls);
+// The plumbing: private to the crate, or public with the `testing`
+// feature, which the tools crate (demo, bench, reference inventory) and
+// the integration tests enable. Not a stable API. (Written out, not by a
+// macro: rustfmt formats only the modules it can see declared.)
+#[cfg(feature = "testing")]
+pub mod app;
+#[cfg(not(feature = "testing"))]
+mod app;
+#[cfg(feature = "testing")]
+pub mod broker;
+#[cfg(not(feature = "testing"))]
+mod broker;
+#[cfg(feature = "testing")]
+pub mod inventory;
+#[cfg(not(feature = "testing"))]
+mod inventory;
+#[cfg(feature = "testing")]
+pub mod observe;
+#[cfg(not(feature = "testing"))]
+mod observe;
+#[cfg(feature = "testing")]
+pub mod store;
+#[cfg(not(feature = "testing"))]
+mod store;
+#[cfg(feature = "testing")]
+pub mod tls;
+#[cfg(not(feature = "testing"))]
+mod tls;
 
 mod pipeline;

@@ -240,7 +240,13 @@ fn instance_name() -> String {
     let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = format!("{host}:{}:{nanos:09}:{nth}", std::process::id());
     // The holder column is VARCHAR(64) in MySQL.
-    name.chars().rev().take(64).collect::<Vec<_>>().into_iter().rev().collect()
+    name.chars()
+        .rev()
+        .take(64)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect()
 }
 
 /// Builds and runs a service (what `serve` does).

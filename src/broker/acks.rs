@@ -70,10 +70,9 @@ impl Acks {
             mine.sort_unstable();
             ack_frames(&mine, open.first().copied())
         };
-        let sends = frames.into_iter().map(|(tag, multiple)| {
-            self.channel
-                .basic_ack(tag, BasicAckOptions { multiple })
-        });
+        let sends = frames
+            .into_iter()
+            .map(|(tag, multiple)| self.channel.basic_ack(tag, BasicAckOptions { multiple }));
         // The frames of one call settle disjoint tags, so their order among
         // themselves does not matter; the lock orders them against others'.
         try_join_all(sends).await.map(drop)
@@ -139,10 +138,7 @@ mod tests {
             ack_frames(&[1, 2, 3, 5, 6], Some(4)),
             vec![(3, true), (5, false), (6, false)]
         );
-        assert_eq!(
-            ack_frames(&[5, 6], Some(4)),
-            vec![(5, false), (6, false)]
-        );
+        assert_eq!(ack_frames(&[5, 6], Some(4)), vec![(5, false), (6, false)]);
         assert_eq!(ack_frames(&[2, 5], Some(4)), vec![(2, false), (5, false)]);
     }
 }

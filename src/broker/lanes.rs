@@ -100,10 +100,16 @@ mod tests {
         // A 30-minute order seen 8 ms after it was created.
         let r = delay_route(1_799_992, "order-1", &lanes, shards(8), shards(4));
         assert_eq!(r.exchange, "", "the default exchange");
-        assert!(r.routing_key.starts_with("order-timeout.lane.1800s"), "{r:?}");
+        assert!(
+            r.routing_key.starts_with("order-timeout.lane.1800s"),
+            "{r:?}"
+        );
         assert_eq!(r.hops, 1);
         let r = delay_route(7_199_990, "order-1", &lanes, shards(8), shards(4));
-        assert!(r.routing_key.starts_with("order-timeout.lane.7200s"), "{r:?}");
+        assert!(
+            r.routing_key.starts_with("order-timeout.lane.7200s"),
+            "{r:?}"
+        );
         // Another window, a retry, a deadline past the window: the cascade.
         for remaining_ms in [600_000, 4_000, 1_800_000, 1_797_999, 1_798_400] {
             let r = delay_route(remaining_ms, "order-1", &lanes, shards(8), shards(4));
@@ -118,7 +124,10 @@ mod tests {
             if let Some(l) = lane_for(remaining_ms, &lanes) {
                 let left = remaining_ms as i64 - lane_ttl_ms(l) as i64;
                 assert!(left >= 0, "{remaining_ms} ms in {l} would be early");
-                assert!(left >= HOLD_SLACK_MS as i64, "{remaining_ms} ms in {l}: {left} ms");
+                assert!(
+                    left >= HOLD_SLACK_MS as i64,
+                    "{remaining_ms} ms in {l}: {left} ms"
+                );
                 assert!(left < (HOLD_WINDOW_SECS * 1000) as i64, "{remaining_ms}");
             }
         }

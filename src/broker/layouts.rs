@@ -212,7 +212,9 @@ async fn try_hold(channel: &Channel) -> Result<Vec<RecordedLayout>, lapin::Error
                 seen += 1;
                 match serde_json::from_slice::<RecordedLayout>(&delivery.data) {
                     Ok(layout) => layouts.push(layout),
-                    Err(e) => tracing::warn!(error = %e, "ignoring a message of {LAYOUTS_QUEUE} that is no layout"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ignoring a message of {LAYOUTS_QUEUE} that is no layout")
+                    }
                 }
             }
             Ok(Some(Err(e))) => return Err(e),
@@ -255,7 +257,10 @@ pub async fn record(connection: &Connection, layout: &Layout) -> Result<bool, Re
         }
         Ok(held) => Some(held),
         Err(RecordError::Busy(wait)) => {
-            tracing::info!(?wait, "the layout record stayed locked; adding this layout without reading it");
+            tracing::info!(
+                ?wait,
+                "the layout record stayed locked; adding this layout without reading it"
+            );
             None
         }
         Err(e) => return Err(e),
@@ -324,7 +329,11 @@ mod tests {
     #[test]
     fn a_layout_is_recorded_by_its_names_and_read_back() {
         let a = RecordedLayout::of(&layout(4, &["30m", "7s"], 3));
-        assert_eq!(a.lanes, ["7s", "1800s"], "sorted, as the config writes them");
+        assert_eq!(
+            a.lanes,
+            ["7s", "1800s"],
+            "sorted, as the config writes them"
+        );
         let json = serde_json::to_string(&a).unwrap();
         let back: RecordedLayout = serde_json::from_str(&json).unwrap();
         assert_eq!(back, a);

@@ -138,7 +138,10 @@ pub async fn close_channel_quietly(channel: &lapin::Channel) {
 /// ready messages and consumers, or a channel-closing `NOT_FOUND` error if
 /// it does not exist. What the operator commands, the parked passes and
 /// the tools count queues with.
-pub async fn peek_queue(channel: &lapin::Channel, queue: &str) -> Result<lapin::Queue, lapin::Error> {
+pub async fn peek_queue(
+    channel: &lapin::Channel,
+    queue: &str,
+) -> Result<lapin::Queue, lapin::Error> {
     channel
         .queue_declare(
             queue.into(),

@@ -12,7 +12,9 @@ use serde::Serialize;
 
 use super::headers::{Attempts, H_DEADLINE_MS};
 use super::parked::{ParkInfo, park_properties};
-use super::topology::{ENTRY_EXCHANGE, EVENTS_EXCHANGE, Layout, PARKED_QUEUE, SCHEDULE_ROUTING_KEY};
+use super::topology::{
+    ENTRY_EXCHANGE, EVENTS_EXCHANGE, Layout, PARKED_QUEUE, SCHEDULE_ROUTING_KEY,
+};
 use crate::message::{OrderId, TimeoutRequest};
 
 /// Errors publishing a message.

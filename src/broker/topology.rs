@@ -287,7 +287,11 @@ pub fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
         // A direct exchange copies a message to every queue bound with its
         // key, so a lane entry goes to one shard; one lane shard carried
         // 2,000 orders/s on the benchmark machine (docs/benchmarks-log.md).
-        specs.push(queue(ENTRY_EXCHANGE, &lane_name(lane, 0), lane_entry_key(lane)));
+        specs.push(queue(
+            ENTRY_EXCHANGE,
+            &lane_name(lane, 0),
+            lane_entry_key(lane),
+        ));
     }
     for shard in layout.shard_range() {
         for k in 0..LEVELS {
@@ -342,7 +346,9 @@ pub async fn declare(connection: &Connection, layout: &Layout) -> Result<(), Top
     // start.
     match layouts::record(connection, layout).await {
         Ok(added) => tracing::debug!(added, "layout recorded"),
-        Err(e) => tracing::warn!(error = %e, "could not record the layout in {LAYOUTS_QUEUE}; `topology check` may not name the queues of this layout once it changes"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not record the layout in {LAYOUTS_QUEUE}; `topology check` may not name the queues of this layout once it changes")
+        }
     }
     declare_bindings(&channel, layout).await?;
     let _ = channel.close(200, "declared".into()).await;
@@ -486,9 +492,9 @@ pub fn predates_delivery_limit(error: &lapin::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::Shards;
     use crate::broker::cascade::tests::topic_matches;
     use crate::broker::cascade::{DelayRoute, HOLD_WINDOW_SECS, cascade_route, level_name};
+    use crate::settings::Shards;
 
     fn layout(shards: u32) -> Layout {
         Layout::cascade(QueueType::Quorum, Shards::try_from(shards).unwrap())
@@ -610,7 +616,11 @@ mod tests {
             .into_iter()
             .filter(|b| !binding_specs(&layout(4)).contains(b))
             .collect();
-        assert_eq!(added.len(), 2, "one lane entry per lane, nothing else: {added:?}");
+        assert_eq!(
+            added.len(),
+            2,
+            "one lane entry per lane, nothing else: {added:?}"
+        );
     }
 
     #[test]
@@ -701,7 +711,10 @@ mod tests {
             routing_key: "schedule.7s".into(),
             hops: 1,
         };
-        assert_eq!(walk_on(&bindings, &queues, &entry), ["order-timeout.lane.7s"]);
+        assert_eq!(
+            walk_on(&bindings, &queues, &entry),
+            ["order-timeout.lane.7s"]
+        );
     }
 
     #[test]
@@ -746,7 +759,10 @@ mod tests {
                 .map(|q| q.name)
                 .collect()
         };
-        assert_eq!(limited(&layout(2)), [DUE_QUEUE, PARKED_QUEUE, LAYOUTS_QUEUE]);
+        assert_eq!(
+            limited(&layout(2)),
+            [DUE_QUEUE, PARKED_QUEUE, LAYOUTS_QUEUE]
+        );
         let due = &queue_specs(&layout(1))[0];
         assert_eq!(
             due.args.inner().get("x-delivery-limit"),

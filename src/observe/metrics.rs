@@ -453,10 +453,7 @@ impl Metrics {
 
     /// Every `timer` label value: the config's timers and [`NO_TIMER`].
     fn label_values(&self) -> impl Iterator<Item = &str> {
-        self.timers
-            .iter()
-            .map(String::as_str)
-            .chain([NO_TIMER])
+        self.timers.iter().map(String::as_str).chain([NO_TIMER])
     }
 
     /// Messages processed to any outcome.
@@ -509,9 +506,7 @@ impl Metrics {
 
     /// Orders (rows) the sweeper settled so far, of every timer.
     pub fn swept_total(&self) -> u64 {
-        self.label_values()
-            .map(|timer| self.swept_of(timer))
-            .sum()
+        self.label_values().map(|timer| self.swept_of(timer)).sum()
     }
 
     /// Rows the sweeper settled so far for `timer`.

@@ -509,7 +509,10 @@ mod tests {
         let minutes = history.minutes(at(1, 30), &totals());
         assert_eq!(minutes.len(), 2);
         let first = &minutes[0];
-        assert_eq!((first.start, first.partial, first.parked), (at(0, 0), false, 2));
+        assert_eq!(
+            (first.start, first.partial, first.parked),
+            (at(0, 0), false, 2)
+        );
         let cancel = &first.timers["cancel_unpaid"];
         assert_eq!(cancel.flips, 5);
         assert!((0.002..=0.004).contains(&cancel.p50.unwrap()), "{cancel:?}");
@@ -540,7 +543,11 @@ mod tests {
         let minutes = history.minutes(end, &totals());
         assert_eq!(minutes.len(), HISTORY_MINUTES);
         assert!(history.closed.len() < HISTORY_MINUTES);
-        assert!(minutes.windows(2).all(|w| w[1].start - w[0].start == TimeDelta::minutes(1)));
+        assert!(
+            minutes
+                .windows(2)
+                .all(|w| w[1].start - w[0].start == TimeDelta::minutes(1))
+        );
         assert_eq!(minutes.last().unwrap().start, minute_of(end));
         assert_eq!(minutes[10].timers["cancel_unpaid"].flips, 12);
         // An hour later with no sample in between: the old minutes are out
@@ -569,7 +576,10 @@ mod tests {
         metrics.lateness("auto_receive", chrono::Duration::seconds(10));
         let change = recent.change(&metrics, Duration::from_secs(60));
         let p99 = change.quantile(lateness, 0.99).unwrap();
-        assert!(p99 > 8.0, "a slow timer shows in the quantile over all: {p99}");
+        assert!(
+            p99 > 8.0,
+            "a slow timer shows in the quantile over all: {p99}"
+        );
         // Less than a second between the two: no rate yet.
         assert_eq!(
             change.per_minute(&format!("{lateness}_count"), &|_| true),

@@ -121,8 +121,11 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// order after the id `after` (exclusive; as the table spells it), at
     /// most `limit` rows read, with their deadlines: what `backfill`
     /// schedules.
-    async fn waiting_page(&self, after: Option<&str>, limit: u32)
-    -> Result<Page<String>, StoreError>;
+    async fn waiting_page(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Page<String>, StoreError>;
 
     /// Sets the row of order `id` aside for the sweeper, with the `reason`
     /// its flip failed for good: later sweeps skip it as long as the row
@@ -376,7 +379,11 @@ pub fn connect_lazy_with(
 
 /// The store of one timer, on a pool of its own (lazily, as
 /// [`connect_lazy`]).
-pub fn connect_timer(url: &SecretUrl, pool: PoolSettings, timer: &Timer) -> Result<Store, StoreError> {
+pub fn connect_timer(
+    url: &SecretUrl,
+    pool: PoolSettings,
+    timer: &Timer,
+) -> Result<Store, StoreError> {
     Ok(match Dialect::of(url)? {
         Dialect::Postgres => Arc::new(PgStore::connect_lazy(url, pool, timer)?),
         Dialect::MySql => Arc::new(MySqlStore::connect_lazy(url, pool, timer)?),
@@ -861,7 +868,10 @@ mod tests {
             ..Settings::default()
         };
         settings.batch_max = max_batch_ids(Dialect::MySql);
-        assert!(check_batch_sizes(&settings).is_ok(), "the limit itself fits");
+        assert!(
+            check_batch_sizes(&settings).is_ok(),
+            "the limit itself fits"
+        );
         settings.batch_max += 1;
         let err = check_batch_sizes(&settings).unwrap_err().to_string();
         assert!(err.starts_with("config batch_max: 16384 orders"), "{err}");

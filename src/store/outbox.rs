@@ -485,7 +485,12 @@ fn grouped<'a, K: PartialEq>(pairs: impl Iterator<Item = (K, &'a str)>) -> Vec<(
 /// The statements of [`stale`] as the sweeper runs them, with its values
 /// written in: for a test that asks the database for the statement's plan.
 #[cfg(feature = "testing")]
-pub fn stale_statement_for_explain(dialect: Dialect, timer: &str, grace: Duration, limit: u32) -> String {
+pub fn stale_statement_for_explain(
+    dialect: Dialect,
+    timer: &str,
+    grace: Duration,
+    limit: u32,
+) -> String {
     let values = [
         ("timer", Value::Text(timer)),
         ("grace", Value::Micros(micros(grace))),
@@ -618,9 +623,18 @@ mod tests {
         let ids = ["a", "b", "c"];
         let values = [("timer", Value::Text("t")), ("ids", Value::Ids(&ids))];
         let pg = render::<Postgres>(RELEASE_LEASES, &values);
-        assert!(pg.sql.ends_with("WHERE timer = $1 AND order_id = ANY($2)"), "{}", pg.sql);
+        assert!(
+            pg.sql.ends_with("WHERE timer = $1 AND order_id = ANY($2)"),
+            "{}",
+            pg.sql
+        );
         let my = render::<MySql>(RELEASE_LEASES, &values);
-        assert!(my.sql.ends_with("WHERE timer = ? AND order_id IN (?, ?, ?)"), "{}", my.sql);
+        assert!(
+            my.sql
+                .ends_with("WHERE timer = ? AND order_id IN (?, ?, ?)"),
+            "{}",
+            my.sql
+        );
     }
 
     #[test]

@@ -23,11 +23,11 @@ use sqlx::postgres::{
 };
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
+use super::catalog::{self, Column, Columns};
 use super::ids::{IdColumn, IdValue};
 use super::outbox::{OwnRow, Statement, Value, Vocabulary};
-use super::catalog::{self, Column, Columns};
-use super::shape::{self, OrdersColumns};
 use super::releases::{self, Expansion, Migrated};
+use super::shape::{self, OrdersColumns};
 use super::sql::{
     AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
 };
@@ -416,17 +416,15 @@ impl SqlDialect for Postgres {
         after: Option<(chrono::DateTime<chrono::Utc>, Option<&str>)>,
         limit: u32,
     ) -> Result<Vec<PageRow>, StoreError> {
-        Ok(
-            sqlx::query_as(AssertSqlSafe(prepared.sql.overdue.clone()))
-                .bind(text(&store.timer.from))
-                .bind(grace)
-                .bind(i64::from(limit))
-                .bind(after.map(|(deadline, _)| deadline))
-                .bind(after.and_then(|(_, id)| id))
-                .bind(store.timer.name.as_str())
-                .fetch_all(&store.pool)
-                .await?,
-        )
+        Ok(sqlx::query_as(AssertSqlSafe(prepared.sql.overdue.clone()))
+            .bind(text(&store.timer.from))
+            .bind(grace)
+            .bind(i64::from(limit))
+            .bind(after.map(|(deadline, _)| deadline))
+            .bind(after.and_then(|(_, id)| id))
+            .bind(store.timer.name.as_str())
+            .fetch_all(&store.pool)
+            .await?)
     }
 
     async fn set_aside(
@@ -444,7 +442,10 @@ impl SqlDialect for Postgres {
         Ok(done.rows_affected() > 0)
     }
 
-    async fn prune_set_aside(store: &PgStore, prepared: &Prepared<Self>) -> Result<u64, StoreError> {
+    async fn prune_set_aside(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+    ) -> Result<u64, StoreError> {
         Ok(sqlx::query(AssertSqlSafe(prepared.sql.prune.clone()))
             .bind(text(&store.timer.from))
             .bind(store.timer.name.as_str())
@@ -489,14 +490,17 @@ impl SqlDialect for Postgres {
             .await?)
     }
 
-
     async fn execute(store: &PgStore, statement: Statement<'_>) -> Result<u64, StoreError> {
         let query = sqlx::query_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
         Ok(query.execute(&store.pool).await?.rows_affected())
     }
 
-    async fn fetch<T: OwnRow>(store: &PgStore, statement: Statement<'_>) -> Result<Vec<T>, StoreError> {
-        let query = sqlx::query_as_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
+    async fn fetch<T: OwnRow>(
+        store: &PgStore,
+        statement: Statement<'_>,
+    ) -> Result<Vec<T>, StoreError> {
+        let query =
+            sqlx::query_as_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
         Ok(query.fetch_all(&store.pool).await?)
     }
 }
@@ -962,7 +966,10 @@ impl AlsoParam {
     /// value, or why it cannot be one (`abc` for a `bigint` parameter).
     fn bind(&self, id: &str) -> Result<BoundId<'_>, String> {
         match self.base.value(id) {
-            Ok(value) => Ok(BoundId { ty: &self.ty, value }),
+            Ok(value) => Ok(BoundId {
+                ty: &self.ty,
+                value,
+            }),
             Err(rejected) => Err(format!(
                 "order id {id:?} cannot be bound to ${} of an `also` statement: {rejected}",
                 self.n

@@ -346,7 +346,11 @@ impl SchemaReport {
 
 impl fmt::Display for SchemaReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "timer:    {} ({} -> {})", self.timer, self.flip.0, self.flip.1)?;
+        writeln!(
+            f,
+            "timer:    {} ({} -> {})",
+            self.timer, self.flip.0, self.flip.1
+        )?;
         writeln!(f, "dialect:  {:?}", self.dialect)?;
         writeln!(
             f,

@@ -19,10 +19,10 @@ use futures_util::{StreamExt, stream};
 use sqlx::{Connection, Pool};
 use tokio::sync::OnceCell;
 
+use super::catalog::Columns;
 use super::ids::{IdColumn, IdRejected, IdValue};
 use super::outbox::{self, OwnRow, Statement, Vocabulary};
 use super::releases::{self, Expansion, Migrated};
-use super::catalog::Columns;
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
@@ -34,7 +34,9 @@ use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
 
 /// What one SQL dialect does its own way. Its methods are the dialect's
 /// statements; everything around them is [`SqlStore`]'s.
-pub(crate) trait SqlDialect: Vocabulary + fmt::Debug + Send + Sync + Sized + 'static {
+pub(crate) trait SqlDialect:
+    Vocabulary + fmt::Debug + Send + Sync + Sized + 'static
+{
     /// Which dialect this is.
     const DIALECT: Dialect;
     /// How many order ids one cancel transaction can carry
@@ -407,16 +409,18 @@ impl<D: SqlDialect> SqlStore<D> {
             if a.as_text() == b.as_text() {
                 continue;
             }
-            let same = D::same_code(self, orders, a, b).await.map_err(|e| match e {
-                error if !error.is_permanent() => error,
-                error => StoreError::Schema {
-                    key: t.key(key),
-                    problem: format!(
-                        "comparing {a} with {b} in the status column's type {} failed: {error}",
-                        orders.status_type
-                    ),
-                },
-            })?;
+            let same = D::same_code(self, orders, a, b)
+                .await
+                .map_err(|e| match e {
+                    error if !error.is_permanent() => error,
+                    error => StoreError::Schema {
+                        key: t.key(key),
+                        problem: format!(
+                            "comparing {a} with {b} in the status column's type {} failed: {error}",
+                            orders.status_type
+                        ),
+                    },
+                })?;
             if same {
                 return Err(StoreError::Schema {
                     key: t.key(key),
@@ -465,9 +469,11 @@ impl<D: SqlDialect> SqlStore<D> {
     /// statement is bound the order id. A rendered statement must take
     /// exactly the parameters the service binds. A failure waiting can fix
     /// (the connection) stays transient.
-    async fn check_statements(&self, sql: &D::Statements) -> Result<Vec<D::AlsoParams>, StoreError> {
-        let schema = |key: &'static str, statement: &str, e: sqlx::Error| match StoreError::Sql(e)
-        {
+    async fn check_statements(
+        &self,
+        sql: &D::Statements,
+    ) -> Result<Vec<D::AlsoParams>, StoreError> {
+        let schema = |key: &'static str, statement: &str, e: sqlx::Error| match StoreError::Sql(e) {
             error if !error.is_permanent() => error,
             error => StoreError::Schema {
                 key,

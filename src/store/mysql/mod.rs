@@ -1,0 +1,633 @@
+//! MySQL 5.7/8 and MariaDB 10.x: no `UPDATE … RETURNING` in a CTE, so the
+//! cancel is a transaction: the order rows and their outbox rows read with
+//! `SELECT … FOR UPDATE` (order rows `SKIP LOCKED` where the server has it,
+//! MySQL 8 and MariaDB 10.6 on: a row the shop holds is skipped, read
+//! without a lock and reported held, so it delays only itself), a
+//! conditional `UPDATE … WHERE id IN (…)` of the eligible ones, those rows
+//! read again (the UPDATE may flip fewer: see [`flip`]), the `also`
+//! statements and the outbox rows for exactly the rows it flipped, expired
+//! leases taken, then one commit. The facts read are turned into order
+//! states by the same mapping as PostgreSQL's (`state.rs`).
+//!
+//! Time: the session `time_zone` is the configured one, so the shop's
+//! zone-less `DATETIME` deadlines compare with `NOW(6)` as the shop wrote
+//! them; deadlines are read as UTC microseconds (`CONVERT_TZ`), and the
+//! service's own outbox keeps UTC (`UTC_TIMESTAMP(6)`).
+//!
+//! Every value is bound through [`args`], from a small enum of the values
+//! the statements take ([`Arg`]); order ids in the id column's own type
+//! (`BIGINT UNSIGNED` as `u64`, `DECIMAL` as a decimal, never a string a
+//! comparison would turn into a double).
+//!
+//! Ids compare exactly: the collations shops use are case-insensitive and
+//! pad with spaces (`'abc ' = 'ABC'` is true), so `id IN (…)` may find a
+//! row spelled differently from the id asked about. Every row is read back
+//! by its id's text, and only the rows whose id is exactly one asked about
+//! are acted on; the outbox keys ids as bytes.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
+
+use crate::settings::{SecretUrl, StatusValue, Timer, TimerKey};
+use crate::store::catalog::{self, Column, Columns};
+use crate::store::ids::{IdColumn, IdValue};
+use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
+use crate::store::releases::{Expansion, Migrated};
+use crate::store::shape::{self, OrdersColumns};
+use crate::store::sql::{
+    AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
+};
+use crate::store::state::StateRow;
+use crate::store::{Dialect, PoolSettings, StoreError};
+
+/// Runs `sql` with `values` bound, in `tx` or on the pool.
+macro_rules! run {
+    ($sql:expr, $values:expr, $on:expr) => {
+        sqlx::query_with(AssertSqlSafe($sql), args($values)?).execute($on)
+    };
+}
+
+mod cancel;
+mod statements;
+
+use cancel::cancel_in;
+use statements::{
+    Arg, PLACEHOLDERS, PLACEHOLDERS_PER_ID, Sql, args, decimal_type, id_arg, marks, micros,
+    page_rows, skips_locked,
+};
+
+/// MySQL and MariaDB, as a [`SqlDialect`].
+#[derive(Debug)]
+pub(crate) struct MySql;
+
+/// The store on MySQL or MariaDB.
+pub(crate) type MySqlStore = SqlStore<MySql>;
+
+/// A transaction on MySQL.
+type Tx = sqlx::Transaction<'static, sqlx::MySql>;
+
+/// The service's own migrations for MySQL (`migrations/mysql/`), recorded in
+/// `order_timeout_migrations`.
+fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!("./migrations/mysql");
+    migrator.dangerous_set_table_name("order_timeout_migrations");
+    migrator
+}
+
+/// What a MySQL error number means to the store, where the generic SQLSTATE
+/// `HY000` hides it ([`StoreError::is_permanent`],
+/// [`StoreError::is_lock_timeout`] say why each matters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ErrorClass {
+    /// A lock waited for in vain: 1205 (`innodb_lock_wait_timeout`), 3572
+    /// (`NOWAIT`).
+    LockTimeout,
+    /// Waiting can fix it: connection and login errors (1040, 1044, 1045,
+    /// 1053, 1152, 1158–1161, 1180, 1203, 1226, 1927, 2006, 2013), a
+    /// deadlock (1213), a read-only server during a failover (1290, 1836),
+    /// a timeout or a killed query (1317, 1969, 3024), 1637 (too many active
+    /// transactions).
+    Transient,
+    /// Waiting cannot fix it: 1366 incorrect value, 1292 truncated value,
+    /// 1364 no default, 1411 incorrect value for a function, 3819 check
+    /// constraint, 1093/1442 statements MySQL refuses.
+    Permanent,
+}
+
+/// The [`ErrorClass`] of a MySQL/MariaDB error; `None` for another
+/// database's error, or a number the SQLSTATE classifies well enough.
+pub(super) fn error_class(e: &dyn sqlx::error::DatabaseError) -> Option<ErrorClass> {
+    let my = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()?;
+    match my.number() {
+        1205 | 3572 => Some(ErrorClass::LockTimeout),
+        1040
+        | 1044
+        | 1045
+        | 1053
+        | 1152
+        | 1158..=1161
+        | 1180
+        | 1203
+        | 1213
+        | 1226
+        | 1290
+        | 1317
+        | 1637
+        | 1836
+        | 1927
+        | 1969
+        | 2006
+        | 2013
+        | 3024 => Some(ErrorClass::Transient),
+        1093 | 1292 | 1364 | 1366 | 1411 | 1442 | 3819 => Some(ErrorClass::Permanent),
+        _ => None,
+    }
+}
+
+/// `time_zone` as a MySQL session `time_zone`: `UTC` as `+00:00` (named
+/// zones need the server's time zone tables, which MariaDB often lacks).
+fn mysql_time_zone(time_zone: &str) -> String {
+    if time_zone.eq_ignore_ascii_case("utc") {
+        "+00:00".into()
+    } else {
+        time_zone.to_owned()
+    }
+}
+
+fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<MySqlConnectOptions, StoreError> {
+    super::mysql_options(url).map(|o| {
+        o.log_statements(tracing::log::LevelFilter::Trace)
+            .timezone(Some(mysql_time_zone(time_zone)))
+    })
+}
+
+/// Sets the session's lock wait timeout (`innodb_lock_wait_timeout`, whole
+/// seconds, rounded up) and statement timeout (MariaDB's
+/// `max_statement_time`; MySQL's `max_execution_time`, which bounds only
+/// `SELECT`s, where the server has no `max_statement_time`).
+async fn set_timeouts(conn: &mut sqlx::MySqlConnection, pool: PoolSettings) -> sqlx::Result<()> {
+    let lock_secs = pool.lock_timeout.as_secs() + u64::from(pool.lock_timeout.subsec_nanos() > 0);
+    let lock = format!(
+        "SET SESSION innodb_lock_wait_timeout = {}",
+        lock_secs.max(1)
+    );
+    conn.execute(AssertSqlSafe(lock)).await?;
+    let statement_secs = pool.statement_timeout.as_secs_f64().max(0.001);
+    let mariadb = format!("SET SESSION max_statement_time = {statement_secs:.3}");
+    match conn.execute(AssertSqlSafe(mariadb)).await {
+        Ok(_) => Ok(()),
+        // 1193: unknown system variable (MySQL).
+        Err(sqlx::Error::Database(e))
+            if e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .is_some_and(|e| e.number() == 1193) =>
+        {
+            let ms = pool.statement_timeout.as_millis().max(1);
+            let mysql = format!("SET SESSION max_execution_time = {ms}");
+            conn.execute(AssertSqlSafe(mysql)).await.map(drop)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl SqlDialect for MySql {
+    const DIALECT: Dialect = Dialect::MySql;
+    type Db = sqlx::MySql;
+    type Statements = Sql;
+    /// Its statements bind one placeholder per id, the outbox insert four.
+    const MAX_BATCH_IDS: usize = PLACEHOLDERS / PLACEHOLDERS_PER_ID;
+    const OUTBOX_COLUMNS: &'static [&'static str] = &[
+        "timer",
+        "order_id",
+        "created_at",
+        "stock_released_at",
+        "event_published_at",
+        "claimed_until",
+        "pending",
+        "attempts",
+        "next_attempt_at",
+        "last_error",
+        "gave_up_at",
+        "gave_up_reason",
+        "sweep_at",
+    ];
+
+    fn pool(url: &SecretUrl, pool: PoolSettings, time_zone: &str) -> Result<MySqlPool, StoreError> {
+        Ok(MySqlPoolOptions::new()
+            .max_connections(pool.max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            // READ COMMITTED: the cancel transaction's locking read of outbox
+            // rows that do not exist yet takes no gap locks, so two batches
+            // inserting outbox rows do not deadlock each other (measured with
+            // the demo on MariaDB 10.11 under REPEATABLE READ: deadlocks,
+            // each a retry and a second of lateness). Order rows are still
+            // locked one by one, which is all the cancel needs.
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    set_timeouts(conn, pool).await
+                })
+            })
+            .connect_lazy_with(connect_options(url, time_zone)?))
+    }
+
+    async fn create_database(url: &SecretUrl) -> Result<(), StoreError> {
+        let options = connect_options(url, "UTC")?;
+        let Some(name) = options.get_database().map(str::to_owned) else {
+            return Ok(());
+        };
+        let admin = options.database("information_schema");
+        let mut conn = sqlx::MySqlConnection::connect_with(&admin).await?;
+        let create = format!(
+            "CREATE DATABASE IF NOT EXISTS `{}` CHARACTER SET utf8mb4",
+            name.replace('`', "``")
+        );
+        conn.execute(AssertSqlSafe(create)).await?;
+        Ok(())
+    }
+
+    async fn run_migrations(url: &SecretUrl) -> Result<Migrated, StoreError> {
+        let mut conn = sqlx::MySqlConnection::connect_with(&connect_options(url, "UTC")?).await?;
+        let fresh: bool = sqlx::query_scalar(
+            "SELECT NOT EXISTS (SELECT 1 FROM information_schema.tables \
+              WHERE table_schema = DATABASE() AND table_name = ?)",
+        )
+        .bind(shape::OUTBOX)
+        .fetch_one(&mut conn)
+        .await?;
+        migrator().run(&mut conn).await?;
+        Ok(Migrated {
+            fresh,
+            kept: Vec::new(),
+        })
+    }
+
+    /// Nothing to contract: MySQL's `ON DUPLICATE KEY` of 0.1.0 works
+    /// with the outbox's new key as it is.
+    async fn contract(_url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn expansions(_store: &MySqlStore) -> Result<Vec<Expansion>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    async fn columns(store: &MySqlStore, table: &str) -> Result<Columns, StoreError> {
+        let (schema, name) = shape::split_table(table);
+        let columns: Vec<Column> = sqlx::query_as(
+            "SELECT CAST(COLUMN_NAME AS CHAR) AS name, CAST(COLUMN_TYPE AS CHAR) AS shown, \
+                    CAST(DATA_TYPE AS CHAR) AS type_name, CAST(DATA_TYPE AS CHAR) AS base, \
+                    CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED) AS max_chars, \
+                    CAST(NUMERIC_PRECISION AS SIGNED) AS `precision`, \
+                    CAST(NUMERIC_SCALE AS SIGNED) AS scale, \
+                    COLUMN_TYPE LIKE '%unsigned%' AS `unsigned` \
+               FROM information_schema.COLUMNS \
+              WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+        )
+        .bind(schema)
+        .bind(name)
+        .fetch_all(&store.pool)
+        .await?;
+        Ok(catalog::by_name(columns))
+    }
+
+    async fn statements(
+        store: &MySqlStore,
+        orders: &OrdersColumns,
+        items: Option<&(IdColumn, String)>,
+    ) -> Result<Sql, StoreError> {
+        let decimal = decimal_type(store).await?;
+        let version: String = sqlx::query_scalar("SELECT CAST(VERSION() AS CHAR)")
+            .fetch_one(&store.pool)
+            .await?;
+        let skip_locked = skips_locked(&version);
+        if !skip_locked {
+            tracing::warn!(%version, "this server has no FOR UPDATE SKIP LOCKED (MySQL 8, MariaDB 10.6 have): a row the shop holds makes its whole batch wait, up to db_lock_timeout");
+        }
+        Ok(Sql::render(
+            &store.timer,
+            orders,
+            items.is_some(),
+            decimal,
+            skip_locked,
+        ))
+    }
+
+    /// With one id: the flip binds cancelled, the id, unpaid; the items
+    /// the id; a watch's scan seven values; the sweeper's page ten.
+    fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
+        let check = |key, sql: String, binds| Check { key, sql, binds };
+        let mut checks = vec![check(
+            timer.key(TimerKey::Flip),
+            sql.update.replace("{ids}", "?"),
+            3,
+        )];
+        if let Some(items) = &sql.items {
+            checks.push(check("[items]", items.replace("{ids}", "?"), 1));
+        }
+        if let Some(due) = &sql.due {
+            checks.push(check(timer.key(TimerKey::DeadlineGuard), due.clone(), 7));
+        }
+        let rows = timer.key(TimerKey::DeadlineGuard);
+        checks.push(check(rows, sql.overdue.clone(), 10));
+        checks.push(check(timer.key(TimerKey::Id), sql.set_aside.clone(), 4));
+        let waiting = sql.still_waiting.replace("{ids}", "?");
+        checks.push(check(timer.key(TimerKey::Status), waiting, 2));
+        checks
+    }
+
+    async fn parameters(store: &MySqlStore, statement: &str) -> Result<usize, sqlx::Error> {
+        let mut conn = store.pool.acquire().await?;
+        let prepared = conn
+            .prepare(AssertSqlSafe(statement.to_owned()).into_sql_str())
+            .await?;
+        Ok(sqlx::Statement::parameters(&prepared).map_or(0, |p| p.either(|t| t.len(), |n| n)))
+    }
+
+    /// How many `?` the statement has: MySQL gives its parameters no
+    /// types, each is sent the id in the id column's own type, and the
+    /// server converts it as the statement needs.
+    type AlsoParams = usize;
+
+    async fn also_parameters(store: &MySqlStore, statement: &str) -> Result<usize, AlsoCheckError> {
+        Ok(Self::parameters(store, statement).await?)
+    }
+
+    async fn unvacuumed(_: &MySqlStore, _: &[&str]) -> Result<Vec<String>, sqlx::Error> {
+        Ok(Vec::new())
+    }
+
+    /// Compared in the status column's character set and collation (a
+    /// text column; numbers are compared as numbers).
+    async fn same_code(
+        store: &MySqlStore,
+        _: &OrdersColumns,
+        a: &StatusValue,
+        b: &StatusValue,
+    ) -> Result<bool, StoreError> {
+        let t = &store.timer;
+        let (schema, name) = shape::split_table(&t.table);
+        let collation: Option<(Option<String>, Option<String>)> = sqlx::query_as(
+            "SELECT CAST(CHARACTER_SET_NAME AS CHAR), CAST(COLLATION_NAME AS CHAR) \
+               FROM information_schema.COLUMNS \
+              WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+        )
+        .bind(schema)
+        .bind(name)
+        .bind(&t.status)
+        .fetch_optional(&store.pool)
+        .await?;
+        let Some((Some(charset), Some(collation))) = collation else {
+            return Ok(false);
+        };
+        let plain = |s: &str| s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !plain(&charset) || !plain(&collation) {
+            return Ok(false);
+        }
+        let value = format!("CONVERT(? USING {charset}) COLLATE {collation}");
+        let sql = format!("SELECT {value} = {value}");
+        let same: Option<i64> = sqlx::query_scalar_with(
+            AssertSqlSafe(sql),
+            args([Arg::Text(&a.as_text()), Arg::Text(&b.as_text())])?,
+        )
+        .fetch_one(&store.pool)
+        .await?;
+        Ok(same == Some(1))
+    }
+
+    async fn count_waiting(store: &MySqlStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
+        let values = args([Arg::Status(&store.timer.from)]);
+        let values = values.map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        sqlx::query_as_with(AssertSqlSafe(sql.count.clone()), values)
+            .fetch_one(&store.pool)
+            .await
+    }
+
+    /// The cancel transaction (see the module docs).
+    async fn cancel(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        ids: &[&str],
+        lease: Duration,
+    ) -> Result<Vec<StateRow>, StoreError> {
+        let mut tx = store.pool.begin().await?;
+        let result = cancel_in(&mut tx, store, prepared, ids, lease).await;
+        commit_or_roll_back(tx, result).await
+    }
+
+    async fn items(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        ids: &[&str],
+    ) -> Result<Vec<ItemRow>, StoreError> {
+        let Some(sql) = &prepared.sql.items else {
+            return Ok(Vec::new());
+        };
+        let values: Vec<IdValue> = ids
+            .iter()
+            .map(|id| prepared.items_id_value(id))
+            .collect::<Result<_, _>>()?;
+        let values = values.iter().map(|v| id_arg(v, &prepared.sql));
+        let sql = sql.replace("{ids}", &marks(ids.len()));
+        Ok(sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
+            .fetch_all(&store.pool)
+            .await?)
+    }
+
+    async fn overdue(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        grace: Duration,
+        after: Option<(DateTime<Utc>, Option<&str>)>,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let deadline = after.map_or(Arg::Null, |(at, _)| Arg::Time(at));
+        let id = after
+            .and_then(|(_, id)| id)
+            .map(|id| prepared.id_value(id))
+            .transpose()?;
+        let id = id.as_ref().map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
+        let timer = Arg::Text(store.timer.name.as_str());
+        let values = [
+            Arg::Status(&store.timer.from),
+            Arg::Int(micros(grace)),
+            deadline,
+            deadline,
+            deadline,
+            id,
+            id,
+            timer,
+            timer,
+            Arg::Int(i64::from(limit)),
+        ];
+        let sql = prepared.sql.overdue.clone();
+        page_rows(store, sql, values).await
+    }
+
+    async fn set_aside(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        id: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let value = prepared.id_value(id)?;
+        let values = [
+            Arg::Text(store.timer.name.as_str()),
+            Arg::Text(reason),
+            id_arg(&value, &prepared.sql),
+            Arg::Text(id),
+        ];
+        let done = run!(prepared.sql.set_aside.clone(), values, &store.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// The marks, then which of their rows are still waiting (ids bound
+    /// in the column's type, as everywhere), then the others deleted.
+    async fn prune_set_aside(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+    ) -> Result<u64, StoreError> {
+        let timer = Arg::Text(store.timer.name.as_str());
+        let marked: Vec<String> = sqlx::query_scalar_with(
+            "SELECT CAST(order_id AS CHAR) FROM order_timeout_set_aside WHERE timer = ? LIMIT 1000",
+            args([timer])?,
+        )
+        .fetch_all(&store.pool)
+        .await?;
+        // A mark whose id no longer fits the column names no row.
+        let fits: Vec<(&str, IdValue)> = marked
+            .iter()
+            .filter_map(|id| Some((id.as_str(), prepared.id_value(id).ok()?)))
+            .collect();
+        let mut waiting: Vec<String> = Vec::new();
+        if !fits.is_empty() {
+            let sql = prepared
+                .sql
+                .still_waiting
+                .replace("{ids}", &marks(fits.len()));
+            let values = std::iter::once(Arg::Status(&store.timer.from))
+                .chain(fits.iter().map(|(_, v)| id_arg(v, &prepared.sql)));
+            waiting = sqlx::query_scalar_with(AssertSqlSafe(sql), args(values)?)
+                .fetch_all(&store.pool)
+                .await?;
+        }
+        let gone: Vec<&str> = marked
+            .iter()
+            .map(String::as_str)
+            .filter(|id| !waiting.iter().any(|w| w == id))
+            .collect();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let delete = format!(
+            "DELETE FROM order_timeout_set_aside WHERE timer = ? AND order_id IN ({})",
+            marks(gone.len())
+        );
+        let values = std::iter::once(timer).chain(gone.iter().map(|id| Arg::Text(id)));
+        Ok(run!(delete, values, &store.pool).await?.rows_affected())
+    }
+
+    async fn waiting_page(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        from: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let from = from.map(|id| prepared.id_value(id)).transpose()?;
+        let after = from
+            .as_ref()
+            .map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
+        let values = [
+            Arg::Status(&store.timer.from),
+            after,
+            after,
+            Arg::Int(i64::from(limit)),
+        ];
+        let sql = prepared.sql.waiting_page.clone();
+        page_rows(store, sql, values).await
+    }
+
+    async fn due_between(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        after: (DateTime<Utc>, Option<&str>),
+        until: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let Some(sql) = &prepared.sql.due else {
+            return Ok(Vec::new());
+        };
+        let after_id = after.1.map(|id| prepared.id_value(id)).transpose()?;
+        let after_id = after_id
+            .as_ref()
+            .map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
+        let values = [
+            Arg::Status(&store.timer.from),
+            Arg::Time(until),
+            Arg::Time(after.0),
+            Arg::Time(after.0),
+            after_id,
+            after_id,
+            Arg::Int(i64::from(limit)),
+        ];
+        page_rows(store, sql.clone(), values).await
+    }
+
+    async fn execute(store: &MySqlStore, statement: Statement<'_>) -> Result<u64, StoreError> {
+        let values = statement.values.iter().flat_map(arg);
+        Ok(run!(statement.sql, values, &store.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn fetch<T: OwnRow>(
+        store: &MySqlStore,
+        statement: Statement<'_>,
+    ) -> Result<Vec<T>, StoreError> {
+        let values = statement.values.iter().flat_map(arg);
+        let query = sqlx::query_as_with(AssertSqlSafe(statement.sql), args(values)?);
+        Ok(query.fetch_all(&store.pool).await?)
+    }
+}
+
+/// MySQL's words for the statements of the service's own tables.
+impl Vocabulary for MySql {
+    const NOW: &'static str = "UTC_TIMESTAMP(6)";
+    /// The column is `VARBINARY` (ids compare byte for byte).
+    const ORDER_ID: &'static str = "CAST(order_id AS CHAR)";
+    /// `sweep_at` is a generated column, set only while the row's work is
+    /// pending and not given up: the `(timer, sweep_at)` index holds
+    /// exactly the rows to sweep.
+    const SWEEP_DUE: &'static str = "sweep_at <= UTC_TIMESTAMP(6)";
+    const SWEEP_AT: &'static str = "sweep_at";
+    /// A no-op update rather than `INSERT IGNORE`, which would turn every
+    /// other error into a warning too.
+    const KEEP_EXISTING: &'static str = "ON DUPLICATE KEY UPDATE timer = timer";
+
+    fn placeholder(_n: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn micros(_n: usize) -> String {
+        "INTERVAL ? MICROSECOND".to_owned()
+    }
+
+    fn in_ids(_first: usize, len: usize) -> String {
+        format!("IN ({})", marks(len))
+    }
+
+    fn id_placeholders(len: usize) -> usize {
+        len
+    }
+}
+
+/// A value of a statement of the service's own tables as MySQL binds it:
+/// an id list as one value per id.
+fn arg<'a>(value: &Value<'a>) -> Vec<Arg<'a>> {
+    match *value {
+        Value::Text(s) => vec![Arg::Text(s)],
+        Value::Int(n) | Value::Micros(n) => vec![Arg::Int(n)],
+        Value::Time(t) => vec![Arg::Time(t)],
+        Value::Ids(ids) => ids.iter().map(|id| Arg::Text(id)).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::skips_locked;
+
+    #[test]
+    fn skip_locked_is_known_by_server_version() {
+        assert!(skips_locked("10.11.19-MariaDB-0+deb12u1"));
+        assert!(skips_locked("10.6.0-MariaDB"));
+        assert!(skips_locked("11.4.2-MariaDB-log"));
+        assert!(!skips_locked("10.5.23-MariaDB"));
+        assert!(skips_locked("8.0.36"));
+        assert!(skips_locked("8.4.0-commercial"));
+        assert!(!skips_locked("8.0.0-dmr"));
+        assert!(!skips_locked("5.7.44-log"));
+    }
+}
