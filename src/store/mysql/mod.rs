@@ -617,7 +617,7 @@ fn arg<'a>(value: &Value<'a>) -> Vec<Arg<'a>> {
 
 #[cfg(test)]
 mod tests {
-    use crate::store::skips_locked;
+    use super::skips_locked;
 
     #[test]
     fn skip_locked_is_known_by_server_version() {

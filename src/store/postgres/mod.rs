@@ -1,0 +1,503 @@
+//! PostgreSQL: the cancel transaction as one statement (CTEs with
+//! `UPDATE … RETURNING` over `unnest($1::text[])`), so a batch costs one
+//! round trip and one commit; with `also` statements, that statement and
+//! the statements for each order it cancelled in one transaction.
+//!
+//! The cancel transaction is in `cancel.rs`, the statements rendered from
+//! the mapping in `statements.rs`, how an id is bound to a parameter of
+//! the type PostgreSQL inferred in `binding.rs`.
+//!
+//! Every statement is rendered once from the mapping ([`Sql::render`]) after
+//! the shop's table was read: ids and status codes are bound as text and
+//! cast to the columns' own types, so integer, uuid and text columns (and
+//! enums) all work with their indexes. Ids are cast to the id column's type
+//! without its length or precision (`character varying`, not
+//! `character varying(8)`, which would truncate), only after the shared
+//! flow checked that the column can hold them, and a row matches only if
+//! its id reads back as exactly the id asked about. The `also` statements
+//! are bound the id in the column's own type ([`IdValue`]).
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor};
+
+use crate::settings::{SecretUrl, StatusValue, Timer, TimerKey};
+use crate::store::catalog::{self, Column, Columns};
+use crate::store::ids::IdColumn;
+use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
+use crate::store::releases::{self, Expansion, Migrated};
+use crate::store::shape::{self, OrdersColumns};
+use crate::store::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
+use crate::store::state::StateRow;
+use crate::store::{Dialect, PoolSettings, StoreError};
+
+mod binding;
+mod cancel;
+mod statements;
+
+use binding::{AlsoParam, parameter_types};
+use statements::Sql;
+
+/// PostgreSQL, as a [`SqlDialect`].
+#[derive(Debug)]
+pub(crate) struct Postgres;
+
+/// The store on PostgreSQL.
+pub(crate) type PgStore = SqlStore<Postgres>;
+
+/// The service's own migrations for PostgreSQL (`migrations/postgres/`),
+/// recorded in their own table, `order_timeout_migrations`, so they never
+/// mix with the shop's own sqlx migrations in a shared database.
+fn migrator() -> sqlx::migrate::Migrator {
+    let mut migrator = sqlx::migrate!("./migrations/postgres");
+    migrator.dangerous_set_table_name("order_timeout_migrations");
+    migrator
+}
+
+/// What the migrations keep for the previous release ([`super::releases`]).
+const EXPANSIONS: [Expansion; 1] = [releases::OUTBOX_ORDER_ID_UNIQUE];
+
+/// The [`EXPANSIONS`] present in the database.
+async fn expansions_on(conn: &mut sqlx::PgConnection) -> Result<Vec<Expansion>, StoreError> {
+    let mut present = Vec::new();
+    for e in EXPANSIONS {
+        let there: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(e.object)
+            .fetch_one(&mut *conn)
+            .await?;
+        if there {
+            present.push(e);
+        }
+    }
+    Ok(present)
+}
+
+/// Drops the [`EXPANSIONS`] present (indexes of the service's own tables:
+/// a short lock on them, none on the shop's).
+async fn contract_on(conn: &mut sqlx::PgConnection) -> Result<Vec<Expansion>, StoreError> {
+    let present = expansions_on(conn).await?;
+    for e in &present {
+        let drop = format!("DROP INDEX IF EXISTS \"{}\"", e.object);
+        conn.execute(AssertSqlSafe(drop)).await?;
+        tracing::info!(dropped = e.object, kept_for = e.kept_for, "contracted");
+    }
+    Ok(present)
+}
+
+/// `time_zone` as PostgreSQL's `TimeZone` setting: names as they are; an
+/// ISO offset (`+08:00`) in POSIX form (`<+08:00>-08:00`), whose sign is
+/// the other way round.
+fn pg_time_zone(time_zone: &str) -> String {
+    match time_zone
+        .strip_prefix('+')
+        .map(|r| ('-', r))
+        .or_else(|| time_zone.strip_prefix('-').map(|r| ('+', r)))
+    {
+        Some((posix_sign, rest)) => format!("<{time_zone}>{posix_sign}{rest}"),
+        None => time_zone.to_owned(),
+    }
+}
+
+fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<PgConnectOptions, StoreError> {
+    super::pg_options(url).map(|o| {
+        o.log_statements(tracing::log::LevelFilter::Trace)
+            // Plan every execution with its real parameters. With cached
+            // generic plans, a connection that prepared the cancel
+            // statement while `orders`/the outbox were nearly empty
+            // kept seq-scanning them as they grew (measured with `bench`
+            // on a fresh database: one seq scan of each table per batch,
+            // cancellations capped near 700/s). Planning costs well under
+            // a millisecond per statement.
+            .options([
+                ("plan_cache_mode", "force_custom_plan"),
+                // Zone-less `timestamp` columns are read in this zone.
+                ("TimeZone", &pg_time_zone(time_zone)),
+            ])
+    })
+}
+
+/// A timeout as PostgreSQL's milliseconds, at least 1 (0 would mean no
+/// timeout at all).
+fn millis(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+/// A status code as the text bound for it (cast to the column's type).
+fn text(value: &StatusValue) -> String {
+    match value {
+        StatusValue::Int(n) => n.to_string(),
+        StatusValue::Text(s) => s.clone(),
+    }
+}
+
+impl SqlDialect for Postgres {
+    const DIALECT: Dialect = Dialect::Postgres;
+    type Db = sqlx::Postgres;
+    type Statements = Sql;
+    /// The ids travel as one array parameter: no placeholder limit.
+    const MAX_BATCH_IDS: usize = usize::MAX;
+    const OUTBOX_COLUMNS: &'static [&'static str] = &[
+        "timer",
+        "order_id",
+        "created_at",
+        "stock_released_at",
+        "event_published_at",
+        "claimed_until",
+        "attempts",
+        "next_attempt_at",
+        "last_error",
+        "gave_up_at",
+        "gave_up_reason",
+    ];
+
+    /// The timeouts are session settings given at connection start-up, so
+    /// every statement of the pool has them (and `migrate`'s own
+    /// connections do not).
+    fn pool(url: &SecretUrl, pool: PoolSettings, time_zone: &str) -> Result<PgPool, StoreError> {
+        let options = connect_options(url, time_zone)?.options([
+            ("lock_timeout", millis(pool.lock_timeout)),
+            ("statement_timeout", millis(pool.statement_timeout)),
+        ]);
+        Ok(PgPoolOptions::new()
+            .max_connections(pool.max_connections)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with(options))
+    }
+
+    async fn create_database(url: &SecretUrl) -> Result<(), StoreError> {
+        let options = connect_options(url, "UTC")?;
+        let name = options.get_database().unwrap_or("postgres").to_owned();
+        let admin = options.database("postgres");
+        let mut conn = sqlx::PgConnection::connect_with(&admin).await?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(&name)
+                .fetch_one(&mut conn)
+                .await?;
+        if exists {
+            return Ok(());
+        }
+        let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+        match conn.execute(AssertSqlSafe(create)).await {
+            Ok(_) => tracing::info!(database = %name, "created database"),
+            // Another process created it between our check and now.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    async fn run_migrations(url: &SecretUrl) -> Result<Migrated, StoreError> {
+        let mut conn = sqlx::PgConnection::connect_with(&connect_options(url, "UTC")?).await?;
+        let fresh: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NULL")
+            .bind(shape::OUTBOX)
+            .fetch_one(&mut conn)
+            .await?;
+        migrator().run(&mut conn).await?;
+        if fresh {
+            contract_on(&mut conn).await?;
+        }
+        let kept = expansions_on(&mut conn).await?;
+        Ok(Migrated { fresh, kept })
+    }
+
+    async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
+        let mut conn = sqlx::PgConnection::connect_with(&connect_options(url, "UTC")?).await?;
+        contract_on(&mut conn).await
+    }
+
+    async fn expansions(store: &PgStore) -> Result<Vec<Expansion>, StoreError> {
+        let mut conn = store.pool.acquire().await?;
+        expansions_on(&mut conn).await
+    }
+
+    async fn columns(store: &PgStore, table: &str) -> Result<Columns, StoreError> {
+        let columns: Vec<Column> = sqlx::query_as(
+            r#"
+            SELECT a.attname::text AS name,
+                   format_type(a.atttypid, a.atttypmod) AS shown,
+                   t.typname::text AS type_name,
+                   -- `character` alone is char(1): bpchar is the unbounded one.
+                   CASE WHEN t.typname = 'bpchar' THEN 'bpchar'
+                        ELSE format_type(a.atttypid, NULL) END AS base,
+                   CASE WHEN t.typname IN ('varchar', 'bpchar') AND a.atttypmod > 4
+                        THEN (a.atttypmod - 4)::int8 END AS max_chars,
+                   CASE WHEN t.typname = 'numeric' AND a.atttypmod > 4
+                        THEN (((a.atttypmod - 4) >> 16) & 65535)::int8 END AS precision,
+                   CASE WHEN t.typname = 'numeric' AND a.atttypmod > 4
+                        THEN ((a.atttypmod - 4) & 65535)::int8 END AS scale,
+                   false AS unsigned
+              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+            "#,
+        )
+        .bind(shape::quote(Dialect::Postgres, table))
+        .fetch_all(&store.pool)
+        .await?;
+        Ok(catalog::by_name(columns))
+    }
+
+    async fn statements(
+        store: &PgStore,
+        orders: &OrdersColumns,
+        items: Option<&(IdColumn, String)>,
+    ) -> Result<Sql, StoreError> {
+        let items_base = items.map(|(_, base)| base.as_str());
+        Ok(Sql::render(&store.timer, orders, items_base))
+    }
+
+    fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
+        let check = |key, sql: &String, binds| Check {
+            key,
+            sql: sql.clone(),
+            binds,
+        };
+        let mut checks = vec![check(timer.key(TimerKey::Flip), &sql.cancel, 7)];
+        let rows = timer.key(TimerKey::DeadlineGuard);
+        checks.push(check(rows, &sql.overdue, 6));
+        checks.push(check(timer.key(TimerKey::Id), &sql.set_aside, 3));
+        checks.push(check(timer.key(TimerKey::Status), &sql.prune, 2));
+        checks.extend(sql.items.iter().map(|items| check("[items]", items, 1)));
+        let watch = timer.key(TimerKey::DeadlineGuard);
+        checks.extend(sql.due.iter().map(|due| check(watch, due, 5)));
+        checks
+    }
+
+    async fn parameters(store: &PgStore, statement: &str) -> Result<usize, sqlx::Error> {
+        Ok(parameter_types(store, statement).await?.len())
+    }
+
+    type AlsoParams = Vec<AlsoParam>;
+
+    /// The types PostgreSQL infers for the statement's parameters, each
+    /// the order id is then bound as ([`AlsoParam`]).
+    async fn also_parameters(
+        store: &PgStore,
+        statement: &str,
+    ) -> Result<Vec<AlsoParam>, AlsoCheckError> {
+        let types = parameter_types(store, statement).await?;
+        let params = types
+            .into_iter()
+            .enumerate()
+            .map(|(n, ty)| AlsoParam::new(n + 1, ty))
+            .collect::<Result<_, _>>()?;
+        Ok(params)
+    }
+
+    async fn unvacuumed(store: &PgStore, tables: &[&str]) -> Result<Vec<String>, sqlx::Error> {
+        let quoted: Vec<String> = tables
+            .iter()
+            .map(|t| shape::quote(Dialect::Postgres, t))
+            .collect();
+        let off: Vec<i64> = sqlx::query_scalar(
+            r#"
+            SELECT t.i
+              FROM unnest($1::text[]) WITH ORDINALITY AS t(name, i)
+              JOIN pg_class c ON c.oid = to_regclass(t.name)
+             WHERE NOT current_setting('autovacuum')::bool
+                OR EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
+                            WHERE split_part(o.option, '=', 1) = 'autovacuum_enabled'
+                              AND NOT split_part(o.option, '=', 2)::bool)
+             ORDER BY t.i
+            "#,
+        )
+        .bind(&quoted)
+        .fetch_all(&store.pool)
+        .await?;
+        Ok(off
+            .into_iter()
+            .filter_map(|i| tables.get(usize::try_from(i - 1).ok()?))
+            .map(|t| t.to_string())
+            .collect())
+    }
+
+    /// Compared as values of the status column's type (`citext`, `char(n)`,
+    /// an enum compare as their type does).
+    async fn same_code(
+        store: &PgStore,
+        orders: &OrdersColumns,
+        a: &StatusValue,
+        b: &StatusValue,
+    ) -> Result<bool, StoreError> {
+        let ty = &orders.status_type;
+        let sql = format!("SELECT CAST($1::text AS {ty}) = CAST($2::text AS {ty})");
+        Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(text(a))
+            .bind(text(b))
+            .fetch_one(&store.pool)
+            .await?)
+    }
+
+    async fn count_waiting(store: &PgStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
+        sqlx::query_as(AssertSqlSafe(sql.count.clone()))
+            .bind(text(&store.timer.from))
+            .fetch_one(&store.pool)
+            .await
+    }
+
+    /// The cancel statement, in a transaction with the `also` statements
+    /// when there are any ([`cancel::cancel`]).
+    async fn cancel(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        ids: &[&str],
+        lease: Duration,
+    ) -> Result<Vec<StateRow>, StoreError> {
+        cancel::cancel(store, prepared, ids, lease).await
+    }
+
+    async fn items(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        ids: &[&str],
+    ) -> Result<Vec<ItemRow>, StoreError> {
+        let Some(sql) = &prepared.sql.items else {
+            return Ok(Vec::new());
+        };
+        Ok(sqlx::query_as(AssertSqlSafe(sql.clone()))
+            .bind(ids)
+            .fetch_all(&store.pool)
+            .await?)
+    }
+
+    async fn overdue(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        grace: Duration,
+        after: Option<(chrono::DateTime<chrono::Utc>, Option<&str>)>,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        Ok(sqlx::query_as(AssertSqlSafe(prepared.sql.overdue.clone()))
+            .bind(text(&store.timer.from))
+            .bind(grace)
+            .bind(i64::from(limit))
+            .bind(after.map(|(deadline, _)| deadline))
+            .bind(after.and_then(|(_, id)| id))
+            .bind(store.timer.name.as_str())
+            .fetch_all(&store.pool)
+            .await?)
+    }
+
+    async fn set_aside(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        id: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(prepared.sql.set_aside.clone()))
+            .bind(&[id][..])
+            .bind(store.timer.name.as_str())
+            .bind(reason)
+            .execute(&store.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn prune_set_aside(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+    ) -> Result<u64, StoreError> {
+        Ok(sqlx::query(AssertSqlSafe(prepared.sql.prune.clone()))
+            .bind(text(&store.timer.from))
+            .bind(store.timer.name.as_str())
+            .execute(&store.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn waiting_page(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        from: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        Ok(
+            sqlx::query_as(AssertSqlSafe(prepared.sql.waiting_page.clone()))
+                .bind(text(&store.timer.from))
+                .bind(from)
+                .bind(i64::from(limit))
+                .fetch_all(&store.pool)
+                .await?,
+        )
+    }
+
+    async fn due_between(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        after: (chrono::DateTime<chrono::Utc>, Option<&str>),
+        until: chrono::DateTime<chrono::Utc>,
+        limit: u32,
+    ) -> Result<Vec<PageRow>, StoreError> {
+        let Some(sql) = &prepared.sql.due else {
+            return Ok(Vec::new());
+        };
+        Ok(sqlx::query_as(AssertSqlSafe(sql.clone()))
+            .bind(text(&store.timer.from))
+            .bind(after.0)
+            .bind(after.1)
+            .bind(until)
+            .bind(i64::from(limit))
+            .fetch_all(&store.pool)
+            .await?)
+    }
+
+    async fn execute(store: &PgStore, statement: Statement<'_>) -> Result<u64, StoreError> {
+        let query = sqlx::query_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
+        Ok(query.execute(&store.pool).await?.rows_affected())
+    }
+
+    async fn fetch<T: OwnRow>(
+        store: &PgStore,
+        statement: Statement<'_>,
+    ) -> Result<Vec<T>, StoreError> {
+        let query =
+            sqlx::query_as_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
+        Ok(query.fetch_all(&store.pool).await?)
+    }
+}
+
+/// PostgreSQL's words for the statements of the service's own tables.
+impl Vocabulary for Postgres {
+    const NOW: &'static str = "now()";
+    const ORDER_ID: &'static str = "order_id";
+    /// The predicate of the partial index `order_timeout_cancel_outbox_due`
+    /// (which the planner uses only when the query repeats it), then its
+    /// key.
+    const SWEEP_DUE: &'static str = "(stock_released_at IS NULL OR event_published_at IS NULL) \
+         AND gave_up_at IS NULL AND coalesce(next_attempt_at, created_at) <= now()";
+    const SWEEP_AT: &'static str = "coalesce(next_attempt_at, created_at)";
+    const KEEP_EXISTING: &'static str = "ON CONFLICT DO NOTHING";
+
+    fn placeholder(n: usize) -> String {
+        format!("${n}")
+    }
+
+    fn micros(n: usize) -> String {
+        format!("(${n} * interval '1 microsecond')")
+    }
+
+    fn in_ids(first: usize, _len: usize) -> String {
+        format!("= ANY(${first})")
+    }
+
+    fn id_placeholders(_len: usize) -> usize {
+        1
+    }
+}
+
+/// Binds `values` in order; an id list as one `text[]`.
+fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreError> {
+    use sqlx::Arguments;
+    let mut out = sqlx::postgres::PgArguments::default();
+    for value in values {
+        match *value {
+            Value::Text(s) => out.add(s),
+            Value::Int(n) | Value::Micros(n) => out.add(n),
+            Value::Time(t) => out.add(t),
+            Value::Ids(ids) => out.add(ids),
+        }
+        .map_err(|e| StoreError::Sql(sqlx::Error::Encode(e)))?;
+    }
+    Ok(out)
+}
