@@ -13,8 +13,11 @@
 //! The flow around the statements is written once (`sql.rs`: the schema
 //! check, canonical ids, the cancel transaction's id order and deadlock
 //! retries, items, ping, migrate), over a dialect trait whose two modules
-//! hold only what differs: `postgres.rs` and `mysql.rs` render their own
-//! statements and run their own cancel transaction. What a row *means*
+//! hold only what differs: `postgres/` and `mysql/` render their own
+//! statements on the shop's tables and run their own cancel transaction
+//! (`cancel.rs` in each). The statements on the service's own tables (the
+//! outbox, the watch marks) are written once, in `outbox.rs`, over a small
+//! vocabulary each dialect supplies. What a row *means*
 //! ([`OrderState`]) is decided once, in `state.rs`, for all of them.
 //! `migrate` creates only the service's own tables (prefixed
 //! `order_timeout_`), never the shop's.

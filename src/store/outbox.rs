@@ -3,7 +3,7 @@
 //! release or event is still due, failed attempts and their backoff, marks
 //! of work done, leases, retention) and the watch marks
 //! (`order_timeout_watch`). The cancel transaction that writes outbox rows
-//! is the dialects' own (`postgres.rs`, `mysql.rs`): it is where they truly
+//! is the dialects' own (`postgres/cancel.rs`, `mysql/cancel.rs`): it is where they truly
 //! differ.
 //!
 //! Each statement is a template in plain SQL with `{slots}`. A slot is
@@ -482,7 +482,7 @@ fn grouped<'a, K: PartialEq>(pairs: impl Iterator<Item = (K, &'a str)>) -> Vec<(
     groups
 }
 
-/// The statements of [`stale`] as the sweeper runs them, with its values
+/// The statement of the sweep's outbox scan as the sweeper runs it, with its values
 /// written in: for a test that asks the database for the statement's plan.
 #[cfg(feature = "testing")]
 pub fn stale_statement_for_explain(

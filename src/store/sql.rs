@@ -1,8 +1,10 @@
 //! The store's flow, written once for every SQL dialect: [`SqlStore`]
 //! implements [`OrderStore`] over a [`SqlDialect`], and a dialect module
-//! (`postgres.rs`, `mysql.rs`) holds only what differs: its connection
-//! options, reading a table's columns, rendering the statements, the
-//! cancel transaction and its other queries.
+//! (`postgres/`, `mysql/`) holds only what differs: its connection
+//! options, reading a table's columns, rendering the statements on the
+//! shop's tables, the cancel transaction, its error numbers, and the words
+//! of the vocabulary the statements on the service's own tables are
+//! written in once (`outbox.rs`).
 //!
 //! Shared here: the schema check (identifiers, the orders and items
 //! columns, the statements prepared, the report), ids in the id column's

@@ -288,8 +288,8 @@ fn mysql_time(t: DateTime<Utc>) -> String {
 }
 
 /// The watch's first page statement for the window (`after`, `until`] of
-/// [`FILL_FROM`], exactly as `src/store/postgres.rs` `due_statement` and
-/// `src/store/mysql.rs` `Sql::render` (`due`) render it for this table's
+/// [`FILL_FROM`], exactly as `src/store/postgres/statements.rs` `due_statement` and
+/// `src/store/mysql/statements.rs` `Sql::render` (`due`) render it for this table's
 /// mapping (text id, text status, deadline column, no guard), with the
 /// values the store binds written in as literals (the store runs custom
 /// plans: PostgreSQL `plan_cache_mode = force_custom_plan`). The library
