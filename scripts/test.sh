@@ -34,6 +34,10 @@ cargo fmt --all -- --check
 
 section "lint: cargo clippy --locked --workspace --all-targets -- -D warnings"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+# The service as production builds it, without the `testing` feature the
+# workspace turns on: there the lints see what is unused or needlessly pub.
+section "lint: cargo clippy --locked -p order-timeout --bins --lib -- -D warnings (production build)"
+cargo clippy --locked -p order-timeout --bins --lib -- -D warnings
 
 section "previous release: scripts/previous-release.sh (the rolling-upgrade test's, cached under target/)"
 scripts/previous-release.sh

@@ -23,7 +23,8 @@ pub mod pb {
 /// Errors calling the inventory service. All are treated as transient
 /// (retried, then parked).
 #[derive(Debug, thiserror::Error)]
-pub enum InventoryError {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) enum InventoryError {
     /// The endpoint URL is invalid.
     #[error("invalid INVENTORY_URL {url}: {reason}")]
     Url {
@@ -56,7 +57,8 @@ impl From<(&'static str, Status)> for InventoryError {
 
 /// Client for the inventory service. Cheap to clone (HTTP/2 multiplexed).
 #[derive(Clone, Debug)]
-pub struct InventoryClient {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct InventoryClient {
     client: pb::inventory_client::InventoryClient<Channel>,
 }
 
@@ -73,7 +75,8 @@ fn to_pb(items: &[OrderItem]) -> Vec<pb::Item> {
 impl InventoryClient {
     /// A client that connects lazily (and reconnects) to `url`; every call
     /// times out after `timeout`.
-    pub fn connect_lazy(url: &SecretUrl, timeout: Duration) -> Result<Self, InventoryError> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn connect_lazy(url: &SecretUrl, timeout: Duration) -> Result<Self, InventoryError> {
         let endpoint = Endpoint::from_shared(url.expose().to_owned())
             .map_err(|e| InventoryError::Url {
                 url: url.clone(),
@@ -90,7 +93,8 @@ impl InventoryClient {
     /// Releases an order's stock. `Ok(true)` if this call released it,
     /// `Ok(false)` if an earlier call already had.
     #[tracing::instrument(skip(self, items), fields(items = items.len()))]
-    pub async fn release(
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn release(
         &self,
         order_id: &str,
         items: &[OrderItem],

@@ -68,9 +68,13 @@
 //! [`Settings`]), [`message`] (the contract), [`cli`], [`ops`],
 //! [`shutdown`], and [`Service`] / [`RunningService`] / [`run`]. The
 //! plumbing (`app`, `broker`, `store`, `observe`, `inventory`, `tls`) is
-//! private; the `testing` feature makes it public for the tools crate and
-//! the integration tests, with no promise of stability. The pipeline is
-//! private always.
+//! private and its items `pub(crate)`; the `testing` feature makes public
+//! the modules and the items the tools crate and the integration tests use
+//! (each marked `#[cfg_attr(feature = "testing", visibility::make(pub))]`),
+//! with no promise of stability, and compiles the few items only they use
+//! (`#[cfg(feature = "testing")]`). So `unreachable_pub` and `dead_code`
+//! guard the production build, which `scripts/test.sh` lints on its own.
+//! The pipeline is private always.
 //!
 //! The demo, the bench, the reference inventory server and shop schema live
 //! in the `order-timeout-tools` crate (`tools/`), which depends on this one;
@@ -79,9 +83,6 @@
 #![warn(missing_docs, unreachable_pub)]
 // Long functions become named steps (threshold in clippy.toml).
 #![warn(clippy::too_many_lines)]
-// Without the `testing` feature the plumbing modules are private, and what
-// only the tools crate and the integration tests use of them is unused here.
-#![cfg_attr(not(feature = "testing"), allow(dead_code, unreachable_pub))]
 
 // The public API: what a deployment configures, the message contract, the
 // command line, the operator tooling, and the service itself.

@@ -22,7 +22,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 /// `ClientConfig::builder()`, and lapin's connector would switch to aws-lc).
 /// sqlx passes ring explicitly and does not depend on this. Calling it again,
 /// or after another provider was installed, does nothing.
-pub fn install_crypto_provider() {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
@@ -94,7 +95,7 @@ fn read(setting: &str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
 /// Reads a PEM file of certificates (a CA bundle or a client certificate
 /// chain) and returns its text, after checking that it holds at least one
 /// certificate and nothing unparsable.
-pub fn read_certificates(setting: &str, path: &Path) -> Result<String, TlsFileError> {
+pub(crate) fn read_certificates(setting: &str, path: &Path) -> Result<String, TlsFileError> {
     let bytes = read(setting, path)?;
     check_certificates(setting, path, &bytes)?;
     String::from_utf8(bytes).map_err(|e| TlsFileError::InvalidPem {
@@ -141,7 +142,7 @@ fn webpki_anchor(cert: &CertificateDer<'_>) -> Result<(), String> {
 
 /// Reads a PEM private key file and returns its bytes, after checking that
 /// rustls can use it.
-pub fn read_private_key(setting: &str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
+pub(crate) fn read_private_key(setting: &str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
     let bytes = read(setting, path)?;
     check_private_key(setting, path, &bytes)?;
     Ok(bytes)

@@ -29,7 +29,8 @@ use lapin::types::DeliveryTag;
 /// The open (delivered, not yet settled) deliveries of one consuming
 /// channel, and the only way they are settled. One per channel: tags mean
 /// nothing on another.
-pub struct Acks {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Acks {
     channel: Channel,
     open: Mutex<BTreeSet<DeliveryTag>>,
     /// Held while frames are chosen and sent, so they reach the broker in
@@ -39,7 +40,8 @@ pub struct Acks {
 
 impl Acks {
     /// Settles deliveries of `channel`.
-    pub fn new(channel: Channel) -> Self {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(channel: Channel) -> Self {
         Self {
             channel,
             open: Mutex::new(BTreeSet::new()),
@@ -49,19 +51,22 @@ impl Acks {
 
     /// Records a delivery as open. Called for every delivery as it is taken
     /// from the channel, before anything can settle it.
-    pub fn taken(&self, tag: DeliveryTag) {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn taken(&self, tag: DeliveryTag) {
         self.lock_open().insert(tag);
     }
 
     /// How many deliveries are open.
-    pub fn open(&self) -> usize {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn open(&self) -> usize {
         self.lock_open().len()
     }
 
     /// Acks the deliveries `tags` (open ones; others are skipped: they are
     /// settled already). One `multiple` frame for those below every other
     /// open delivery, one frame each for the rest.
-    pub async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), lapin::Error> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), lapin::Error> {
         let _order = self.sending.lock().await;
         let frames = {
             let mut open = self.lock_open();
@@ -79,7 +84,8 @@ impl Acks {
     }
 
     /// Returns the delivery `tag` to its queue (a nack with requeue).
-    pub async fn requeue(&self, tag: DeliveryTag) -> Result<(), lapin::Error> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn requeue(&self, tag: DeliveryTag) -> Result<(), lapin::Error> {
         let _order = self.sending.lock().await;
         if !self.lock_open().remove(&tag) {
             return Ok(());

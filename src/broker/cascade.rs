@@ -27,20 +27,22 @@ use crate::settings::Shards;
 /// Number of cascade levels: level k delays 2^k seconds, so 28 levels reach
 /// 2^28 - 1 s, about 8.5 years. Longer delays are clamped and simply go
 /// round again.
-pub const LEVELS: u32 = 28;
+pub(crate) const LEVELS: u32 = 28;
 /// The longest delay one pass through the cascade can express, in seconds.
-pub const MAX_CASCADE_SECS: u64 = (1 << LEVELS) - 1;
+pub(crate) const MAX_CASCADE_SECS: u64 = (1 << LEVELS) - 1;
 
 /// Name of cascade level `k`'s exchange and queue (they share it) in
 /// shard 0.
-pub fn level_name(k: u32) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn level_name(k: u32) -> String {
     format!("order-timeout.delay.{k:02}")
 }
 
 /// Name of cascade level `k`'s exchange and queue in shard `shard`. Shard 0
 /// keeps the unsharded names, so a broker declared before shards existed
 /// keeps working (and its messages keep flowing) after an upgrade.
-pub fn shard_level_name(shard: u32, k: u32) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn shard_level_name(shard: u32, k: u32) -> String {
     if shard == 0 {
         level_name(k)
     } else {
@@ -50,7 +52,8 @@ pub fn shard_level_name(shard: u32, k: u32) -> String {
 
 /// The shard (0..`shards`) an order's delays go through: FNV-1a of its id,
 /// so one order always takes the same shard and orders spread evenly.
-pub fn shard_for(order_id: &str, shards: Shards) -> u32 {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn shard_for(order_id: &str, shards: Shards) -> u32 {
     let hash = order_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -75,7 +78,7 @@ pub struct DelayRoute {
 /// anything due sooner than this is held instead of sent through the
 /// cascade, and [`cascade_delay_secs`] may leave up to this much for the
 /// hold so that it can pick a delay with fewer hops.
-pub const HOLD_WINDOW_SECS: u64 = 2;
+pub(crate) const HOLD_WINDOW_SECS: u64 = 2;
 
 /// The least a delay leaves for the in-process hold afterwards, in
 /// milliseconds: the delay is chosen from the time the message was
@@ -86,7 +89,7 @@ pub const HOLD_WINDOW_SECS: u64 = 2;
 /// second of orders came back from a 2 s delay 40–285 ms late, their
 /// re-publish confirmed 170–200 ms after the delivery. With it, a publish
 /// may take up to half a second before anything is late.
-pub const HOLD_SLACK_MS: u64 = 500;
+pub(crate) const HOLD_SLACK_MS: u64 = 500;
 
 /// The whole-second cascade delay for a message due in `remaining_ms`
 /// (≥ 1 s; the consumer holds anything sooner, and retries from 1 s on go
@@ -103,7 +106,7 @@ pub const HOLD_SLACK_MS: u64 = 500;
 /// enqueue and a pass through a dead-letter worker, the broker's scarcest
 /// work here (docs/benchmarks-log.md); odd second counts lose one hop, half a
 /// hop saved per cascade message on average.
-pub fn cascade_delay_secs(remaining_ms: u64) -> u64 {
+pub(crate) fn cascade_delay_secs(remaining_ms: u64) -> u64 {
     let longest = (remaining_ms.saturating_sub(HOLD_SLACK_MS) / 1000).max(1);
     let shortest = remaining_ms
         .saturating_add(1)
@@ -120,7 +123,8 @@ pub fn cascade_delay_secs(remaining_ms: u64) -> u64 {
 
 /// Routes a delay of `delay_secs` (≥ 1; clamped to [`MAX_CASCADE_SECS`])
 /// through shard `shard`.
-pub fn cascade_route(delay_secs: u64, shard: u32) -> DelayRoute {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn cascade_route(delay_secs: u64, shard: u32) -> DelayRoute {
     let d = delay_secs.clamp(1, MAX_CASCADE_SECS);
     let routing_key = (0..LEVELS)
         .rev()

@@ -10,32 +10,32 @@ use crate::message::format_instant;
 /// Header: the deadline (Unix epoch milliseconds) a re-scheduled message
 /// waits for. It overrides the body's deadline, which stays as the order
 /// service sent it (e.g. after the order row's deadline was extended).
-pub const H_DEADLINE_MS: &str = "x-deadline-ms";
+pub(crate) const H_DEADLINE_MS: &str = "x-deadline-ms";
 /// Header on parked messages: a short machine-readable reason.
-pub const H_ERROR_KIND: &str = "x-error-kind";
+pub(crate) const H_ERROR_KIND: &str = "x-error-kind";
 /// Header on parked messages: the order id, when the body had one.
-pub const H_ORDER_ID: &str = "x-order-id";
+pub(crate) const H_ORDER_ID: &str = "x-order-id";
 /// Header on parked messages: the queue the message was consumed from.
-pub const H_SOURCE_QUEUE: &str = "x-source-queue";
+pub(crate) const H_SOURCE_QUEUE: &str = "x-source-queue";
 /// Header on parked messages: the exchange it was last published to.
-pub const H_SOURCE_EXCHANGE: &str = "x-source-exchange";
+pub(crate) const H_SOURCE_EXCHANGE: &str = "x-source-exchange";
 /// Header on parked messages: the routing key it was last published with.
-pub const H_SOURCE_ROUTING_KEY: &str = "x-source-routing-key";
+pub(crate) const H_SOURCE_ROUTING_KEY: &str = "x-source-routing-key";
 /// Header on parked messages: when it was parked (RFC 3339).
-pub const H_PARKED_AT: &str = "x-parked-at";
+pub(crate) const H_PARKED_AT: &str = "x-parked-at";
 
 /// Header: failed attempts so far.
-pub const H_ATTEMPTS: &str = "x-attempts";
+pub(crate) const H_ATTEMPTS: &str = "x-attempts";
 /// Header: first failure time (RFC 3339).
-pub const H_FIRST_FAILURE: &str = "x-first-failure";
+pub(crate) const H_FIRST_FAILURE: &str = "x-first-failure";
 /// Header: last failure time (RFC 3339).
-pub const H_LAST_FAILURE: &str = "x-last-failure";
+pub(crate) const H_LAST_FAILURE: &str = "x-last-failure";
 /// Header: the last error's text.
-pub const H_ERROR: &str = "x-error";
+pub(crate) const H_ERROR: &str = "x-error";
 
 /// A message's failure history, carried in its headers across re-schedules.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Attempts {
+pub(crate) struct Attempts {
     /// Failed attempts so far (0 for a message that never failed).
     pub count: u32,
     /// When it first failed.
@@ -52,7 +52,7 @@ impl Attempts {
     /// `u32::MAX` (or a huge one in a string or a float) is `u32::MAX`, a
     /// negative one 0 — never a wrap-around that would start the retries
     /// over.
-    pub fn from_headers(headers: Option<&FieldTable>) -> Self {
+    pub(crate) fn from_headers(headers: Option<&FieldTable>) -> Self {
         let Some(headers) = headers else {
             return Self::default();
         };
@@ -74,7 +74,7 @@ impl Attempts {
 
     /// The history after one more failure at `now` with `error` (the count
     /// stays at `u32::MAX` once there).
-    pub fn failed(&self, now: DateTime<Utc>, error: impl Into<String>) -> Self {
+    pub(crate) fn failed(&self, now: DateTime<Utc>, error: impl Into<String>) -> Self {
         Self {
             count: self.count.saturating_add(1),
             first_failure: Some(self.first_failure.unwrap_or(now)),
@@ -84,7 +84,7 @@ impl Attempts {
     }
 
     /// Writes the history into `headers` (only the fields that are set).
-    pub fn write(&self, headers: &mut FieldTable) {
+    pub(crate) fn write(&self, headers: &mut FieldTable) {
         if self.count == 0 {
             return;
         }
@@ -135,7 +135,8 @@ fn attempt_count(value: &AMQPValue) -> u32 {
 }
 
 /// An integer header value of any AMQP integer width.
-pub fn header_int(value: &AMQPValue) -> Option<i64> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn header_int(value: &AMQPValue) -> Option<i64> {
     match value {
         AMQPValue::LongLongInt(n) => Some(*n),
         AMQPValue::LongInt(n) => Some((*n).into()),
@@ -150,7 +151,8 @@ pub fn header_int(value: &AMQPValue) -> Option<i64> {
 }
 
 /// A string header value (long or short string).
-pub fn header_str(value: Option<&AMQPValue>) -> Option<String> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn header_str(value: Option<&AMQPValue>) -> Option<String> {
     match value? {
         AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
@@ -160,10 +162,10 @@ pub fn header_str(value: Option<&AMQPValue>) -> Option<String> {
 
 /// Header RabbitMQ quorum queues put on a redelivered message: how many
 /// times it was returned to the queue (each listing pass counts one).
-pub const H_DELIVERY_COUNT: &str = "x-delivery-count";
+pub(crate) const H_DELIVERY_COUNT: &str = "x-delivery-count";
 
 /// The deadline header of a re-scheduled message, if present.
-pub fn deadline_header(headers: Option<&FieldTable>) -> Option<DateTime<Utc>> {
+pub(crate) fn deadline_header(headers: Option<&FieldTable>) -> Option<DateTime<Utc>> {
     let ms = header_int(headers?.inner().get(H_DEADLINE_MS)?)?;
     DateTime::from_timestamp_millis(ms)
 }

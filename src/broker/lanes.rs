@@ -32,7 +32,8 @@ use super::cascade::{
 use crate::settings::{Lane, Shards};
 
 /// Name of lane `lane`'s queue in shard `shard`.
-pub fn lane_name(lane: Lane, shard: u32) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn lane_name(lane: Lane, shard: u32) -> String {
     if shard == 0 {
         format!("order-timeout.lane.{lane}")
     } else {
@@ -42,14 +43,14 @@ pub fn lane_name(lane: Lane, shard: u32) -> String {
 
 /// How long lane `lane` holds a message: its window less the hold window,
 /// in milliseconds.
-pub fn lane_ttl_ms(lane: Lane) -> u64 {
+pub(crate) fn lane_ttl_ms(lane: Lane) -> u64 {
     (lane.secs() - HOLD_WINDOW_SECS) * 1000
 }
 
 /// The lane a message due in `remaining_ms` fits, if any: the one whose
 /// TTL leaves it at least [`HOLD_SLACK_MS`] and less than the hold window
 /// to wait afterwards (the longest such lane when windows overlap).
-pub fn lane_for(remaining_ms: u64, lanes: &[Lane]) -> Option<Lane> {
+pub(crate) fn lane_for(remaining_ms: u64, lanes: &[Lane]) -> Option<Lane> {
     lanes
         .iter()
         .copied()
@@ -62,7 +63,7 @@ pub fn lane_for(remaining_ms: u64, lanes: &[Lane]) -> Option<Lane> {
 
 /// Where the delay store sends a message for order `order_id` that is due
 /// in `remaining_ms` (≥ 1 s): the lane it fits, else the cascade.
-pub fn delay_route(
+pub(crate) fn delay_route(
     remaining_ms: u64,
     order_id: &str,
     lanes: &[Lane],

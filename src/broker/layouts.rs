@@ -52,23 +52,23 @@ use crate::settings::{Lane, QueueType};
 
 /// The durable queue holding one [`RecordedLayout`] per layout declared on
 /// this vhost.
-pub const LAYOUTS_QUEUE: &str = "order-timeout.layouts";
+pub(crate) const LAYOUTS_QUEUE: &str = "order-timeout.layouts";
 
 /// How long a writer waits for the record's lock before publishing its
 /// layout without reading.
-pub const LOCK_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(3);
 
 /// How long a reader waits for the lock (a reader holds it for
 /// milliseconds; a wedged one is ended by the broker when its connection
 /// goes).
-pub const READ_WAIT: Duration = Duration::from_secs(15);
+pub(crate) const READ_WAIT: Duration = Duration::from_secs(15);
 
 /// How long reading the record's messages may take once the lock is held.
 const DELIVERY_WAIT: Duration = Duration::from_secs(5);
 
 /// Errors reading or writing the record.
 #[derive(Debug, thiserror::Error)]
-pub enum RecordError {
+pub(crate) enum RecordError {
     /// The broker could not be asked, or refused.
     #[error("the layout record {LAYOUTS_QUEUE}: {0}")]
     Amqp(#[source] lapin::Error),
@@ -87,7 +87,7 @@ pub enum RecordError {
 /// One layout as recorded: what [`Layout`] says about the queues' names
 /// (the queue type is left out: it changes no name).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RecordedLayout {
+pub(crate) struct RecordedLayout {
     /// `cascade_shards`.
     pub cascade_shards: u32,
     /// The lanes, as in the config (`"1800s"`), shortest first.
@@ -104,7 +104,7 @@ pub struct RecordedLayout {
 
 impl RecordedLayout {
     /// The record of `layout`, made now.
-    pub fn of(layout: &Layout) -> Self {
+    pub(crate) fn of(layout: &Layout) -> Self {
         let mut lanes = layout.lanes.clone();
         lanes.sort();
         lanes.dedup();
@@ -123,13 +123,13 @@ impl RecordedLayout {
     }
 
     /// Same queue names: same shards and lanes (not the same moment).
-    pub fn same_names(&self, other: &Self) -> bool {
+    pub(crate) fn same_names(&self, other: &Self) -> bool {
         (self.cascade_shards, &self.lanes, self.lane_shards)
             == (other.cascade_shards, &other.lanes, other.lane_shards)
     }
 
     /// The lanes that parse (a record written by hand may hold others).
-    pub fn lanes(&self) -> Vec<Lane> {
+    pub(crate) fn lanes(&self) -> Vec<Lane> {
         self.lanes
             .iter()
             .filter_map(|l| Lane::try_from(l.clone()).ok())
@@ -233,7 +233,7 @@ async fn try_hold(channel: &Channel) -> Result<Vec<RecordedLayout>, lapin::Error
 
 /// The layouts recorded on this vhost, oldest first, each once.
 #[tracing::instrument(skip(connection))]
-pub async fn read(connection: &Connection) -> Result<Vec<RecordedLayout>, RecordError> {
+pub(crate) async fn read(connection: &Connection) -> Result<Vec<RecordedLayout>, RecordError> {
     let held = hold(connection, READ_WAIT).await?;
     super::close_channel_quietly(&held.channel).await;
     let mut layouts: Vec<RecordedLayout> = Vec::new();
@@ -248,7 +248,7 @@ pub async fn read(connection: &Connection) -> Result<Vec<RecordedLayout>, Record
 /// Adds `layout` to the record unless it is there (see the module docs);
 /// [`LAYOUTS_QUEUE`] must exist. Returns whether it published.
 #[tracing::instrument(skip(connection))]
-pub async fn record(connection: &Connection, layout: &Layout) -> Result<bool, RecordError> {
+pub(crate) async fn record(connection: &Connection, layout: &Layout) -> Result<bool, RecordError> {
     let mine = RecordedLayout::of(layout);
     let held = match hold(connection, LOCK_WAIT).await {
         Ok(held) if held.layouts.iter().any(|l| l.same_names(&mine)) => {

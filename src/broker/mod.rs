@@ -9,25 +9,43 @@ use std::time::Duration;
 
 use lapin::{Connection, ConnectionProperties};
 
-use crate::settings::{SecretUrl, Settings};
+use crate::settings::SecretUrl;
 
+#[cfg(feature = "testing")]
 pub mod acks;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod acks;
+#[cfg(feature = "testing")]
 pub mod cascade;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod cascade;
+#[cfg(feature = "testing")]
 pub mod headers;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod headers;
+#[cfg(feature = "testing")]
 pub mod lanes;
-pub mod layout;
-pub mod layouts;
-pub mod parked;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod lanes;
+pub(crate) mod layout;
+pub(crate) mod layouts;
+pub(crate) mod parked;
+#[cfg(feature = "testing")]
 pub mod publisher;
-pub mod refusals;
-pub mod tls;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod publisher;
+pub(crate) mod refusals;
+pub(crate) mod tls;
+#[cfg(feature = "testing")]
 pub mod topology;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod topology;
 
 /// How long opening a broker connection (TCP, AMQP handshake, vhost) may
 /// take. A broker that accepts TCP but never answers the handshake would
 /// otherwise hold a (re)connect forever; with this it is an error, which the
 /// reconnect loop retries with backoff (and readiness stays red).
-pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Connects to RabbitMQ with this service's connection name, each attempt
 /// within [`AMQP_CONNECT_TIMEOUT`]. `url` may list several broker nodes
@@ -40,7 +58,8 @@ pub const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// files cannot be used fails like a refusing one, with the parameter's name
 /// in the error.
 #[tracing::instrument(skip_all, fields(url = %url))]
-pub async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
     let nodes = broker_nodes(url.expose());
     let mut last = None;
     for node in &nodes {
@@ -113,13 +132,13 @@ async fn connect_amqp_within(
 }
 
 /// How long [`close_quietly`] waits for the broker to confirm a close.
-pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Closes a connection the caller is done with, waiting at most
 /// [`CLOSE_TIMEOUT`] for the broker's confirmation: the work is finished
 /// (and confirmed) by then, and a close that is never confirmed must not
 /// hold a command or a console page forever.
-pub async fn close_quietly(connection: &Connection) {
+pub(crate) async fn close_quietly(connection: &Connection) {
     let close = connection.close(200, "done".into());
     if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
         tracing::debug!("the broker did not confirm closing the connection in time");
@@ -127,7 +146,7 @@ pub async fn close_quietly(connection: &Connection) {
 }
 
 /// [`close_quietly`] for a channel.
-pub async fn close_channel_quietly(channel: &lapin::Channel) {
+pub(crate) async fn close_channel_quietly(channel: &lapin::Channel) {
     let close = channel.close(200, "done".into());
     if tokio::time::timeout(CLOSE_TIMEOUT, close).await.is_err() {
         tracing::debug!("the broker did not confirm closing the channel in time");
@@ -138,7 +157,8 @@ pub async fn close_channel_quietly(channel: &lapin::Channel) {
 /// ready messages and consumers, or a channel-closing `NOT_FOUND` error if
 /// it does not exist. What the operator commands, the parked passes and
 /// the tools count queues with.
-pub async fn peek_queue(
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) async fn peek_queue(
     channel: &lapin::Channel,
     queue: &str,
 ) -> Result<lapin::Queue, lapin::Error> {
@@ -156,7 +176,11 @@ pub async fn peek_queue(
 
 /// Declares the topology on a fresh connection (for the demo and tests;
 /// `serve` declares on every (re)connect).
-pub async fn declare_topology(settings: &Settings) -> Result<(), topology::TopologyError> {
+#[cfg(feature = "testing")]
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) async fn declare_topology(
+    settings: &crate::settings::Settings,
+) -> Result<(), topology::TopologyError> {
     let conn = connect_amqp(&settings.amqp_url, "order-timeout-setup")
         .await
         .map_err(topology::TopologyError::Connect)?;

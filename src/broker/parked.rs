@@ -30,7 +30,7 @@ use crate::settings::DEFAULT_TIMER;
 /// The headers this service writes on a parked message: the park record.
 /// A replay removes them all, so the message starts over with a fresh
 /// attempt budget, as if the order service had just published it.
-pub const PARK_HEADERS: &[&str] = &[
+pub(crate) const PARK_HEADERS: &[&str] = &[
     H_ERROR,
     H_ERROR_KIND,
     H_ATTEMPTS,
@@ -47,7 +47,7 @@ pub const PARK_HEADERS: &[&str] = &[
 /// `x-first-death-*` / `x-last-death-*` summaries of the cascade's
 /// dead-lettering, `x-delivery-count` of quorum queues): they describe the
 /// old delivery and are dropped when a message is parked or replayed.
-pub fn is_broker_bookkeeping(name: &str) -> bool {
+pub(crate) fn is_broker_bookkeeping(name: &str) -> bool {
     name == "x-death"
         || name.starts_with("x-first-death-")
         || name.starts_with("x-last-death-")
@@ -56,7 +56,7 @@ pub fn is_broker_bookkeeping(name: &str) -> bool {
 
 /// Headers a replay removes: the park record ([`PARK_HEADERS`]), the
 /// re-schedule deadline and broker bookkeeping.
-pub fn dropped_on_replay(name: &str) -> bool {
+pub(crate) fn dropped_on_replay(name: &str) -> bool {
     PARK_HEADERS.contains(&name) || name == H_DEADLINE_MS || is_broker_bookkeeping(name)
 }
 
@@ -70,7 +70,7 @@ fn dropped_on_park(name: &str) -> bool {
 /// Why and where a message is parked; written as headers beside the
 /// original body ([`park_properties`]).
 #[derive(Clone, Debug)]
-pub struct ParkInfo {
+pub(crate) struct ParkInfo {
     /// Human-readable reason (`x-error`).
     pub error: String,
     /// Short label (`x-error-kind`), e.g. `not_json`, `unknown_order`.
@@ -91,7 +91,7 @@ pub struct ParkInfo {
 /// ([`kept_properties`]) and its application headers, minus broker
 /// bookkeeping and our re-schedule deadline, plus the park record of
 /// `info`, parked at `now`.
-pub fn park_properties(
+pub(crate) fn park_properties(
     original: &BasicProperties,
     info: &ParkInfo,
     now: DateTime<Utc>,
@@ -119,7 +119,7 @@ pub fn park_properties(
 /// ([`dropped_on_replay`]), minus `expiration` and `user-id` (which would
 /// expire it or get it refused), with `content-type: application/json` if
 /// it had none.
-pub fn replay_properties(parked: &BasicProperties) -> BasicProperties {
+pub(crate) fn replay_properties(parked: &BasicProperties) -> BasicProperties {
     let content_type = parked
         .content_type()
         .clone()
@@ -146,7 +146,7 @@ fn filtered_headers(properties: &BasicProperties, dropped: fn(&str) -> bool) -> 
 /// everything but the headers (which the caller rebuilds), `expiration`
 /// (which would expire the copy), `user-id` (which the broker checks
 /// against our login) and the delivery mode (always 2).
-pub fn kept_properties(original: &BasicProperties) -> BasicProperties {
+pub(crate) fn kept_properties(original: &BasicProperties) -> BasicProperties {
     let mut p = BasicProperties::default();
     if let Some(v) = original.content_type() {
         p = p.with_content_type(v.clone());

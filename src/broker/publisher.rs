@@ -54,7 +54,8 @@ pub enum PublishError {
 /// for the default timer, the timer's `event` routing key for another
 /// (`order.received`, `coupon.expired`).
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
-pub struct TimerEvent {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct TimerEvent {
     /// The cancelled order (the row flipped, for another timer).
     pub order_id: String,
     /// The deadline it was cancelled (flipped) for: the row's deadline.
@@ -75,17 +76,19 @@ pub struct TimerEvent {
 /// orders/s, a single channel's confirms took 700 ms on average and the
 /// service fell behind.
 #[derive(Clone)]
-pub struct Publisher {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Publisher {
     channels: std::sync::Arc<[Channel]>,
     next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Channels a [`Publisher`] opens.
-pub const PUBLISH_CHANNELS: usize = 4;
+pub(crate) const PUBLISH_CHANNELS: usize = 4;
 
 impl Publisher {
     /// Opens [`PUBLISH_CHANNELS`] channels on `connection` in confirm mode.
-    pub async fn new(connection: &Connection) -> Result<Self, lapin::Error> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn new(connection: &Connection) -> Result<Self, lapin::Error> {
         let mut channels = Vec::with_capacity(PUBLISH_CHANNELS);
         for _ in 0..PUBLISH_CHANNELS {
             let channel = connection.create_channel().await?;
@@ -101,12 +104,12 @@ impl Publisher {
     }
 
     /// The first channel (for declarations).
-    pub fn channel(&self) -> &Channel {
+    pub(crate) fn channel(&self) -> &Channel {
         &self.channels[0]
     }
 
     /// Every channel (to close them).
-    pub fn channels(&self) -> &[Channel] {
+    pub(crate) fn channels(&self) -> &[Channel] {
         &self.channels
     }
 
@@ -116,7 +119,7 @@ impl Publisher {
     }
 
     /// Publishes one persistent message and waits for the broker's confirm.
-    pub async fn publish(
+    pub(crate) async fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
@@ -163,7 +166,8 @@ impl Publisher {
     /// Publishes a timeout the way the order service does: to the entry
     /// exchange with routing key `schedule`.
     #[tracing::instrument(skip(self), fields(order_id = %request.order_id))]
-    pub async fn schedule(&self, request: &TimeoutRequest) -> Result<(), PublishError> {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) async fn schedule(&self, request: &TimeoutRequest) -> Result<(), PublishError> {
         self.publish(
             ENTRY_EXCHANGE,
             SCHEDULE_ROUTING_KEY,
@@ -181,7 +185,7 @@ impl Publisher {
     /// ([`Layout::route`]).
     /// Returns the number of hops.
     #[tracing::instrument(skip(self, body, attempts, layout), fields(attempts = attempts.count))]
-    pub async fn delay(
+    pub(crate) async fn delay(
         &self,
         body: &[u8],
         order_id: &OrderId,
@@ -213,7 +217,7 @@ impl Publisher {
     /// message id, the sender's own headers…), plus headers saying why, in
     /// the format of [`super::parked`] ([`park_properties`]).
     #[tracing::instrument(skip(self, body, original, info), fields(kind = %info.kind, order_id = ?info.order_id))]
-    pub async fn park(
+    pub(crate) async fn park(
         &self,
         body: &[u8],
         original: &BasicProperties,
@@ -232,7 +236,11 @@ impl Publisher {
     /// Publishes a timer's event with its routing key (`order.cancelled`
     /// for the default timer).
     #[tracing::instrument(skip(self, event), fields(order_id = %event.order_id, timer = %event.timer))]
-    pub async fn event(&self, routing_key: &str, event: &TimerEvent) -> Result<(), PublishError> {
+    pub(crate) async fn event(
+        &self,
+        routing_key: &str,
+        event: &TimerEvent,
+    ) -> Result<(), PublishError> {
         let body = serde_json::to_vec(event).expect("event serializes");
         self.publish(
             EVENTS_EXCHANGE,

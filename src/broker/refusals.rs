@@ -7,7 +7,7 @@ use lapin::ErrorKind;
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 
 /// A broker's soft (channel-level) error: its kind and its text.
-pub fn soft_error(error: &lapin::Error) -> Option<(AMQPSoftError, String)> {
+pub(crate) fn soft_error(error: &lapin::Error) -> Option<(AMQPSoftError, String)> {
     match error.kind() {
         ErrorKind::ProtocolError(e) => match e.kind() {
             AMQPErrorKind::Soft(kind) => Some((kind.clone(), e.get_message().to_string())),
@@ -18,6 +18,6 @@ pub fn soft_error(error: &lapin::Error) -> Option<(AMQPSoftError, String)> {
 }
 
 /// True for a channel closed with `404 NOT_FOUND`.
-pub fn is_not_found(error: &lapin::Error) -> bool {
+pub(crate) fn is_not_found(error: &lapin::Error) -> bool {
     soft_error(error).is_some_and(|(kind, _)| kind == AMQPSoftError::NOTFOUND)
 }

@@ -24,17 +24,17 @@ use crate::settings::redact_url;
 use crate::tls::{TlsFileError, read_certificates, read_private_key};
 
 /// The CA file parameter.
-pub const CA_FILE: &str = "cacertfile";
+pub(crate) const CA_FILE: &str = "cacertfile";
 /// The client certificate parameter.
-pub const CERT_FILE: &str = "certfile";
+pub(crate) const CERT_FILE: &str = "certfile";
 /// The client key parameter.
-pub const KEY_FILE: &str = "keyfile";
+pub(crate) const KEY_FILE: &str = "keyfile";
 /// The verification parameter (only `verify_peer`).
-pub const VERIFY: &str = "verify";
+pub(crate) const VERIFY: &str = "verify";
 
 /// An `AMQP_URL` whose TLS parameters cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum AmqpTlsError {
+pub(crate) enum AmqpTlsError {
     /// A file a parameter names cannot be used.
     #[error(transparent)]
     File(#[from] TlsFileError),
@@ -169,14 +169,14 @@ impl NodeTls {
 /// `amqps://` without parameters (the bundled public roots, no client
 /// certificate), else with the CA file and the client identity read.
 #[tracing::instrument(skip_all, fields(node = %redact_url(node)))]
-pub fn node_config(node: &str) -> Result<OwnedTLSConfig, AmqpTlsError> {
+pub(crate) fn node_config(node: &str) -> Result<OwnedTLSConfig, AmqpTlsError> {
     NodeTls::of(node)?.load()
 }
 
 /// Reads the TLS files of every node of `AMQP_URL` once: a start-up check,
 /// so that a wrong path or a file without a certificate stops the service
 /// with the parameter's name.
-pub fn check(urls: &str) -> Result<(), AmqpTlsError> {
+pub(crate) fn check(urls: &str) -> Result<(), AmqpTlsError> {
     for node in super::broker_nodes(urls) {
         node_config(node)?;
     }

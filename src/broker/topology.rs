@@ -47,9 +47,11 @@ use super::refusals::soft_error;
 use crate::settings::{Lane, QueueType};
 
 /// Entry exchange the order service publishes timeouts to (direct, durable).
-pub const ENTRY_EXCHANGE: &str = "order-timeout";
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const ENTRY_EXCHANGE: &str = "order-timeout";
 /// Routing key of a timeout message on [`ENTRY_EXCHANGE`].
-pub const SCHEDULE_ROUTING_KEY: &str = "schedule";
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const SCHEDULE_ROUTING_KEY: &str = "schedule";
 
 /// Routing key on [`ENTRY_EXCHANGE`] that puts a fresh timeout straight
 /// into lane `lane` (its shard 0), `schedule.<W>s`: a **lane entry**.
@@ -63,25 +65,34 @@ pub const SCHEDULE_ROUTING_KEY: &str = "schedule";
 /// the lane's window) or cancels it then, so a lane entry is never early;
 /// an order due *sooner* than the window is late by the difference, which
 /// is why it is only for orders of exactly that window.
-pub fn lane_entry_key(lane: Lane) -> String {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn lane_entry_key(lane: Lane) -> String {
     format!("{SCHEDULE_ROUTING_KEY}.{lane}")
 }
 /// The consumer's queue: fresh timeouts and messages leaving the cascade.
-pub const DUE_QUEUE: &str = "order-timeout.due";
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const DUE_QUEUE: &str = "order-timeout.due";
 /// Exit of the cascade (fanout into [`DUE_QUEUE`]).
-pub const READY_EXCHANGE: &str = "order-timeout.ready";
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const READY_EXCHANGE: &str = "order-timeout.ready";
 /// Failure queue: messages that cannot be processed, with their reason.
-pub const PARKED_QUEUE: &str = "order-timeout.parked";
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const PARKED_QUEUE: &str = "order-timeout.parked";
 /// Topic exchange for `order.cancelled` events.
-pub const EVENTS_EXCHANGE: &str = "order-timeout.events";
-/// Routing key of the cancellation event.
-pub const CANCELLED_ROUTING_KEY: &str = crate::settings::CANCELLED_EVENT;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const EVENTS_EXCHANGE: &str = "order-timeout.events";
+/// Routing key of the cancellation event (for tests binding to it).
+#[cfg(feature = "testing")]
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const CANCELLED_ROUTING_KEY: &str = crate::settings::CANCELLED_EVENT;
 
-pub use super::layout::Layout;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use super::layout::Layout;
 
 /// Errors declaring the topology.
 #[derive(Debug, thiserror::Error)]
-pub enum TopologyError {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) enum TopologyError {
     /// The broker could not be reached.
     #[error("connecting to the broker: {0}")]
     Connect(lapin::Error),
@@ -109,7 +120,8 @@ pub enum TopologyError {
 /// would silently lose orders. `-1` (4.x's "unlimited") means *0* on 3.x,
 /// so the service sets a large explicit limit, which means the same on
 /// both and which `topology check` verifies like any other argument.
-pub const DELIVERY_LIMIT: i64 = 1_000_000;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) const DELIVERY_LIMIT: i64 = 1_000_000;
 
 /// Whether a queue is read by consumers (due, parked) or only holds
 /// messages for their TTL (the cascade levels).
@@ -160,7 +172,8 @@ fn queue_args(
 
 /// One queue as the service expects it; also used by `topology` checks.
 #[derive(Clone, Debug)]
-pub struct QueueSpec {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct QueueSpec {
     /// Queue name.
     pub name: String,
     /// Declaration arguments.
@@ -168,7 +181,8 @@ pub struct QueueSpec {
 }
 
 /// Every queue the service declares, with its arguments.
-pub fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
     let queue_type = layout.queue_type;
     let mut specs = vec![
         QueueSpec {
@@ -226,7 +240,8 @@ fn exchange_below(shard: u32, k: u32) -> String {
 /// One exchange as the service expects it; [`declare`] creates these and
 /// `topology check` compares the broker's against them.
 #[derive(Clone, Debug)]
-pub struct ExchangeSpec {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct ExchangeSpec {
     /// Exchange name.
     pub name: String,
     /// Exchange type (all are durable, not auto-delete, not internal).
@@ -234,7 +249,8 @@ pub struct ExchangeSpec {
 }
 
 /// Every exchange the service declares.
-pub fn exchange_specs(layout: &Layout) -> Vec<ExchangeSpec> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn exchange_specs(layout: &Layout) -> Vec<ExchangeSpec> {
     let spec = |name: &str, kind| ExchangeSpec {
         name: name.into(),
         kind,
@@ -273,7 +289,8 @@ pub struct BindingSpec {
 }
 
 /// Every binding the service declares.
-pub fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
     let queue = |source: &str, queue: &str, key: String| BindingSpec {
         source: source.into(),
         destination: BindingDestination::Queue(queue.into()),
@@ -308,7 +325,7 @@ pub fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
 }
 
 /// Options every exchange of the service is declared with.
-pub fn exchange_options() -> ExchangeDeclareOptions {
+pub(crate) fn exchange_options() -> ExchangeDeclareOptions {
     ExchangeDeclareOptions {
         durable: true,
         ..Default::default()
@@ -316,7 +333,7 @@ pub fn exchange_options() -> ExchangeDeclareOptions {
 }
 
 /// Options every queue of the service is declared with.
-pub fn queue_options() -> QueueDeclareOptions {
+pub(crate) fn queue_options() -> QueueDeclareOptions {
     QueueDeclareOptions {
         durable: true,
         ..Default::default()
@@ -334,7 +351,7 @@ pub fn queue_options() -> QueueDeclareOptions {
 /// refusing to start would stop cancellations over a setting that matters
 /// only on RabbitMQ 4.x.
 #[tracing::instrument(skip(connection))]
-pub async fn declare(connection: &Connection, layout: &Layout) -> Result<(), TopologyError> {
+pub(crate) async fn declare(connection: &Connection, layout: &Layout) -> Result<(), TopologyError> {
     let mut channel = open_channel(connection).await?;
     declare_exchanges(&channel, layout).await?;
     for spec in queue_specs(layout) {
@@ -471,7 +488,7 @@ async fn declare_bindings(channel: &Channel, layout: &Layout) -> Result<(), Topo
 
 /// What to do about a due or parked queue without [`DELIVERY_LIMIT`]
 /// (declared by a version before it); `topology check` prints it too.
-pub const DELIVERY_LIMIT_FIX: &str = "RabbitMQ 4.x gives such a quorum queue a delivery limit of 20 and \
+pub(crate) const DELIVERY_LIMIT_FIX: &str = "RabbitMQ 4.x gives such a quorum queue a delivery limit of 20 and \
 drops messages returned more often (a restart loop of the service, 20 `parked list` passes). \
 Set the limit with a policy (applies at once, no restart): rabbitmqctl set_policy -p VHOST \
 --apply-to quorum_queues --priority 10 order-timeout-delivery-limit '^order-timeout\\.(due|parked)$' \
@@ -481,7 +498,7 @@ Set the limit with a policy (applies at once, no restart): rabbitmqctl set_polic
 /// has no `x-delivery-limit` (it predates [`DELIVERY_LIMIT`]). RabbitMQ
 /// says: "inequivalent arg 'x-delivery-limit' for queue '…': received the
 /// value '1000000' of type 'signedint' but current is none".
-pub fn predates_delivery_limit(error: &lapin::Error) -> bool {
+pub(crate) fn predates_delivery_limit(error: &lapin::Error) -> bool {
     soft_error(error).is_some_and(|(kind, text)| {
         kind == AMQPSoftError::PRECONDITIONFAILED
             && text.contains("'x-delivery-limit'")

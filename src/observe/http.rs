@@ -146,7 +146,7 @@ async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
 
 /// Serves the endpoints, and the routes of `more`, on `listener` until
 /// `shutdown` fires.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     health: Arc<Health>,
     more: Router,
@@ -169,7 +169,7 @@ pub async fn serve(
 /// A lost readiness is logged at once; at start-up, only if it lasts past
 /// the first check (the broker session is normally up within a second, and
 /// a warning on every healthy start would teach operators to ignore it).
-pub async fn refresh_readiness(health: Arc<Health>, shutdown: Shutdown) {
+pub(crate) async fn refresh_readiness(health: Arc<Health>, shutdown: Shutdown) {
     let mut starting = true;
     loop {
         let r = health.check().await;

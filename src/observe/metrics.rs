@@ -233,10 +233,10 @@ impl Default for Metrics {
 /// The release this binary is (`order-timeout --version`, the start-up log
 /// line and `order_timeout_build_info{version}`): during a rolling upgrade
 /// it tells which replicas run which release (CHANGELOG.md, docs/upgrading.md).
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The `timer` label of a message parked before its timer was known.
-pub const NO_TIMER: &str = "";
+pub(crate) const NO_TIMER: &str = "";
 
 /// Registers `metric` under `name` and returns it (metrics are cheap
 /// handles on shared state: the registry keeps one, the caller the other).

@@ -3,8 +3,14 @@
 //! instance's [`recent`] history for the console, and the log subscriber
 //! ([`telemetry`]).
 
-pub mod http;
+pub(crate) mod http;
+#[cfg(feature = "testing")]
 pub mod metrics;
-pub mod pending;
-pub mod recent;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod metrics;
+pub(crate) mod pending;
+pub(crate) mod recent;
+#[cfg(feature = "testing")]
 pub mod telemetry;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod telemetry;

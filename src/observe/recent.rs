@@ -26,9 +26,9 @@ use super::metrics::Metrics;
 use crate::shutdown::Shutdown;
 
 /// Time between samples.
-pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 /// How far back samples are kept.
-pub const KEPT: Duration = Duration::from_secs(5 * 60);
+pub(crate) const KEPT: Duration = Duration::from_secs(5 * 60);
 
 /// One series of an exposition: name, labels, value.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,7 +53,7 @@ impl Series {
 
 /// Parses the text exposition format (comments skipped; label values
 /// unescaped). Lines that do not parse are skipped.
-pub fn parse_exposition(text: &str) -> Vec<Series> {
+pub(crate) fn parse_exposition(text: &str) -> Vec<Series> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(parse_line)
@@ -110,7 +110,7 @@ fn parse_labels(mut s: &str) -> Option<(Vec<(String, String)>, &str)> {
 
 /// Minutes of history kept for the console's pictures: the last hour, the
 /// current minute included.
-pub const HISTORY_MINUTES: usize = 60;
+pub(crate) const HISTORY_MINUTES: usize = 60;
 
 /// The lateness histogram, summed per timer.
 const LATENESS: &str = "order_timeout_cancel_lateness_seconds_bucket";
@@ -427,7 +427,7 @@ impl Change {
 /// `histogram_quantile()` over cumulative `(le, count)` buckets sorted by
 /// `le`: the bucket where the rank falls, interpolated linearly; in the
 /// `+Inf` bucket, the highest finite bound.
-pub fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
+pub(crate) fn histogram_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     let total = buckets.last()?.1;
     if total <= 0.0 {
         return None;

@@ -7,7 +7,8 @@ use tracing_subscriber::fmt::format::FmtSpan;
 
 /// Installs the global subscriber. Call once, first thing in `main`.
 /// `default_filter` applies when `RUST_LOG` is unset.
-pub fn init(default_filter: &str) {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn init(default_filter: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));

@@ -29,9 +29,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::message::OrderId;
-use crate::settings::{
-    ConfigError, ItemsMapping, OrdersMapping, Release, SecretUrl, Settings, Timer, TimerName,
-};
+use crate::settings::{ConfigError, SecretUrl, Settings, Timer, TimerName};
 
 mod catalog;
 mod ids;
@@ -44,18 +42,20 @@ mod sql;
 mod state;
 mod tls;
 
-pub use ids::IdRejected;
+pub(crate) use ids::IdRejected;
 #[cfg(feature = "testing")]
 pub use outbox::stale_statement_for_explain;
-pub use releases::{Expansion, Migrated};
-pub use shape::{IdKind, SchemaReport};
-pub use tls::{mysql_options, pg_options};
+pub(crate) use releases::{Expansion, Migrated};
+pub(crate) use shape::{IdKind, SchemaReport};
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use tls::{mysql_options, pg_options};
 
 use mysql::MySqlStore;
 use postgres::PgStore;
 
 /// The store of one timer as the service holds it: shared by every task.
-pub type Store = Arc<dyn OrderStore>;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) type Store = Arc<dyn OrderStore>;
 
 /// The database operations the service needs for one timer (a guarded
 /// status flip of rows of one table, [`Timer`]), one method per operation.
@@ -247,28 +247,23 @@ pub struct Page<C> {
 /// it: `[orders]`, `[items]` and whether stock is released over gRPC
 /// (else the items are never read). A shorthand for
 /// [`Timer::cancel_unpaid`], for code that knows only the default timer.
+#[cfg(feature = "testing")]
 #[derive(Clone, Debug, Default)]
-pub struct ShopSchema {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct ShopSchema {
     /// `[orders]`.
-    pub orders: OrdersMapping,
+    pub orders: crate::settings::OrdersMapping,
     /// `[items]`.
-    pub items: ItemsMapping,
+    pub items: crate::settings::ItemsMapping,
     /// `[inventory].release`.
-    pub release: Release,
+    pub release: crate::settings::Release,
 }
 
+#[cfg(feature = "testing")]
 impl ShopSchema {
-    /// The schema the settings describe.
-    pub fn of(settings: &Settings) -> Self {
-        Self {
-            orders: settings.orders.clone(),
-            items: settings.items.clone(),
-            release: settings.inventory.release,
-        }
-    }
-
     /// The default timer this describes.
-    pub fn timer(&self) -> Timer {
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn timer(&self) -> Timer {
         Timer::cancel_unpaid(&self.orders, &self.items, self.release)
     }
 }
@@ -277,36 +272,36 @@ impl ShopSchema {
 /// (`cancel_unpaid`) first: one per timer, sharing a connection pool per
 /// session time zone. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct Stores {
+pub(crate) struct Stores {
     stores: Arc<[Store]>,
 }
 
 impl Stores {
     /// Stores of the timers `stores` (the default one first).
-    pub fn new(stores: Vec<Store>) -> Self {
+    pub(crate) fn new(stores: Vec<Store>) -> Self {
         Self {
             stores: stores.into(),
         }
     }
 
     /// The store of the timer named `name`, if the settings have one.
-    pub fn get(&self, name: &TimerName) -> Option<&Store> {
+    pub(crate) fn get(&self, name: &TimerName) -> Option<&Store> {
         self.stores.iter().find(|s| &s.timer().name == name)
     }
 
     /// The default timer's store (`cancel_unpaid`), also the one the
     /// readiness probe pings.
-    pub fn default_timer(&self) -> &Store {
+    pub(crate) fn default_timer(&self) -> &Store {
         &self.stores[0]
     }
 
     /// Every timer's store, the default one first.
-    pub fn iter(&self) -> impl Iterator<Item = &Store> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Store> {
         self.stores.iter()
     }
 
     /// The timers' names, in order.
-    pub fn names(&self) -> Vec<TimerName> {
+    pub(crate) fn names(&self) -> Vec<TimerName> {
         self.iter().map(|s| s.timer().name.clone()).collect()
     }
 }
@@ -316,7 +311,8 @@ impl Stores {
 /// fails the statement with a transient error instead of hanging the
 /// pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PoolSettings {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct PoolSettings {
     /// Most connections open at once.
     pub max_connections: u32,
     /// Longest wait for one lock (PostgreSQL `lock_timeout`, InnoDB
@@ -330,7 +326,9 @@ pub struct PoolSettings {
 
 impl PoolSettings {
     /// A pool of at most `max_connections` with the default timeouts.
-    pub fn new(max_connections: u32) -> Self {
+    #[cfg(feature = "testing")]
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn new(max_connections: u32) -> Self {
         let defaults = Settings::default();
         Self {
             max_connections,
@@ -341,7 +339,7 @@ impl PoolSettings {
 
     /// The pool `settings` describe (`db_max_connections`,
     /// `db_lock_timeout`, `db_statement_timeout`).
-    pub fn of(settings: &Settings) -> Self {
+    pub(crate) fn of(settings: &Settings) -> Self {
         Self {
             max_connections: settings.db_max_connections,
             lock_timeout: settings.db_lock_timeout,
@@ -351,7 +349,7 @@ impl PoolSettings {
 
     /// The same with at most `max_connections` (the CLI's commands need
     /// one or two).
-    pub fn with_max_connections(self, max_connections: u32) -> Self {
+    pub(crate) fn with_max_connections(self, max_connections: u32) -> Self {
         Self {
             max_connections,
             ..self
@@ -363,7 +361,9 @@ impl PoolSettings {
 /// pool of at most `max_connections` and the default timeouts, lazily: the
 /// first query opens the first connection, so start-up does not fail on a
 /// database that is still booting.
-pub fn connect_lazy(
+#[cfg(feature = "testing")]
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn connect_lazy(
     url: &SecretUrl,
     max_connections: u32,
     schema: &ShopSchema,
@@ -372,7 +372,9 @@ pub fn connect_lazy(
 }
 
 /// [`connect_lazy`] with the pool's size and timeouts given.
-pub fn connect_lazy_with(
+#[cfg(feature = "testing")]
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn connect_lazy_with(
     url: &SecretUrl,
     pool: PoolSettings,
     schema: &ShopSchema,
@@ -382,7 +384,9 @@ pub fn connect_lazy_with(
 
 /// The store of one timer, on a pool of its own (lazily, as
 /// [`connect_lazy`]).
-pub fn connect_timer(
+#[cfg(feature = "testing")]
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn connect_timer(
     url: &SecretUrl,
     pool: PoolSettings,
     timer: &Timer,
@@ -397,7 +401,7 @@ pub fn connect_timer(
 /// one pool of `pool`'s size per session time zone the timers use (one,
 /// unless a timer sets a `time_zone` of its own), shared by the timers of
 /// that zone.
-pub fn connect_timers(
+pub(crate) fn connect_timers(
     url: &SecretUrl,
     pool: PoolSettings,
     timers: &[Timer],
@@ -443,7 +447,8 @@ pub fn connect_timers(
 /// own migrations (the `order_timeout_*` tables; never the shop's). What
 /// they keep for the previous release stays until [`contract`], unless the
 /// database had none of the service's tables.
-pub async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
     match Dialect::of(url)? {
         Dialect::Postgres => PgStore::migrate(url).await,
         Dialect::MySql => MySqlStore::migrate(url).await,
@@ -452,7 +457,7 @@ pub async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
 
 /// Drops what the migrations keep for the previous release (`migrate
 /// --contract`, once no replica of it runs); returns what was there.
-pub async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
+pub(crate) async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
     match Dialect::of(url)? {
         Dialect::Postgres => PgStore::contract(url).await,
         Dialect::MySql => MySqlStore::contract(url).await,
@@ -464,7 +469,8 @@ pub async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
 /// have at most 65,535 placeholders and the cancel transaction's outbox
 /// insert binds four per order (16,383 ids); PostgreSQL binds the ids as
 /// one array, with no such limit (`usize::MAX`).
-pub fn max_batch_ids(dialect: Dialect) -> usize {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) fn max_batch_ids(dialect: Dialect) -> usize {
     use sql::SqlDialect;
     match dialect {
         Dialect::Postgres => postgres::Postgres::MAX_BATCH_IDS,
@@ -477,7 +483,7 @@ pub fn max_batch_ids(dialect: Dialect) -> usize {
 /// would split such a batch into several transactions, so the setting would
 /// not mean what it says. A URL of no known dialect is left to
 /// [`connect_lazy`], which names it.
-pub fn check_batch_sizes(settings: &Settings) -> Result<(), ConfigError> {
+pub(crate) fn check_batch_sizes(settings: &Settings) -> Result<(), ConfigError> {
     let Ok(dialect) = Dialect::of(&settings.database_url) else {
         return Ok(());
     };

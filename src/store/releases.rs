@@ -10,7 +10,8 @@
 
 /// One thing a migration keeps for the previous release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Expansion {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Expansion {
     /// The object kept (an index of the service's own tables).
     pub object: &'static str,
     /// The release that needs it.
@@ -30,7 +31,8 @@ pub(crate) const OUTBOX_ORDER_ID_UNIQUE: Expansion = Expansion {
 
 /// What `migrate` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Migrated {
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) struct Migrated {
     /// The database had none of the service's tables before: the expand
     /// steps were contracted at once.
     pub fresh: bool,

@@ -299,6 +299,7 @@ impl<D: SqlDialect> SqlStore<D> {
     /// A store on `url` with a pool of `pool`'s size and timeouts,
     /// lazily: the first query opens the first connection, so start-up
     /// does not fail on a database that is still booting.
+    #[cfg(feature = "testing")]
     pub(crate) fn connect_lazy(
         url: &SecretUrl,
         pool: PoolSettings,
