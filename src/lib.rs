@@ -41,16 +41,17 @@
 //! - **the SQL of the outbox** (and of the watch marks), written once for
 //!   both dialects over their vocabulary: `store/outbox.rs`;
 //! - **the retry policy**: `pipeline/retry.rs` (pure, at the bottom of the
-//!   pipeline), applied by `Job::fail` and `Worker::retry_later` in
-//!   `pipeline/schedule.rs`; what a failure is and whether
+//!   pipeline), applied by `Job::fail` (`pipeline/job.rs`) and
+//!   `Worker::retry_later` (`pipeline/worker.rs`); what a failure is and whether
 //!   waiting can fix it: `pipeline/failure.rs`; the sweeper (safety net):
 //!   `pipeline/sweeper.rs`;
 //! - **the parked format** (headers written, read back, replayed):
 //!   `broker/parked.rs`; every `x-*` header: `broker/headers.rs`;
 //! - what happens to each message: `pipeline/consumer.rs`; the ways a job
-//!   ends: `pipeline/job.rs` (ack, requeue), `pipeline/schedule.rs` (hold,
-//!   back through the delay store, retried), `pipeline/park.rs`; what the steps
-//!   share: `pipeline/context.rs`;
+//!   ends, one `impl Job`: `pipeline/job.rs` (ack, requeue, hold, back
+//!   through the delay store, retried, parked); how a parked message is
+//!   written: `pipeline/park.rs`; what the steps share: `pipeline/context.rs`
+//!   and `pipeline/worker.rs`;
 //! - [`message`]: the accepted message formats and the park reasons;
 //! - `observe/`: metrics (and the pending gauges), `/metrics` `/healthz`
 //!   `/readyz`, logs;

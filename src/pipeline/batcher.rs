@@ -14,9 +14,9 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::cancel;
-use super::context::Worker;
 use super::finish;
 use super::job::Job;
+use super::worker::Worker;
 
 /// Runs until every sender of `due` is gone (the consumer has stopped and
 /// no held message is still waiting).

@@ -35,11 +35,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::context::Worker;
 use super::failure::Failure;
 use super::finish::Pending;
 use super::job::{Job, ack_each};
-use super::park::{Parking, park, park_unknown_timer};
+use super::park::{Parking, park};
+use super::worker::Worker;
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};
 use crate::settings::{TimerName, UnknownOrderPolicy};
@@ -100,7 +100,7 @@ async fn by_timer(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Job>)> {
         }
     }
     for job in groups.into_values().flatten() {
-        park_unknown_timer(&worker.ctx, job).await;
+        job.park_unknown_timer(&worker.ctx).await;
     }
     by_store
 }

@@ -29,9 +29,7 @@ use tokio_util::task::TaskTracker;
 
 use super::context::Context;
 use super::job::Job;
-use super::park::{
-    Parking, near_delivery_limit, park, park_near_delivery_limit, park_unknown_timer,
-};
+use super::park::{Parking, near_delivery_limit, park, park_near_delivery_limit};
 use crate::broker::headers::Attempts;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
 use crate::message::{MessageError, TimeoutRequest};
@@ -175,7 +173,7 @@ async fn dispatch(
         // Counted in flight by the job until it is parked.
         let ctx = ctx.clone();
         let span = job.span.clone();
-        let park = async move { park_unknown_timer(&ctx, job).await };
+        let park = async move { job.park_unknown_timer(&ctx).await };
         tracker.spawn(tracing::Instrument::instrument(park, span));
         return;
     }

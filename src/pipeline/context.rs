@@ -1,8 +1,7 @@
 //! What every step of the pipeline shares: the session's [`Context`]
 //! (settings, publisher, the timers' stores, inventory, retry policy,
-//! metrics) and the
-//! [`Worker`] handle of a step that settles jobs — plus the one way every
-//! step publishes a message it must not lose ([`Context::publish_patiently`]).
+//! metrics), and the one way every step publishes a message it must not
+//! lose ([`Context::publish_patiently`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,10 +9,7 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use chrono::{DateTime, Utc};
-use tokio::sync::mpsc;
-use tokio_util::task::TaskTracker;
 
-use super::job::Job;
 use super::retry::RetryPolicy;
 use crate::broker::acks::Acks;
 use crate::broker::headers::Attempts;
@@ -151,23 +147,6 @@ fn publish_backoff() -> ExponentialBuilder {
         .with_jitter()
         .without_max_times()
         .with_total_delay(Some(PUBLISH_PATIENCE))
-}
-
-/// What a step that settles jobs needs besides the jobs: the shared
-/// context, the way back into the batcher for jobs that must wait again,
-/// and the tracker that keeps the session open until spawned work ends.
-/// Its ways of ending jobs live with each ending: [`Worker::wait_again`]
-/// in `schedule.rs`, [`Worker::retry_later`] in `retry.rs`.
-#[derive(Clone)]
-pub(crate) struct Worker {
-    /// The session's shared context.
-    pub(crate) ctx: Arc<Context>,
-    /// The batcher's inbox. Weak, so that held work does not keep the
-    /// batcher alive once the consumer has stopped: when it is gone, a job
-    /// that must wait again is returned to the broker instead.
-    pub(crate) due: mpsc::WeakSender<Job>,
-    /// Tasks of this session.
-    pub(crate) tracker: TaskTracker,
 }
 
 #[cfg(test)]

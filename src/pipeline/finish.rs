@@ -22,11 +22,12 @@ use std::collections::HashMap;
 use backon::Retryable;
 use futures_util::{StreamExt, stream};
 
-use super::context::{Context, Worker};
+use super::context::Context;
 use super::failure::Failure;
 use super::job::{Job, ack_each};
 use super::park::park_row;
 use super::retry::{OUTBOX_MAX_ATTEMPTS, RetryPolicy};
+use super::worker::Worker;
 use crate::broker::publisher::TimerEvent;
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};

@@ -15,17 +15,17 @@
 //! Every step works per timer (`cancel_unpaid`, `[[timers]]`): a message
 //! names its timer, and that timer's store flips its rows.
 //!
-//! What the steps share: [`job`] (the job, acked or returned to the queue),
-//! [`context`] (the session's context and the worker handle, the patient
+//! What the steps share: [`job`] (the job and every way it ends: acked,
+//! returned to the queue, held or sent back through the delay store,
+//! retried or parked as the retry policy says), [`worker`] (the handle of a
+//! step that settles jobs), [`context`] (the session's context, the patient
 //! publish), [`failure`] (why a step failed, and whether waiting can fix
-//! it). Each other way a job ends has its module: [`schedule`] (held, or
-//! sent back through the delay store), [`retry`] (the retry policy and
-//! where it is applied), [`park`] (parked with the reason).
+//! it), [`park`] (how a parked message is written), [`retry`] (**the retry
+//! policy**, pure).
 //!
-//! Dependencies point downwards:
-//! consumer → park, schedule; batcher → cancel → finish → retry → park,
-//! schedule → context → job; sweeper → finish. (The context holds the
-//! [`retry::RetryPolicy`], which lives beside where it is applied.)
+//! Dependencies point downwards, with no cycle:
+//! consumer, batcher → cancel → finish → worker → job → park → context →
+//! retry; sweeper → finish; watch → worker.
 
 pub(crate) mod batcher;
 pub(crate) mod cancel;
@@ -36,6 +36,6 @@ pub(crate) mod finish;
 pub(crate) mod job;
 pub(crate) mod park;
 pub(crate) mod retry;
-pub(crate) mod schedule;
 pub(crate) mod sweeper;
 pub(crate) mod watch;
+pub(crate) mod worker;

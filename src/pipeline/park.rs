@@ -14,7 +14,6 @@ use lapin::message::Delivery;
 use lapin::types::FieldTable;
 
 use super::context::Context;
-use super::job::{Job, requeue};
 use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
 use crate::broker::parked::ParkInfo;
 use crate::broker::publisher::PublishError;
@@ -57,28 +56,6 @@ pub(crate) async fn park_near_delivery_limit(ctx: &Context, delivery: Delivery, 
         timer: None,
     };
     park(ctx, delivery, why).await;
-}
-
-/// Parks a job whose message names a timer the config does not have
-/// (`unknown_timer`), with the timers it does have: a publisher ahead of the
-/// service's config, or a typo. Replaying it once the timer is configured
-/// runs it.
-pub(crate) async fn park_unknown_timer(ctx: &Context, job: Job) {
-    let known: Vec<String> = ctx.stores.names().iter().map(|n| n.to_string()).collect();
-    let error = format!(
-        "unknown timer {:?}: this service's config has {}",
-        job.timer().as_str(),
-        known.join(", ")
-    );
-    let attempts = job.attempts.failed(Utc::now(), &error);
-    let why = Parking {
-        kind: ParkReason::UnknownTimer,
-        error,
-        order_id: Some(job.order_id().clone()),
-        attempts,
-        timer: None,
-    };
-    park(ctx, job.delivery, why).await;
 }
 
 /// Why a delivery is parked: its park record (`x-error`, `x-error-kind`,
@@ -137,7 +114,8 @@ pub(crate) async fn park(ctx: &Context, delivery: Delivery, why: Parking) {
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot park a message; returning it to the queue");
-            requeue(&ctx.acks, &delivery, &ctx.metrics).await;
+            ctx.metrics.requeued();
+            let _ = ctx.acks.requeue(delivery.delivery_tag).await;
         }
     }
 }

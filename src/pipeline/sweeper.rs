@@ -45,10 +45,10 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 
 use super::cancel::set_aside;
-use super::context::Worker;
 use super::failure::Failure;
 use super::finish::{self, Pending};
 use super::park::park_row;
+use super::worker::Worker;
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::SweepResult;
 use crate::shutdown::Shutdown;

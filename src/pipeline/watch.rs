@@ -30,9 +30,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::{StreamExt, TryStreamExt, stream};
 
-use super::context::{Context, Delayed, Worker};
+use super::context::{Context, Delayed};
 use super::failure::Failure;
-use super::schedule::HOLD_BELOW;
+use super::job::HOLD_BELOW;
+use super::worker::Worker;
 use crate::broker::headers::Attempts;
 use crate::message::{Deadline, OrderId, TimeoutRequest};
 use crate::shutdown::Shutdown;

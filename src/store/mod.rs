@@ -32,9 +32,12 @@ use crate::message::OrderId;
 use crate::settings::{ConfigError, SecretUrl, Settings, Timer, TimerName};
 
 mod catalog;
+mod error;
 mod ids;
 mod mysql;
 mod outbox;
+#[cfg(test)]
+mod outbox_words_tests;
 mod postgres;
 mod releases;
 mod shape;
@@ -42,9 +45,9 @@ mod sql;
 mod state;
 mod tls;
 
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use error::StoreError;
 pub(crate) use ids::IdRejected;
-#[cfg(feature = "testing")]
-pub use outbox::stale_statement_for_explain;
 pub(crate) use releases::{Expansion, Migrated};
 pub(crate) use shape::{IdKind, SchemaReport};
 #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -530,55 +533,6 @@ impl Dialect {
     }
 }
 
-/// Errors talking to the database.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The URL does not parse.
-    #[error("invalid DATABASE_URL {url}: {error}")]
-    Url {
-        /// The URL (its password redacted when shown).
-        url: SecretUrl,
-        /// The driver's complaint.
-        error: sqlx::Error,
-    },
-    /// A TLS file the URL names (`sslrootcert`, `ssl-ca`, `sslcert`,
-    /// `sslkey`, …) cannot be used.
-    #[error("{0}")]
-    Tls(crate::tls::TlsFileError),
-    /// The URL names a CA or client certificate but no TLS mode, which
-    /// would mean "prefer": TLS without verifying the server against it.
-    #[error(
-        "DATABASE_URL {url}: {param} needs a TLS mode: add sslmode=verify-full (PostgreSQL) or ssl-mode=VERIFY_IDENTITY (MySQL), or verify-ca/VERIFY_CA"
-    )]
-    TlsWithoutMode {
-        /// The URL (its password redacted when shown).
-        url: SecretUrl,
-        /// The parameter that names a file.
-        param: String,
-    },
-    /// The URL names a database this service does not speak.
-    #[error("unsupported DATABASE_URL {url}: expected postgres:// or mysql://")]
-    Scheme {
-        /// The URL (its password redacted when shown).
-        url: SecretUrl,
-    },
-    /// A query or connection failed; transient as far as we can tell.
-    #[error("database: {0}")]
-    Sql(sqlx::Error),
-    /// Applying migrations failed.
-    #[error("migrations: {0}")]
-    Migrate(sqlx::migrate::MigrateError),
-    /// The configured mapping does not fit the shop's schema: a
-    /// configuration error, not transient.
-    #[error("config {key}: {problem}")]
-    Schema {
-        /// The config key, e.g. `[orders].deadline`.
-        key: &'static str,
-        /// What does not fit.
-        problem: String,
-    },
-}
-
 /// How often a cancel transaction that the database chose as a deadlock
 /// victim is run again at once, before the failure goes to the retry
 /// policy (which would cost the batch a second or more).
@@ -727,18 +681,6 @@ impl StoreError {
 
 // Hand-written (not `#[from]`) so the inner error is shown once, in the
 // message, and not again as a `source` in `{:#}` chains.
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Sql(e)
-    }
-}
-
-impl From<sqlx::migrate::MigrateError> for StoreError {
-    fn from(e: sqlx::migrate::MigrateError) -> Self {
-        Self::Migrate(e)
-    }
-}
-
 /// Where an order stands after [`OrderStore::cancel_due`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OrderState {
@@ -845,6 +787,21 @@ pub struct OutboxFailure<'a> {
     pub release: bool,
     /// Waiting cannot fix it (the inventory refused the release for good).
     pub permanent: bool,
+}
+
+/// The sweep's outbox scan as the sweeper runs it on `dialect`, with its
+/// values written in: for a test that asks the database for its plan.
+#[cfg(feature = "testing")]
+pub fn stale_statement_for_explain(
+    dialect: Dialect,
+    timer: &str,
+    grace: Duration,
+    limit: u32,
+) -> String {
+    match dialect {
+        Dialect::Postgres => outbox::stale_written_in::<postgres::Postgres>(timer, grace, limit),
+        Dialect::MySql => outbox::stale_written_in::<mysql::MySql>(timer, grace, limit),
+    }
 }
 
 /// What comes after a failed attempt at an outbox row's work.

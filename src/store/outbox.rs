@@ -12,18 +12,19 @@
 //! where it stands and is bound in that order ([`render`]), so no template
 //! can bind a value in the wrong place: an id list becomes `= ANY($n)` (one
 //! array) on PostgreSQL and `IN (?, …)` on MySQL, a duration an interval.
-//! Each dialect runs a rendered [`Statement`] with its own driver
-//! ([`super::sql::SqlDialect::execute`], [`super::sql::SqlDialect::fetch`]).
+//! A store runs a rendered [`Statement`] with its dialect's driver
+//! ([`OwnTables`]).
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::sql::{SqlDialect, SqlStore};
 use super::{Dialect, NextAttempt, StoreError, WatchMark};
 
 /// The words in which the dialects differ, for the templates here.
 pub(crate) trait Vocabulary {
+    /// The dialect.
+    const DIALECT: Dialect;
     /// The database's clock as a UTC instant: `now()`, `UTC_TIMESTAMP(6)`.
     const NOW: &'static str;
     /// The outbox's order id read as text.
@@ -62,6 +63,26 @@ impl<T> OwnRow for T where
         + Send
         + Unpin
 {
+}
+
+/// A store of one timer, as the statements here need it: its dialect's
+/// words, its timer's name (every statement is scoped by it), and a driver
+/// that runs a rendered statement.
+pub(crate) trait OwnTables: Send + Sync {
+    /// The dialect's words.
+    type Words: Vocabulary;
+    /// The timer's name.
+    fn timer_name(&self) -> &str;
+    /// Runs a statement; the rows it changed.
+    fn execute(
+        &self,
+        statement: Statement<'_>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Runs a query; its rows.
+    fn fetch<T: OwnRow>(
+        &self,
+        statement: Statement<'_>,
+    ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send;
 }
 
 /// A value a template binds.
@@ -212,7 +233,7 @@ DELETE FROM order_timeout_cancel_outbox \
  ORDER BY created_at LIMIT {limit}";
 
 /// Gives back the leases of the rows `ids`.
-const RELEASE_LEASES: &str = "\
+pub(super) const RELEASE_LEASES: &str = "\
 UPDATE order_timeout_cancel_outbox SET claimed_until = NULL \
  WHERE timer = {timer} AND order_id {ids}";
 
@@ -244,7 +265,7 @@ const WATCH_CREATE: &str = "\
 INSERT INTO order_timeout_watch (timer, scanned_until) VALUES ({timer}, {now}) {keep_existing}";
 
 /// The watch's lease, taken if it is free, ran out, or is the holder's.
-const WATCH_TAKE: &str = "\
+pub(super) const WATCH_TAKE: &str = "\
 UPDATE order_timeout_watch SET holder = {holder}, lease_until = {now} + {lease} \
  WHERE timer = {timer} \
    AND (holder = {holder} OR lease_until IS NULL OR lease_until <= {now})";
@@ -263,18 +284,18 @@ const WATCH_RELEASE: &str = "\
 UPDATE order_timeout_watch SET lease_until = NULL WHERE timer = {timer} AND holder = {holder}";
 
 /// The timer's name, the value every statement here is scoped by.
-fn timer<D: SqlDialect>(store: &SqlStore<D>) -> Value<'_> {
-    Value::Text(store.timer.name.as_str())
+fn timer<S: OwnTables>(store: &S) -> Value<'_> {
+    Value::Text(store.timer_name())
 }
 
 /// Ids of outbox rows with work pending after `grace` and no live lease,
 /// oldest due first.
-pub(crate) async fn stale<D: SqlDialect>(
-    store: &SqlStore<D>,
+pub(crate) async fn stale<S: OwnTables>(
+    store: &S,
     grace: Duration,
     limit: u32,
 ) -> Result<Vec<String>, StoreError> {
-    let statement = render::<D>(
+    let statement = render::<S::Words>(
         STALE,
         &[
             ("timer", timer(store)),
@@ -282,19 +303,19 @@ pub(crate) async fn stale<D: SqlDialect>(
             ("limit", int(limit)),
         ],
     );
-    let rows: Vec<(String,)> = D::fetch(store, statement).await?;
+    let rows: Vec<(String,)> = store.fetch(statement).await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())
 }
 
 /// Counts a failed attempt (`attempts` + 1, `last_error`) for each
 /// `(id, error)`, one statement per distinct error (a batch that failed
 /// together usually shares one), and returns the rows' attempts so far.
-pub(crate) async fn count_failures<D: SqlDialect>(
-    store: &SqlStore<D>,
+pub(crate) async fn count_failures<S: OwnTables>(
+    store: &S,
     failures: &[(&str, &str)],
 ) -> Result<Vec<(String, i32)>, StoreError> {
     for (error, ids) in grouped(failures.iter().map(|(id, error)| (*error, *id))) {
-        let statement = render::<D>(
+        let statement = render::<S::Words>(
             COUNT_FAILURE,
             &[
                 ("error", Value::Text(error)),
@@ -302,20 +323,20 @@ pub(crate) async fn count_failures<D: SqlDialect>(
                 ("ids", Value::Ids(&ids)),
             ],
         );
-        D::execute(store, statement).await?;
+        store.execute(statement).await?;
     }
     let ids: Vec<&str> = failures.iter().map(|(id, _)| *id).collect();
-    let statement = render::<D>(
+    let statement = render::<S::Words>(
         ATTEMPTS,
         &[("timer", timer(store)), ("ids", Value::Ids(&ids))],
     );
-    D::fetch(store, statement).await
+    store.fetch(statement).await
 }
 
 /// Plans each row's next attempt: `next_attempt_at` after the delay, or
 /// given up with the reason; one statement per distinct plan.
-pub(crate) async fn plan_attempts<D: SqlDialect>(
-    store: &SqlStore<D>,
+pub(crate) async fn plan_attempts<S: OwnTables>(
+    store: &S,
     plans: &[(&str, &NextAttempt)],
 ) -> Result<(), StoreError> {
     for (plan, ids) in grouped(plans.iter().map(|(id, plan)| (*plan, *id))) {
@@ -323,27 +344,27 @@ pub(crate) async fn plan_attempts<D: SqlDialect>(
             NextAttempt::After(delay) => (RETRY_AFTER, ("delay", Value::Micros(micros(*delay)))),
             NextAttempt::GiveUp(reason) => (GIVE_UP, ("reason", Value::Text(reason))),
         };
-        let statement = render::<D>(
+        let statement = render::<S::Words>(
             template,
             &[value, ("timer", timer(store)), ("ids", Value::Ids(&ids))],
         );
-        D::execute(store, statement).await?;
+        store.execute(statement).await?;
     }
     Ok(())
 }
 
 /// Deletes at most `limit` finished rows created more than `older_than`
 /// ago, oldest first.
-pub(crate) async fn delete_finished<D: SqlDialect>(
-    store: &SqlStore<D>,
+pub(crate) async fn delete_finished<S: OwnTables>(
+    store: &S,
     older_than: Duration,
     limit: u32,
 ) -> Result<u64, StoreError> {
-    let template = match D::DIALECT {
+    let template = match S::Words::DIALECT {
         Dialect::Postgres => DELETE_FINISHED_POSTGRES,
         Dialect::MySql => DELETE_FINISHED_MYSQL,
     };
-    let statement = render::<D>(
+    let statement = render::<S::Words>(
         template,
         &[
             ("timer", timer(store)),
@@ -351,28 +372,28 @@ pub(crate) async fn delete_finished<D: SqlDialect>(
             ("limit", int(limit)),
         ],
     );
-    D::execute(store, statement).await
+    store.execute(statement).await
 }
 
 /// Clears the leases of the outbox rows `ids`.
-pub(crate) async fn release_leases<D: SqlDialect>(
-    store: &SqlStore<D>,
+pub(crate) async fn release_leases<S: OwnTables>(
+    store: &S,
     ids: &[&str],
 ) -> Result<(), StoreError> {
     if ids.is_empty() {
         return Ok(());
     }
-    let statement = render::<D>(
+    let statement = render::<S::Words>(
         RELEASE_LEASES,
         &[("timer", timer(store)), ("ids", Value::Ids(ids))],
     );
-    D::execute(store, statement).await.map(drop)
+    store.execute(statement).await.map(drop)
 }
 
 /// Marks outbox work done: each row's marks in one statement (the rows
 /// with both, with only the release, with only the event).
-pub(crate) async fn mark_done<D: SqlDialect>(
-    store: &SqlStore<D>,
+pub(crate) async fn mark_done<S: OwnTables>(
+    store: &S,
     released: &[&str],
     published: &[&str],
 ) -> Result<(), StoreError> {
@@ -399,11 +420,11 @@ pub(crate) async fn mark_done<D: SqlDialect>(
         if ids.is_empty() {
             continue;
         }
-        let statement = render::<D>(
+        let statement = render::<S::Words>(
             template,
             &[("timer", timer(store)), ("ids", Value::Ids(ids))],
         );
-        D::execute(store, statement).await?;
+        store.execute(statement).await?;
     }
     Ok(())
 }
@@ -411,13 +432,15 @@ pub(crate) async fn mark_done<D: SqlDialect>(
 /// Takes the timer's watch lease for `holder` (creating the timer's row
 /// at the database's clock the first time) if it is free, ran out, or is
 /// the holder's; where the watch stands, or `None` when another holds it.
-pub(crate) async fn watch_lease<D: SqlDialect>(
-    store: &SqlStore<D>,
+pub(crate) async fn watch_lease<S: OwnTables>(
+    store: &S,
     holder: &str,
     lease: Duration,
 ) -> Result<Option<WatchMark>, StoreError> {
-    D::execute(store, render::<D>(WATCH_CREATE, &[("timer", timer(store))])).await?;
-    let take = render::<D>(
+    store
+        .execute(render::<S::Words>(WATCH_CREATE, &[("timer", timer(store))]))
+        .await?;
+    let take = render::<S::Words>(
         WATCH_TAKE,
         &[
             ("holder", Value::Text(holder)),
@@ -425,12 +448,12 @@ pub(crate) async fn watch_lease<D: SqlDialect>(
             ("timer", timer(store)),
         ],
     );
-    D::execute(store, take).await?;
-    let read = render::<D>(
+    store.execute(take).await?;
+    let read = render::<S::Words>(
         WATCH_READ,
         &[("timer", timer(store)), ("holder", Value::Text(holder))],
     );
-    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = D::fetch(store, read).await?;
+    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = store.fetch(read).await?;
     Ok(rows
         .into_iter()
         .next()
@@ -442,12 +465,12 @@ pub(crate) async fn watch_lease<D: SqlDialect>(
 
 /// Moves the holder's watch on to `until`; `false`: the holder no longer
 /// holds it.
-pub(crate) async fn watch_advance<D: SqlDialect>(
-    store: &SqlStore<D>,
+pub(crate) async fn watch_advance<S: OwnTables>(
+    store: &S,
     holder: &str,
     until: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
-    let statement = render::<D>(
+    let statement = render::<S::Words>(
         WATCH_ADVANCE,
         &[
             ("until", Value::Time(until)),
@@ -455,19 +478,16 @@ pub(crate) async fn watch_advance<D: SqlDialect>(
             ("holder", Value::Text(holder)),
         ],
     );
-    Ok(D::execute(store, statement).await? == 1)
+    Ok(store.execute(statement).await? == 1)
 }
 
 /// Gives the holder's watch lease back.
-pub(crate) async fn watch_release<D: SqlDialect>(
-    store: &SqlStore<D>,
-    holder: &str,
-) -> Result<(), StoreError> {
-    let statement = render::<D>(
+pub(crate) async fn watch_release<S: OwnTables>(store: &S, holder: &str) -> Result<(), StoreError> {
+    let statement = render::<S::Words>(
         WATCH_RELEASE,
         &[("timer", timer(store)), ("holder", Value::Text(holder))],
     );
-    D::execute(store, statement).await.map(drop)
+    store.execute(statement).await.map(drop)
 }
 
 /// `(key, id)` pairs grouped by key, in the order keys first appear.
@@ -482,25 +502,17 @@ fn grouped<'a, K: PartialEq>(pairs: impl Iterator<Item = (K, &'a str)>) -> Vec<(
     groups
 }
 
-/// The statement of the sweep's outbox scan as the sweeper runs it, with its values
-/// written in: for a test that asks the database for the statement's plan.
+/// The statement of the sweep's outbox scan as the sweeper runs it, with
+/// its values written in: for a test that asks the database for the
+/// statement's plan ([`super::stale_statement_for_explain`]).
 #[cfg(feature = "testing")]
-pub fn stale_statement_for_explain(
-    dialect: Dialect,
-    timer: &str,
-    grace: Duration,
-    limit: u32,
-) -> String {
+pub(crate) fn stale_written_in<V: Vocabulary>(timer: &str, grace: Duration, limit: u32) -> String {
     let values = [
         ("timer", Value::Text(timer)),
         ("grace", Value::Micros(micros(grace))),
         ("limit", int(limit)),
     ];
-    let statement = match dialect {
-        Dialect::Postgres => render::<super::postgres::Postgres>(STALE, &values),
-        Dialect::MySql => render::<super::mysql::MySql>(STALE, &values),
-    };
-    with_values_written_in(dialect, &statement)
+    with_values_written_in(V::DIALECT, &render::<V>(STALE, &values))
 }
 
 /// `statement` with its values as literals instead of placeholders.
@@ -537,105 +549,31 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
     out
 }
 
+/// Every template, for the tests that render them on each dialect
+/// (`store/mod.rs`).
+#[cfg(test)]
+pub(super) const TEMPLATES: [&str; 16] = [
+    STALE,
+    COUNT_FAILURE,
+    ATTEMPTS,
+    RETRY_AFTER,
+    GIVE_UP,
+    DELETE_FINISHED_POSTGRES,
+    DELETE_FINISHED_MYSQL,
+    RELEASE_LEASES,
+    MARK_BOTH,
+    MARK_RELEASED,
+    MARK_PUBLISHED,
+    WATCH_CREATE,
+    WATCH_TAKE,
+    WATCH_READ,
+    WATCH_ADVANCE,
+    WATCH_RELEASE,
+];
+
 #[cfg(test)]
 mod tests {
-    use super::super::mysql::MySql;
-    use super::super::postgres::Postgres;
     use super::*;
-
-    const ALL: [&str; 16] = [
-        STALE,
-        COUNT_FAILURE,
-        ATTEMPTS,
-        RETRY_AFTER,
-        GIVE_UP,
-        DELETE_FINISHED_POSTGRES,
-        DELETE_FINISHED_MYSQL,
-        RELEASE_LEASES,
-        MARK_BOTH,
-        MARK_RELEASED,
-        MARK_PUBLISHED,
-        WATCH_CREATE,
-        WATCH_TAKE,
-        WATCH_READ,
-        WATCH_ADVANCE,
-        WATCH_RELEASE,
-    ];
-
-    /// Every value any template names.
-    fn values() -> Vec<(&'static str, Value<'static>)> {
-        const IDS: &[&str] = &["a", "b", "c"];
-        vec![
-            ("timer", Value::Text("cancel_unpaid")),
-            ("grace", Value::Micros(1)),
-            ("age", Value::Micros(2)),
-            ("delay", Value::Micros(3)),
-            ("lease", Value::Micros(4)),
-            ("limit", Value::Int(5)),
-            ("error", Value::Text("e")),
-            ("reason", Value::Text("r")),
-            ("holder", Value::Text("h")),
-            ("until", Value::Time(DateTime::UNIX_EPOCH)),
-            ("ids", Value::Ids(IDS)),
-        ]
-    }
-
-    #[test]
-    fn every_slot_of_every_template_is_filled_on_both_dialects() {
-        for template in ALL {
-            for sql in [
-                render::<Postgres>(template, &values()).sql,
-                render::<MySql>(template, &values()).sql,
-            ] {
-                assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
-            }
-        }
-    }
-
-    #[test]
-    fn values_are_bound_in_the_order_their_placeholders_stand() {
-        let values = [
-            ("holder", Value::Text("me")),
-            ("lease", Value::Micros(7)),
-            ("timer", Value::Text("t")),
-        ];
-        let pg = render::<Postgres>(WATCH_TAKE, &values);
-        for part in [
-            "SET holder = $1,",
-            "lease_until = now() + ($2 * interval '1 microsecond')",
-            "WHERE timer = $3",
-            "(holder = $4 OR",
-        ] {
-            assert!(pg.sql.contains(part), "{part} in {}", pg.sql);
-        }
-        let names: Vec<String> = pg.values.iter().map(|v| format!("{v:?}")).collect();
-        assert_eq!(
-            names,
-            ["Text(\"me\")", "Micros(7)", "Text(\"t\")", "Text(\"me\")"]
-        );
-        let my = render::<MySql>(WATCH_TAKE, &values);
-        assert_eq!(my.sql.matches('?').count(), my.values.len());
-        assert!(my.sql.contains("UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"));
-    }
-
-    #[test]
-    fn an_id_list_is_one_array_on_postgres_and_a_placeholder_each_on_mysql() {
-        let ids = ["a", "b", "c"];
-        let values = [("timer", Value::Text("t")), ("ids", Value::Ids(&ids))];
-        let pg = render::<Postgres>(RELEASE_LEASES, &values);
-        assert!(
-            pg.sql.ends_with("WHERE timer = $1 AND order_id = ANY($2)"),
-            "{}",
-            pg.sql
-        );
-        let my = render::<MySql>(RELEASE_LEASES, &values);
-        assert!(
-            my.sql
-                .ends_with("WHERE timer = ? AND order_id IN (?, ?, ?)"),
-            "{}",
-            my.sql
-        );
-    }
 
     #[test]
     fn rows_are_grouped_by_what_happens_to_them_in_first_seen_order() {

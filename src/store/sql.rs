@@ -23,12 +23,12 @@ use tokio::sync::OnceCell;
 
 use super::catalog::Columns;
 use super::ids::{IdColumn, IdRejected, IdValue};
-use super::outbox::{self, OwnRow, Statement, Vocabulary};
+use super::outbox::{self, OwnRow, OwnTables, Statement, Vocabulary};
 use super::releases::{self, Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
-    Dialect, NextAttempt, OrderFailure, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
+    NextAttempt, OrderFailure, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
     PoolSettings, RowCursor, StoreError, WatchMark,
 };
 use crate::message::OrderId;
@@ -39,8 +39,6 @@ use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
 pub(crate) trait SqlDialect:
     Vocabulary + fmt::Debug + Send + Sync + Sized + 'static
 {
-    /// Which dialect this is.
-    const DIALECT: Dialect;
     /// How many order ids one cancel transaction can carry
     /// ([`super::max_batch_ids`]).
     const MAX_BATCH_IDS: usize;
@@ -651,6 +649,23 @@ impl<D: SqlDialect> Prepared<D> {
             key: "[items].order_id",
             problem: format!("order id {id:?} does not fit the column: {rejected}"),
         })
+    }
+}
+
+/// What the statements of the service's own tables (`outbox.rs`) run on.
+impl<D: SqlDialect> OwnTables for SqlStore<D> {
+    type Words = D;
+
+    fn timer_name(&self) -> &str {
+        self.timer.name.as_str()
+    }
+
+    async fn execute(&self, statement: Statement<'_>) -> Result<u64, StoreError> {
+        D::execute(self, statement).await
+    }
+
+    async fn fetch<T: OwnRow>(&self, statement: Statement<'_>) -> Result<Vec<T>, StoreError> {
+        D::fetch(self, statement).await
     }
 }
 

@@ -173,7 +173,6 @@ async fn set_timeouts(conn: &mut sqlx::MySqlConnection, pool: PoolSettings) -> s
 }
 
 impl SqlDialect for MySql {
-    const DIALECT: Dialect = Dialect::MySql;
     type Db = sqlx::MySql;
     type Statements = Sql;
     /// Its statements bind one placeholder per id, the outbox insert four.
@@ -575,6 +574,7 @@ impl SqlDialect for MySql {
 
 /// MySQL's words for the statements of the service's own tables.
 impl Vocabulary for MySql {
+    const DIALECT: Dialect = Dialect::MySql;
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
     /// The column is `VARBINARY` (ids compare byte for byte).
     const ORDER_ID: &'static str = "CAST(order_id AS CHAR)";

@@ -37,7 +37,11 @@ mod cancel;
 mod statements;
 
 use binding::{AlsoParam, parameter_types};
-use statements::Sql;
+use cancel::cancel_statement;
+use statements::{
+    Parts, count_statement, due_statement, items_statement, overdue_statement, prune_statement,
+    set_aside_statement, waiting_page_statement,
+};
 
 /// PostgreSQL, as a [`SqlDialect`].
 #[derive(Debug)]
@@ -132,7 +136,6 @@ fn text(value: &StatusValue) -> String {
 }
 
 impl SqlDialect for Postgres {
-    const DIALECT: Dialect = Dialect::Postgres;
     type Db = sqlx::Postgres;
     type Statements = Sql;
     /// The ids travel as one array parameter: no placeholder limit.
@@ -459,6 +462,7 @@ impl SqlDialect for Postgres {
 
 /// PostgreSQL's words for the statements of the service's own tables.
 impl Vocabulary for Postgres {
+    const DIALECT: Dialect = Dialect::Postgres;
     const NOW: &'static str = "now()";
     const ORDER_ID: &'static str = "order_id";
     /// The predicate of the partial index `order_timeout_cancel_outbox_due`
@@ -500,4 +504,47 @@ fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreE
         .map_err(|e| StoreError::Sql(sqlx::Error::Encode(e)))?;
     }
     Ok(out)
+}
+
+/// The statements, rendered from the mapping.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    /// `$1` ids (text[]), `$2` to (cancelled), `$3` from (unpaid), `$4`
+    /// paid (text, nullable), `$5` lease (interval), `$6` nothing to
+    /// release (bool), `$7` the timer's name (its outbox rows).
+    pub(super) cancel: String,
+    /// `$1` from: rows in it passing the guard, and how many are due.
+    pub(super) count: String,
+    /// `$1` ids (text[]) → order id, sku, quantity.
+    pub(super) items: Option<String>,
+    /// `$1` from, `$2` grace (interval), `$3` limit, `$4` after deadline
+    /// (nullable), `$5` after id at that deadline (text, nullable), `$6`
+    /// the timer's name.
+    pub(super) overdue: String,
+    /// `$1` the id (text[] of one), `$2` the timer's name, `$3` reason.
+    pub(super) set_aside: String,
+    /// `$1` from, `$2` the timer's name.
+    pub(super) prune: String,
+    /// `$1` from, `$2` after id (text, nullable), `$3` limit.
+    pub(super) waiting_page: String,
+    /// A watch's scan: `$1` from, `$2` after deadline, `$3` after id at
+    /// that deadline (text, nullable), `$4` until, `$5` limit. Only for a
+    /// timer with a watch.
+    pub(super) due: Option<String>,
+}
+
+impl Sql {
+    pub(super) fn render(timer: &Timer, orders: &OrdersColumns, items_base: Option<&str>) -> Self {
+        let p = Parts::of(timer, orders);
+        Self {
+            cancel: cancel_statement(&p, timer),
+            count: count_statement(&p),
+            items: items_base.map(|base| items_statement(timer, base)),
+            overdue: overdue_statement(&p),
+            set_aside: set_aside_statement(&p),
+            prune: prune_statement(&p),
+            waiting_page: waiting_page_statement(&p),
+            due: timer.watch.map(|_| due_statement(&p)),
+        }
+    }
 }

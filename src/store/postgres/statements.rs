@@ -1,37 +1,9 @@
 //! PostgreSQL's statements, rendered once from the mapping ([`Sql`]):
 //! ids and status codes bound as text and cast to the columns' own types.
 
-use super::cancel::cancel_statement;
 use crate::settings::Timer;
 use crate::store::Dialect;
 use crate::store::shape::{self, OrdersColumns};
-
-/// The statements, rendered from the mapping.
-#[derive(Debug)]
-pub(crate) struct Sql {
-    /// `$1` ids (text[]), `$2` to (cancelled), `$3` from (unpaid), `$4`
-    /// paid (text, nullable), `$5` lease (interval), `$6` nothing to
-    /// release (bool), `$7` the timer's name (its outbox rows).
-    pub(super) cancel: String,
-    /// `$1` from: rows in it passing the guard, and how many are due.
-    pub(super) count: String,
-    /// `$1` ids (text[]) → order id, sku, quantity.
-    pub(super) items: Option<String>,
-    /// `$1` from, `$2` grace (interval), `$3` limit, `$4` after deadline
-    /// (nullable), `$5` after id at that deadline (text, nullable), `$6`
-    /// the timer's name.
-    pub(super) overdue: String,
-    /// `$1` the id (text[] of one), `$2` the timer's name, `$3` reason.
-    pub(super) set_aside: String,
-    /// `$1` from, `$2` the timer's name.
-    pub(super) prune: String,
-    /// `$1` from, `$2` after id (text, nullable), `$3` limit.
-    pub(super) waiting_page: String,
-    /// A watch's scan: `$1` from, `$2` after deadline, `$3` after id at
-    /// that deadline (text, nullable), `$4` until, `$5` limit. Only for a
-    /// timer with a watch.
-    pub(super) due: Option<String>,
-}
 
 /// The pieces of the mapping every statement is rendered from.
 pub(super) struct Parts {
@@ -75,22 +47,6 @@ impl Parts {
             "o.{id} = ANY(CAST($1::text[] AS {id_base}[])) \
              AND (o.{id}::text COLLATE \"C\") = ANY($1::text[])"
         )
-    }
-}
-
-impl Sql {
-    pub(super) fn render(timer: &Timer, orders: &OrdersColumns, items_base: Option<&str>) -> Self {
-        let p = Parts::of(timer, orders);
-        Self {
-            cancel: cancel_statement(&p, timer),
-            count: count_statement(&p),
-            items: items_base.map(|base| items_statement(timer, base)),
-            overdue: overdue_statement(&p),
-            set_aside: set_aside_statement(&p),
-            prune: prune_statement(&p),
-            waiting_page: waiting_page_statement(&p),
-            due: timer.watch.map(|_| due_statement(&p)),
-        }
     }
 }
 
