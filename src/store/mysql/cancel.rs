@@ -144,7 +144,7 @@ pub(super) async fn cancel_in(
             .collect(),
         false => Vec::new(),
     };
-    let held = match skipped.is_empty() {
+    let mut held = match skipped.is_empty() {
         true => HashMap::new(),
         false => {
             let sql = &prepared.sql.read_orders;
@@ -152,6 +152,7 @@ pub(super) async fn cancel_in(
         }
     };
     let outbox = lock_outbox(tx, &store.timer, ids).await?;
+    relock_cancelled_meanwhile(tx, store, prepared, &mut held, &outbox, &mut orders).await?;
     // After the locks: a cancel that waited for a row the shop held is
     // timed when it happened, not when it began waiting.
     let db_now = utc_now(tx).await?;
@@ -182,6 +183,36 @@ pub(super) async fn cancel_in(
     findings.taken = take_over(tx, &store.timer, ids, &findings.outbox, lease).await?;
     let none = store.timer.release == Release::None;
     Ok(ids.iter().map(|id| findings.state_row(id, none)).collect())
+}
+
+/// A skipped row with an outbox row was, most likely, being cancelled by
+/// another worker: locking the outbox waited for that transaction's
+/// commit, and the row's facts read before (its last committed version,
+/// unpaid) are stale. Those rows are locked and read again, now at their
+/// latest version (a locking read sees it; the snapshot does not), and
+/// replace what was read; one still held stays held.
+async fn relock_cancelled_meanwhile(
+    tx: &mut Tx,
+    store: &MySqlStore,
+    prepared: &Prepared<MySql>,
+    held: &mut HashMap<String, LockedOrder>,
+    outbox: &HashMap<String, LockedOutbox>,
+    orders: &mut HashMap<String, LockedOrder>,
+) -> Result<(), StoreError> {
+    let again: Vec<String> = held
+        .keys()
+        .filter(|id| outbox.contains_key(*id))
+        .cloned()
+        .collect();
+    if again.is_empty() {
+        return Ok(());
+    }
+    let again: Vec<&str> = again.iter().map(String::as_str).collect();
+    for (id, row) in lock_orders(tx, store, prepared, &again).await? {
+        held.remove(&id);
+        orders.insert(id, row);
+    }
+    Ok(())
 }
 
 /// The database's UTC clock.
