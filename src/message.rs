@@ -292,43 +292,9 @@ impl TimeoutRequest {
         let order_id =
             OrderId::from_json(fields.get("order_id").ok_or(MessageError::MissingOrderId)?)?;
         let timer = parse_timer(fields.get("timer"))?;
-
-        let present = |name: &str| fields.get(name).is_some_and(|v| !v.is_null());
-        let deadline = match (
-            present("cancel_at"),
-            present("created_at"),
-            present("timeout_ms"),
-        ) {
-            (false, false, false) => Deadline::FromOrderRow,
-            (true, false, false) => Deadline::At(parse_instant("cancel_at", &fields["cancel_at"])?),
-            (false, true, true) => {
-                let created = parse_instant("created_at", &fields["created_at"])?;
-                let timeout = parse_timeout_ms(&fields["timeout_ms"])?;
-                let at = created + timeout;
-                check_year("created_at + timeout_ms", at)?;
-                Deadline::At(at)
-            }
-            (true, _, _) => {
-                return Err(MessageError::Ambiguous(
-                    "cancel_at given together with created_at/timeout_ms; send one form",
-                ));
-            }
-            (false, true, false) => {
-                return Err(MessageError::InvalidField {
-                    field: "timeout_ms",
-                    reason: "missing (created_at needs timeout_ms)".into(),
-                });
-            }
-            (false, false, true) => {
-                return Err(MessageError::InvalidField {
-                    field: "created_at",
-                    reason: "missing (timeout_ms needs created_at)".into(),
-                });
-            }
-        };
         Ok(Self {
             order_id,
-            deadline,
+            deadline: parse_deadline(&fields)?,
             timer,
         })
     }
@@ -387,6 +353,47 @@ fn parse_instant(field: &'static str, value: &Value) -> Result<DateTime<Utc>, Me
         .with_timezone(&Utc);
     check_year(field, at)?;
     Ok(at)
+}
+
+/// The deadline a JSON object gives: `cancel_at`, or `created_at` plus
+/// `timeout_ms`, or neither (the row's deadline); both forms, or half of
+/// the second, are refused.
+fn parse_deadline(fields: &serde_json::Map<String, Value>) -> Result<Deadline, MessageError> {
+    let present = |name: &str| fields.get(name).is_some_and(|v| !v.is_null());
+    Ok(
+        match (
+            present("cancel_at"),
+            present("created_at"),
+            present("timeout_ms"),
+        ) {
+            (false, false, false) => Deadline::FromOrderRow,
+            (true, false, false) => Deadline::At(parse_instant("cancel_at", &fields["cancel_at"])?),
+            (false, true, true) => {
+                let created = parse_instant("created_at", &fields["created_at"])?;
+                let timeout = parse_timeout_ms(&fields["timeout_ms"])?;
+                let at = created + timeout;
+                check_year("created_at + timeout_ms", at)?;
+                Deadline::At(at)
+            }
+            (true, _, _) => {
+                return Err(MessageError::Ambiguous(
+                    "cancel_at given together with created_at/timeout_ms; send one form",
+                ));
+            }
+            (false, true, false) => {
+                return Err(MessageError::InvalidField {
+                    field: "timeout_ms",
+                    reason: "missing (created_at needs timeout_ms)".into(),
+                });
+            }
+            (false, false, true) => {
+                return Err(MessageError::InvalidField {
+                    field: "created_at",
+                    reason: "missing (timeout_ms needs created_at)".into(),
+                });
+            }
+        },
+    )
 }
 
 /// The `timer` field: absent or null is the default timer; otherwise a
@@ -537,6 +544,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // one table of cases
     fn rejects_bad_bodies_with_a_clear_reason() {
         let cases: &[(&[u8], &str)] = &[
             (b"", "empty"),

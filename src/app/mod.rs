@@ -119,22 +119,7 @@ impl Service {
             cascade_shards = settings.cascade_shards.get(),
             "starting order-timeout"
         );
-        let recent = Arc::new(Recent::default());
-        tokio::spawn(recent.clone().record(metrics.clone(), shutdown.clone()));
-        let console = console::router(Console::new(
-            &settings,
-            health.clone(),
-            metrics.clone(),
-            recent,
-            board.clone(),
-        ));
-        let http_task = tokio::spawn(http::serve(
-            listener,
-            health.clone(),
-            console,
-            shutdown.clone(),
-        ));
-        tokio::spawn(http::refresh_readiness(health.clone(), shutdown.clone()));
+        let http_task = serve_http(&settings, listener, &health, &metrics, &board, &shutdown);
         if !prepare_stores(&stores, &shutdown).await? {
             return Ok(());
         }
@@ -300,4 +285,34 @@ impl RunningService {
         self.shutdown.trigger();
         self.handle.await?
     }
+}
+
+/// Starts what the HTTP port serves (`/metrics`, `/healthz`, `/readyz`,
+/// the console, with its record of recent minutes) and the readiness
+/// refresher; the server's task, which ends with `shutdown`.
+fn serve_http(
+    settings: &Settings,
+    listener: tokio::net::TcpListener,
+    health: &Arc<Health>,
+    metrics: &Arc<Metrics>,
+    board: &Arc<PendingBoard>,
+    shutdown: &Shutdown,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let recent = Arc::new(Recent::default());
+    tokio::spawn(recent.clone().record(metrics.clone(), shutdown.clone()));
+    let console = console::router(Console::new(
+        settings,
+        health.clone(),
+        metrics.clone(),
+        recent,
+        board.clone(),
+    ));
+    let http_task = tokio::spawn(http::serve(
+        listener,
+        health.clone(),
+        console,
+        shutdown.clone(),
+    ));
+    tokio::spawn(http::refresh_readiness(health.clone(), shutdown.clone()));
+    http_task
 }

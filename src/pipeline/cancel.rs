@@ -235,14 +235,7 @@ async fn settle(
                 // keep looking until the lease runs out (the worker crashed)
                 // and this delivery can take over.
                 tracing::debug!(order_id = %id, %until, "release in progress elsewhere; checking again shortly");
-                let at = until
-                    .checked_add_signed(chrono::Duration::milliseconds(100))
-                    .unwrap_or(until)
-                    .min(
-                        db_now
-                            .checked_add_signed(chrono::Duration::seconds(1))
-                            .unwrap_or(db_now),
-                    );
+                let at = leased_look_again_at(until, db_now);
                 worker
                     .wait_again(jobs, at, db_now, Outcome::AlreadyCancelled)
                     .await;
@@ -252,9 +245,7 @@ async fn settle(
                 // flight). Never acked as done, never parked for it.
                 let wait = locked_wait(expires_at, db_now);
                 tracing::debug!(order_id = %id, ?wait, "the order's row is held by another transaction; skipped, asking again shortly");
-                let at = db_now
-                    .checked_add_signed(chrono::Duration::from_std(wait).unwrap_or_default())
-                    .unwrap_or(db_now);
+                let at = after(db_now, wait);
                 worker
                     .wait_again_as(jobs, at, db_now, Outcome::Locked, Outcome::Duplicate)
                     .await;
@@ -270,6 +261,20 @@ async fn settle(
         worker.retry_later(jobs, Failure::NoState(id));
     }
     contended
+}
+
+/// When to look again at an order whose release another worker holds the
+/// lease of: 100 ms after the lease ends, and at most a second from now.
+fn leased_look_again_at(until: DateTime<Utc>, db_now: DateTime<Utc>) -> DateTime<Utc> {
+    after(until, Duration::from_millis(100)).min(after(db_now, Duration::from_secs(1)))
+}
+
+/// `wait` after `at` (`at` itself past the representable range).
+fn after(at: DateTime<Utc>, wait: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(wait)
+        .ok()
+        .and_then(|wait| at.checked_add_signed(wait))
+        .unwrap_or(at)
 }
 
 /// An order whose cancel transaction failed on its own: a failure waiting

@@ -169,6 +169,12 @@ async fn dispatch(
         in_flight,
         span,
     };
+    route(ctx, job, due, tracker).await;
+}
+
+/// A parsed job's way on: parked when its timer is not configured, sent
+/// toward its deadline when that is still ahead, else to the batcher.
+async fn route(ctx: &Arc<Context>, job: Job, due: &mpsc::Sender<Job>, tracker: &TaskTracker) {
     if ctx.stores.get(job.timer()).is_none() {
         // Counted in flight by the job until it is parked.
         let ctx = ctx.clone();

@@ -115,7 +115,7 @@ impl Settings {
     }
 
     /// Intervals and timeouts that a zero would turn into a busy loop or an
-    /// instant failure, and a retry ceiling not below its base.
+    /// instant failure; then their ceilings.
     fn check_durations(&self) -> Result<(), ConfigError> {
         let s = &self.sweeper;
         let mut positive: Vec<(&'static str, Duration)> = vec![
@@ -138,6 +138,14 @@ impl Settings {
                 return Err(invalid(key, "must be longer than 0s".into()));
             }
         }
+        self.check_duration_ceilings()
+    }
+
+    /// No duration past what the databases and the clock carry
+    /// ([`MAX_DURATION`]), a batch linger within its bound, and a retry
+    /// ceiling not below its base.
+    fn check_duration_ceilings(&self) -> Result<(), ConfigError> {
+        let s = &self.sweeper;
         let every: [(&'static str, Duration); 14] = [
             ("inventory_timeout", self.inventory_timeout),
             ("db_lock_timeout", self.db_lock_timeout),

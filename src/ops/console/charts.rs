@@ -276,32 +276,43 @@ pub(super) fn lateness_chart(
         empty_note(&mut svg, "no row flipped in the last hour");
     }
     for (name, color, points) in [("p50", BLUE, &p50), ("p99", ORANGE, &p99)] {
-        // One line per run of consecutive minutes with a value.
-        for run in points.split(Option::is_none).filter(|r| r.len() > 1) {
-            let coords: Vec<String> = run
-                .iter()
-                .flatten()
-                .map(|(i, v)| format!("{:.1},{:.1}", Hour::x(*i), scale.y(*v)))
-                .collect();
-            let _ = write!(
-                svg,
-                "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
-                coords.join(" ")
-            );
-        }
-        for (i, v) in points.iter().flatten() {
-            let _ = write!(
-                svg,
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{color}\"><title>{} UTC: {name} {}</title></circle>",
-                Hour::x(*i),
-                scale.y(*v),
-                hour.minute(*i).format("%H:%M"),
-                lateness(*v)
-            );
-        }
+        quantile_line(&mut svg, &hour, &scale, (name, color), points);
     }
     svg.push_str("</svg>");
     svg
+}
+
+/// One quantile's line (a polyline per run of consecutive minutes with a
+/// value) and its points, each titled with its minute and figure.
+fn quantile_line(
+    svg: &mut String,
+    hour: &Hour<'_>,
+    scale: &LogScale,
+    (name, color): (&str, &str),
+    points: &Points,
+) {
+    for run in points.split(Option::is_none).filter(|r| r.len() > 1) {
+        let coords: Vec<String> = run
+            .iter()
+            .flatten()
+            .map(|(i, v)| format!("{:.1},{:.1}", Hour::x(*i), scale.y(*v)))
+            .collect();
+        let _ = write!(
+            svg,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
+            coords.join(" ")
+        );
+    }
+    for (i, v) in points.iter().flatten() {
+        let _ = write!(
+            svg,
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{color}\"><title>{} UTC: {name} {}</title></circle>",
+            Hour::x(*i),
+            scale.y(*v),
+            hour.minute(*i).format("%H:%M"),
+            lateness(*v)
+        );
+    }
 }
 
 /// The lateness picture in words: the hour's flips, its worst p99 and the
