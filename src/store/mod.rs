@@ -32,6 +32,7 @@ use crate::message::OrderId;
 use crate::settings::{ConfigError, SecretUrl, Settings, Timer, TimerName};
 
 mod catalog;
+mod check;
 mod error;
 mod ids;
 mod mysql;
@@ -44,6 +45,7 @@ mod shape;
 mod sql;
 mod state;
 mod tls;
+mod values;
 
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use error::StoreError;
@@ -52,6 +54,12 @@ pub(crate) use releases::{Expansion, Migrated};
 pub(crate) use shape::{IdKind, SchemaReport};
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use tls::{mysql_options, pg_options};
+
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use values::{
+    Cancellation, NextAttempt, OrderFailure, OrderItem, OrderState, OutboxFailure, Page, RowCursor,
+    WatchMark,
+};
 
 use mysql::MySqlStore;
 use postgres::PgStore;
@@ -211,39 +219,6 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// Gives the lease back, if `holder` holds it (a graceful stop), so
     /// that another replica's next tick takes it over.
     async fn watch_release(&self, holder: &str) -> Result<(), StoreError>;
-}
-
-/// Where a timer's watch stands ([`OrderStore::watch_lease`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WatchMark {
-    /// Every row due up to this instant has been scheduled.
-    pub scanned_until: DateTime<Utc>,
-    /// The database's clock when the lease was taken.
-    pub db_now: DateTime<Utc>,
-}
-
-/// Where a scan in (deadline, id) order goes on from: a watch's
-/// ([`OrderStore::due_between`]) or a sweep's ([`OrderStore::overdue`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RowCursor {
-    /// Rows due after this instant…
-    pub deadline: DateTime<Utc>,
-    /// …or at it, with an id after this one, as the table spells it
-    /// (`None`: none at it).
-    pub id: Option<String>,
-}
-
-/// One page of a scan over a timer's rows, and where the next one starts.
-/// The cursor is the last row *read*: a row that is no order (its id is
-/// not a valid order id, its deadline is NULL) is left out of `rows`, with
-/// a warning, but never ends the scan early.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Page<C> {
-    /// The orders read, with their deadlines.
-    pub rows: Vec<(OrderId, DateTime<Utc>)>,
-    /// Where the next page starts; `None` when this page read fewer rows
-    /// than asked for (the last one).
-    pub next: Option<C>,
 }
 
 /// The default timer's mapping as the sections of the config file give
@@ -681,114 +656,6 @@ impl StoreError {
 
 // Hand-written (not `#[from]`) so the inner error is shown once, in the
 // message, and not again as a `source` in `{:#}` chains.
-/// Where an order stands after [`OrderStore::cancel_due`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OrderState {
-    /// No row with that id.
-    Unknown,
-    /// Paid: leave it alone.
-    Paid,
-    /// Neither unpaid nor paid nor cancelled, or it fails the guard
-    /// (soft-deleted, say), or its deadline is NULL: left alone, like a
-    /// paid order.
-    LeftAlone,
-    /// Still unpaid and its deadline has not passed (it may have been
-    /// extended): wait until `expires_at`.
-    NotYetDue {
-        /// The row's deadline.
-        expires_at: DateTime<Utc>,
-        /// The database's clock when it answered.
-        db_now: DateTime<Utc>,
-    },
-    /// Unpaid and overdue, yet this statement did not cancel it: another
-    /// transaction holds or just changed the row. Ask again shortly.
-    Contended,
-    /// Unpaid and overdue as far as the last committed version of the row
-    /// says, but another transaction holds the row's lock (a payment
-    /// callback in flight, say), so the cancel transaction skipped it
-    /// rather than make the whole batch wait: ask again shortly. Not a
-    /// failure: it costs no attempt.
-    Locked {
-        /// The row's deadline (last committed version).
-        expires_at: DateTime<Utc>,
-        /// The database's clock when it answered.
-        db_now: DateTime<Utc>,
-    },
-    /// Cancelled, by this statement or an earlier one.
-    Cancelled(Cancellation),
-    /// Cancelled by someone other than this service (no outbox row): nothing
-    /// for us to release.
-    CancelledElsewhere,
-    /// The cancel transaction failed for this order alone (it ran on its
-    /// own: the timer has `also` statements, or a batch failed in a way
-    /// waiting cannot fix and was run again order by order to find the
-    /// orders the failure belongs to). The other orders asked about were
-    /// settled; whether this one is parked or retried is the error's
-    /// ([`StoreError::is_permanent`]).
-    Failed(OrderFailure),
-    /// Cancelled, with outbox work pending that another worker has leased
-    /// until `until`: check again then (if that worker crashed, the lease
-    /// will have run out and this delivery takes over).
-    LeasedElsewhere {
-        /// When the other worker's lease runs out.
-        until: DateTime<Utc>,
-        /// The database's clock when it answered.
-        db_now: DateTime<Utc>,
-    },
-}
-
-/// Why the cancel transaction of one order failed
-/// ([`OrderState::Failed`]). Compared by its text.
-#[derive(Clone, Debug)]
-pub struct OrderFailure(pub Arc<StoreError>);
-
-impl OrderFailure {
-    /// The failure `error`.
-    pub fn new(error: StoreError) -> Self {
-        Self(Arc::new(error))
-    }
-}
-
-impl PartialEq for OrderFailure {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.to_string() == other.0.to_string()
-    }
-}
-
-impl Eq for OrderFailure {}
-
-/// A cancellation this service made, and what is still to do for it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cancellation {
-    /// True when the statement just now cancelled it.
-    pub just_now: bool,
-    /// True when this caller holds the outbox lease (and so must finish the
-    /// pending work, or give the lease back with [`OrderStore::release_leases`]).
-    pub leased: bool,
-    /// The deadline it was cancelled for.
-    pub expires_at: DateTime<Utc>,
-    /// When it was cancelled.
-    pub cancelled_at: DateTime<Utc>,
-    /// The stock release is still to be done.
-    pub release_pending: bool,
-    /// The `order.cancelled` event is still to be published.
-    pub event_pending: bool,
-}
-
-/// A failed attempt at one outbox row's work, as
-/// [`OrderStore::record_failures`] records it.
-#[derive(Clone, Copy, Debug)]
-pub struct OutboxFailure<'a> {
-    /// The order.
-    pub id: &'a str,
-    /// What failed, for `last_error`.
-    pub error: &'a str,
-    /// The stock release failed (not only the event).
-    pub release: bool,
-    /// Waiting cannot fix it (the inventory refused the release for good).
-    pub permanent: bool,
-}
-
 /// The sweep's outbox scan as the sweeper runs it on `dialect`, with its
 /// values written in: for a test that asks the database for its plan.
 #[cfg(feature = "testing")]
@@ -802,25 +669,6 @@ pub fn stale_statement_for_explain(
         Dialect::Postgres => outbox::stale_written_in::<postgres::Postgres>(timer, grace, limit),
         Dialect::MySql => outbox::stale_written_in::<mysql::MySql>(timer, grace, limit),
     }
-}
-
-/// What comes after a failed attempt at an outbox row's work.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NextAttempt {
-    /// Try again once this much time has passed.
-    After(Duration),
-    /// Never again by itself: the row is marked given up with this reason,
-    /// and only a replayed message finishes it.
-    GiveUp(String),
-}
-
-/// One line of an order.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
-pub struct OrderItem {
-    /// Stock keeping unit.
-    pub sku: String,
-    /// Units reserved.
-    pub quantity: i64,
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use tokio::sync::OnceCell;
 use super::catalog::Columns;
 use super::ids::{IdColumn, IdRejected, IdValue};
 use super::outbox::{self, OwnRow, OwnTables, Statement, Vocabulary};
-use super::releases::{self, Expansion, Migrated};
+use super::releases::{Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
@@ -32,7 +32,7 @@ use super::{
     PoolSettings, RowCursor, StoreError, WatchMark,
 };
 use crate::message::OrderId;
-use crate::settings::{Release, SecretUrl, StatusValue, Timer, TimerKey};
+use crate::settings::{SecretUrl, StatusValue, Timer};
 
 /// What one SQL dialect does its own way. Its methods are the dialect's
 /// statements; everything around them is [`SqlStore`]'s.
@@ -354,172 +354,6 @@ impl<D: SqlDialect> SqlStore<D> {
                 })
             })
             .await
-    }
-
-    /// Reads the service's outbox and the shop's tables, checks the
-    /// mapping, renders and prepares every statement.
-    #[tracing::instrument(skip_all)]
-    async fn check(&self) -> Result<Prepared<D>, StoreError> {
-        let t = &self.timer;
-        shape::check_orders_identifiers(t)?;
-        let outbox = D::columns(self, shape::OUTBOX).await?;
-        shape::check_outbox_columns(&outbox, D::OUTBOX_COLUMNS)?;
-        shape::check_set_aside(&D::columns(self, shape::SET_ASIDE).await?)?;
-        if !t.is_default()
-            && let Some(problem) = releases::refuse_timers(&D::expansions(self).await?)
-        {
-            return Err(StoreError::Schema {
-                key: "[[timers]]",
-                problem,
-            });
-        }
-        let orders = shape::check_orders_columns(t, &D::columns(self, &t.table).await?)?;
-        self.check_codes_differ(&orders).await?;
-        let items = match t.release {
-            Release::Grpc => Some(self.check_items().await?),
-            Release::None => None,
-        };
-        let sql = D::statements(self, &orders, items.as_ref()).await?;
-        // The statements first: a placeholder in the guard would make the
-        // count fail with a less helpful error.
-        let also_params = self.check_statements(&sql).await?;
-        let unpaid = self.count_waiting(&sql).await?;
-        let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
-        Ok(Prepared {
-            sql,
-            id: orders.id.clone(),
-            id_key: self.timer.key(TimerKey::Id),
-            items_id: items.map(|(column, _)| column),
-            also_params,
-            report: SchemaReport::new(D::DIALECT, &self.timer, orders, unpaid, unvacuumed),
-        })
-    }
-
-    /// The timer's status codes are different codes in the status column
-    /// itself, not only as written: under a case-insensitive collation
-    /// (MySQL's default) or in a `char(n)` column, `unpaid` and `UNPAID`
-    /// are one code, and a flip from one to the other changes nothing.
-    async fn check_codes_differ(&self, orders: &OrdersColumns) -> Result<(), StoreError> {
-        let t = &self.timer;
-        let mut pairs = vec![(TimerKey::To, &t.to, &t.from)];
-        if let Some(paid) = &t.paid {
-            pairs.push((TimerKey::Paid, paid, &t.from));
-            pairs.push((TimerKey::Paid, paid, &t.to));
-        }
-        for (key, a, b) in pairs {
-            if a.as_text() == b.as_text() {
-                continue;
-            }
-            let same = D::same_code(self, orders, a, b)
-                .await
-                .map_err(|e| match e {
-                    error if !error.is_permanent() => error,
-                    error => StoreError::Schema {
-                        key: t.key(key),
-                        problem: format!(
-                            "comparing {a} with {b} in the status column's type {} failed: {error}",
-                            orders.status_type
-                        ),
-                    },
-                })?;
-            if same {
-                return Err(StoreError::Schema {
-                    key: t.key(key),
-                    problem: format!(
-                        "{a} and {b} are one code in the status column {:?} ({}: letter case \
-                         or trailing spaces do not count in its comparison)",
-                        t.status, orders.status_type
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The items table's order id column and its type without modifiers.
-    async fn check_items(&self) -> Result<(IdColumn, String), StoreError> {
-        let i = &self.timer.items;
-        shape::check_items_identifiers(i)?;
-        shape::check_items_columns(i, &D::columns(self, &i.table).await?)
-    }
-
-    /// Evaluates the deadline and the guard over the rows in the timer's
-    /// `from` status (the unpaid orders), so that
-    /// a mistake in either is reported now, with its key, and not on the
-    /// first order due. A failure waiting can fix (the connection, a lock
-    /// or statement timeout) is not a mistake in the mapping and stays
-    /// transient.
-    async fn count_waiting(&self, sql: &D::Statements) -> Result<(i64, i64), StoreError> {
-        D::count_waiting(self, sql).await.map_err(|e| {
-            let problem = format!(
-                "evaluating them over the rows in status {} failed: {e}",
-                self.timer.from
-            );
-            match StoreError::Sql(e) {
-                error if !error.is_permanent() => error,
-                _ => StoreError::Schema {
-                    key: self.timer.key(TimerKey::DeadlineGuard),
-                    problem,
-                },
-            }
-        })
-    }
-
-    /// Prepares the rendered statements and the `also` statements (a
-    /// mistake is reported with its key), returning how each `also`
-    /// statement is bound the order id. A rendered statement must take
-    /// exactly the parameters the service binds. A failure waiting can fix
-    /// (the connection) stays transient.
-    async fn check_statements(
-        &self,
-        sql: &D::Statements,
-    ) -> Result<Vec<D::AlsoParams>, StoreError> {
-        let schema = |key: &'static str, statement: &str, e: sqlx::Error| match StoreError::Sql(e) {
-            error if !error.is_permanent() => error,
-            error => StoreError::Schema {
-                key,
-                problem: format!("{error}: {statement}"),
-            },
-        };
-        let prepare = async |check: &Check| {
-            let found = D::parameters(self, &check.sql)
-                .await
-                .map_err(|e| schema(check.key, &check.sql, e))?;
-            if found != check.binds {
-                return Err(StoreError::Schema {
-                    key: check.key,
-                    problem: format!(
-                        "the statement takes {found} parameters where the service binds {}: \
-                         the guard, the deadline and the `set` values take none \
-                         (no `$1` or `?` in them): {}",
-                        check.binds, check.sql
-                    ),
-                });
-            }
-            Ok(())
-        };
-        let mut checks = D::to_check(&self.timer, sql).into_iter();
-        if let Some(check) = checks.next() {
-            prepare(&check).await?;
-        }
-        let key = self.timer.key(TimerKey::Also);
-        let mut also_params = Vec::new();
-        for statement in &self.timer.also {
-            let params = D::also_parameters(self, statement)
-                .await
-                .map_err(|e| match e {
-                    AlsoCheckError::Sql(e) => schema(key, statement, e),
-                    AlsoCheckError::Unbindable(problem) => StoreError::Schema {
-                        key,
-                        problem: format!("{problem}: {statement}"),
-                    },
-                })?;
-            also_params.push(params);
-        }
-        for check in checks {
-            prepare(&check).await?;
-        }
-        Ok(also_params)
     }
 }
 
