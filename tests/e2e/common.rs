@@ -577,8 +577,10 @@ impl TestEnv {
 
     /// Kills every connection to this test's databases but the killer's
     /// own (the service's, the inventory server's, the harness's), on
-    /// PostgreSQL and, in a MariaDB world, on MariaDB too; returns how
-    /// many. For the tests of a database that drops its sessions.
+    /// PostgreSQL and, in a MariaDB world, on MariaDB too; returns how many
+    /// of them were to the shop's orders database (on MariaDB: not counting
+    /// the inventory's), so that a test can tell the service's own were
+    /// among them. For the tests of a database that drops its sessions.
     pub async fn kill_database_connections(&self) -> i64 {
         let admin = scratch::with_path(&self.base_db_url, "postgres").unwrap();
         let admin = sqlx::postgres::PgPoolOptions::new()
@@ -596,13 +598,15 @@ impl TestEnv {
         .unwrap();
         admin.close().await;
         if let Some(base) = &self.mysql_base {
+            // The inventory's, killed above: not the shop's.
+            killed = 0;
             let admin = scratch::with_path(base, "information_schema").unwrap();
             let admin: MySqlPool = sqlx::mysql::MySqlPoolOptions::new()
                 .max_connections(1)
                 .connect_with(order_timeout::store::mysql_options(&admin).unwrap())
                 .await
                 .unwrap();
-            let ids: Vec<u64> = sqlx::query_scalar(
+            let ids: Vec<i64> = sqlx::query_scalar(
                 "SELECT ID FROM information_schema.PROCESSLIST \
                   WHERE DB = ? AND ID <> CONNECTION_ID()",
             )
