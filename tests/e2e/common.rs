@@ -131,6 +131,14 @@ pub async fn sweep_abandoned() {
 /// "never early" checks read the row's own `cancelled_at`.
 pub const MYSQL_CANCELLED_AT: &str = "NOW(6)";
 
+/// A MariaDB world's `[orders].set`: the default with `cancelled_at =`
+/// [`MYSQL_CANCELLED_AT`].
+fn mysql_orders_set() -> std::collections::BTreeMap<String, String> {
+    let mut set = Settings::default().orders.set;
+    set.insert("cancelled_at".into(), MYSQL_CANCELLED_AT.into());
+    set
+}
+
 /// Initial stock of every SKU a test uses.
 pub const STOCK: i64 = 1_000;
 
@@ -307,10 +315,7 @@ impl TestEnv {
         // Several services per test: let each pick a free port.
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
         if dialect == Dialect::MySql {
-            settings
-                .orders
-                .set
-                .insert("cancelled_at".into(), MYSQL_CANCELLED_AT.into());
+            settings.orders.set = mysql_orders_set();
         }
         if release.is_none() {
             declare_topology(&settings).await.expect("declare topology");
@@ -1000,23 +1005,25 @@ impl TestEnv {
 
     /// The config file's text for the settings the environment variables
     /// cannot carry: the cascade shards and lanes this test's vhost was
-    /// declared with, and `[orders].set` (a MariaDB world's
-    /// [`MYSQL_CANCELLED_AT`]).
+    /// declared with and, in a MariaDB world, `[orders].set` with
+    /// [`MYSQL_CANCELLED_AT`] (written only there: a PostgreSQL world's
+    /// processes keep the defaults, whatever a test changed in its
+    /// settings).
     fn config_toml(&self) -> String {
-        let set: Vec<String> = (self.settings.orders.set.iter())
-            .map(|(column, value)| format!("{column:?} = {value:?}"))
-            .collect();
-        format!(
-            "cascade_shards = {}\nlanes = {:?}\nlane_shards = {}\n[orders]\nset = {{ {} }}\n",
+        let lanes: Vec<String> = self.settings.lanes.iter().map(|l| l.to_string()).collect();
+        let mut toml = format!(
+            "cascade_shards = {}\nlanes = {lanes:?}\nlane_shards = {}\n",
             self.settings.cascade_shards.get(),
-            self.settings
-                .lanes
-                .iter()
-                .map(|l| l.to_string())
-                .collect::<Vec<_>>(),
             self.settings.lane_shards.get(),
-            set.join(", ")
-        )
+        );
+        if self.dialect == Dialect::MySql {
+            let set: Vec<String> = mysql_orders_set()
+                .iter()
+                .map(|(column, value)| format!("{column:?} = {value:?}"))
+                .collect();
+            toml.push_str(&format!("[orders]\nset = {{ {} }}\n", set.join(", ")));
+        }
+        toml
     }
 
     /// The real binary with this world's environment variables and a
