@@ -41,7 +41,8 @@ use sqlx::{MySqlPool, PgPool};
 
 pub use order_timeout::store::Dialect;
 
-/// Runs one statement on the shop's orders database of a [`TestEnv`],
+/// Runs one statement on the shop's orders database of a [`TestEnv`] (or
+/// of anything with a `shop:` [`ShopDb`] field, the store suite's fixture),
 /// whichever its dialect: `on_shop!(env, fetch_one, query_scalar(pg, my),
 /// binds…)` runs `pg` (placeholders `$1`, `$2`, … in bind order) on
 /// PostgreSQL, `my` (`?`) on MariaDB, with the same binds. Written once
@@ -61,6 +62,7 @@ macro_rules! on_shop {
         }
     };
 }
+pub(crate) use on_shop;
 
 /// Instantiates each listed test body, `async fn name(dialect: Dialect)`,
 /// as two tests of the suite: `postgres::name` (the shop's orders on
