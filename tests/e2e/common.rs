@@ -548,12 +548,8 @@ impl TestEnv {
     /// Runs `sql` (one or more statements, in the dialect: see
     /// [`TestEnv::sql`]) on the shop's orders database.
     pub async fn shop_exec(&self, sql: &str) {
-        let text = sqlx::AssertSqlSafe(sql.to_owned());
-        match &self.shop {
-            ShopDb::Postgres(pool) => sqlx::raw_sql(text).execute(pool).await.map(drop),
-            ShopDb::MySql(pool) => sqlx::raw_sql(text).execute(pool).await.map(drop),
-        }
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let text = || sqlx::AssertSqlSafe(sql.to_owned());
+        on_shop!(self, execute, raw_sql(text(), text())).unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     /// The rows of `sql` (in the dialect: see [`TestEnv::sql`]) on the
