@@ -2,6 +2,9 @@
 //! deliveries still being worked on are never settled by another's
 //! `multiple` ack, however the acks of the others interleave, and the
 //! channel never sees an ack it refuses.
+//!
+//! PostgreSQL worlds only: these tests never touch the shop's database
+//! (only the broker's acks), so a MariaDB copy would test nothing more.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

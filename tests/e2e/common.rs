@@ -3,9 +3,15 @@
 //! port, and helpers to play the order service. Everything is removed when
 //! the [`TestEnv`] is dropped, also when the test fails.
 //!
-//! Needs a local RabbitMQ (`rabbitmqctl` creates the vhosts, as root) and
-//! PostgreSQL; `scripts/test.sh` makes sure both run. `AMQP_URL` and
-//! `DATABASE_URL` name the servers (their vhost / database part is replaced).
+//! [`TestEnv::on`]`(Dialect::MySql)` puts the shop's orders (and the
+//! service's own tables) in a MariaDB database of the test's own instead;
+//! the helpers that read or change orders work on either, and
+//! [`on_both_dialects!`] runs a test body once per dialect.
+//!
+//! Needs a local RabbitMQ (`rabbitmqctl` creates the vhosts, as root),
+//! PostgreSQL and (for the MariaDB worlds) MariaDB; `scripts/test.sh` makes
+//! sure they run. `AMQP_URL`, `DATABASE_URL` and `MYSQL_URL` name the
+//! servers (their vhost / database part is replaced).
 
 #![allow(dead_code)]
 
@@ -28,8 +34,66 @@ use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
 use order_timeout_tools::scratch;
-use order_timeout_tools::shop::{self, NewOrder};
-use sqlx::PgPool;
+use order_timeout_tools::shop::{self, NewOrder, ShopDb};
+use sqlx::mysql::MySqlRow;
+use sqlx::postgres::PgRow;
+use sqlx::{MySqlPool, PgPool};
+
+pub use order_timeout::store::Dialect;
+
+/// Runs one statement on the shop's orders database of a [`TestEnv`] (or
+/// of anything with a `shop:` [`ShopDb`] field, the store suite's fixture),
+/// whichever its dialect: `on_shop!(env, fetch_one, query_scalar(pg, my),
+/// binds…)` runs `pg` (placeholders `$1`, `$2`, … in bind order) on
+/// PostgreSQL, `my` (`?`) on MariaDB, with the same binds. Written once
+/// here so that each helper below states its SQL per dialect side by side
+/// instead of a `match` repeating the binds and the fetch.
+macro_rules! on_shop {
+    ($env:expr, execute, $kind:ident($pg:expr, $my:expr) $(, $b:expr)* $(,)?) => {
+        match &$env.shop {
+            ShopDb::Postgres(pool) => sqlx::$kind($pg)$(.bind($b))*.execute(pool).await.map(|r| r.rows_affected()),
+            ShopDb::MySql(pool) => sqlx::$kind($my)$(.bind($b))*.execute(pool).await.map(|r| r.rows_affected()),
+        }
+    };
+    ($env:expr, $fetch:ident, $kind:ident($pg:expr, $my:expr) $(, $b:expr)* $(,)?) => {
+        match &$env.shop {
+            ShopDb::Postgres(pool) => sqlx::$kind($pg)$(.bind($b))*.$fetch(pool).await,
+            ShopDb::MySql(pool) => sqlx::$kind($my)$(.bind($b))*.$fetch(pool).await,
+        }
+    };
+}
+pub(crate) use on_shop;
+
+/// Instantiates each listed test body, `async fn name(dialect: Dialect)`,
+/// as two tests of the suite: `postgres::name` (the shop's orders on
+/// PostgreSQL) and `mariadb::name` (on MariaDB), so that a suite states
+/// once which of its tests run on both dialects, and `cargo test
+/// SUITE::mariadb::` picks one dialect's. `#[mariadb(ignore = "why")]`
+/// before a name ignores its MariaDB test only (a known bug, reported).
+macro_rules! on_both_dialects {
+    ($($(#[mariadb($($attr:tt)*)])? $name:ident),* $(,)?) => {
+        /// The suite's tests with the shop's orders on PostgreSQL.
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Dialect::Postgres).await;
+                }
+            )*
+        }
+        /// The suite's tests with the shop's orders on MariaDB.
+        mod mariadb {
+            $(
+                $(#[$($attr)*])?
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::common::Dialect::MySql).await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use on_both_dialects;
 
 /// Tests that stop or kill a `serve` process holding hundreds of messages
 /// and then restart it take turns. On the shared RabbitMQ 3.10.8, two such
@@ -62,6 +126,21 @@ pub async fn sweep_abandoned() {
         .await;
 }
 
+/// `[orders].set`'s `cancelled_at` in a MariaDB world: `NOW(6)`, as a
+/// MariaDB shop configures it, where the default `now()` has whole seconds
+/// there (docs/limits.md): a row cancelled 0.3 s after a deadline of
+/// 12:00:00.7 would read 12:00:00, before its deadline, and the tests'
+/// "never early" checks read the row's own `cancelled_at`.
+pub const MYSQL_CANCELLED_AT: &str = "NOW(6)";
+
+/// A MariaDB world's `[orders].set`: the default with `cancelled_at =`
+/// [`MYSQL_CANCELLED_AT`].
+fn mysql_orders_set() -> std::collections::BTreeMap<String, String> {
+    let mut set = Settings::default().orders.set;
+    set.insert("cancelled_at".into(), MYSQL_CANCELLED_AT.into());
+    set
+}
+
 /// Initial stock of every SKU a test uses.
 pub const STOCK: i64 = 1_000;
 
@@ -71,7 +150,17 @@ pub struct TestEnv {
     pub name: String,
     /// Settings pointing at this test's vhost, database and inventory.
     pub settings: Settings,
-    /// Pool on this test's database.
+    /// Where the shop's orders and the service's own tables live
+    /// (`settings.database_url`).
+    pub dialect: Dialect,
+    /// The shop's orders database (`settings.database_url`), on either
+    /// dialect: what the helpers that read or change orders use.
+    pub shop: ShopDb,
+    /// This test's PostgreSQL database. On PostgreSQL the shop's orders
+    /// live here too (the same database as [`TestEnv::shop`]); on MariaDB
+    /// it holds only the reference inventory's `inventory.*`: no `orders`
+    /// and no service tables, so a query meant for the orders fails there
+    /// instead of reading an empty table.
     pub pool: PgPool,
     /// Client of this test's inventory server.
     pub inventory: ShopInventory,
@@ -82,6 +171,9 @@ pub struct TestEnv {
     stop_inventory: std::sync::Mutex<Shutdown>,
     inventory_addr: std::net::SocketAddr,
     base_db_url: SecretUrl,
+    /// The MariaDB server holding the orders database, when
+    /// [`TestEnv::dialect`] is MySQL (the database is dropped with the test).
+    mysql_base: Option<SecretUrl>,
     /// The vhost was made for this test (and is deleted with it).
     owns_vhost: bool,
     /// Ends the run, naming the test, if it hangs.
@@ -92,28 +184,39 @@ impl TestEnv {
     /// Creates the vhost and database (migrated, with the reference shop
     /// schema), declares the topology and starts the inventory server.
     pub async fn new() -> Self {
-        Self::build(None).await
+        Self::on(Dialect::Postgres).await
+    }
+
+    /// [`TestEnv::new`] with the shop's orders database (and the service's
+    /// own tables, migrated) on `dialect`: on MariaDB, a database of the
+    /// test's own on the server of `MYSQL_URL`, with the reference orders
+    /// schema. The reference inventory server keeps its stock in the
+    /// test's PostgreSQL database whatever the dialect: the inventory is a
+    /// separate service in production, with its own database, so a shop on
+    /// MariaDB talking to an inventory on PostgreSQL is a real deployment.
+    pub async fn on(dialect: Dialect) -> Self {
+        Self::build_with(dialect, None, None).await
     }
 
     /// [`TestEnv::new`] on a broker of the test's own (a private node,
     /// `amqp_url` naming its vhost) instead of a new vhost on the shared
     /// one: the vhost is used as it is and left alone afterwards.
     pub async fn on_broker(amqp_url: SecretUrl) -> Self {
-        Self::build(Some(amqp_url)).await
+        Self::build_with(Dialect::Postgres, Some(amqp_url), None).await
     }
 
     /// [`TestEnv::new`] as an earlier release left it: its binary `bin`
     /// created the database and ran its own migrations, and nothing is
     /// declared on the broker yet (its `serve` does that). For upgrades.
     pub async fn migrated_by(bin: &std::path::Path) -> Self {
-        Self::build_with(None, Some(bin)).await
+        Self::build_with(Dialect::Postgres, None, Some(bin)).await
     }
 
-    async fn build(own_broker: Option<SecretUrl>) -> Self {
-        Self::build_with(own_broker, None).await
-    }
-
-    async fn build_with(own_broker: Option<SecretUrl>, release: Option<&std::path::Path>) -> Self {
+    async fn build_with(
+        dialect: Dialect,
+        own_broker: Option<SecretUrl>,
+        release: Option<&std::path::Path>,
+    ) -> Self {
         let watchdog = crate::bounds::Watchdog::start();
         crate::bounds::step("creating the test's vhost and database");
         let _ = tracing_subscriber::fmt()
@@ -137,16 +240,19 @@ impl TestEnv {
         };
 
         let base_db_url = scratch::test_pg_server();
-        let database_url = scratch::with_path(&base_db_url, &name).unwrap();
-        let pool = match release {
-            None => shop::prepare_database(&database_url, 10)
-                .await
-                .expect("prepare the test database"),
-            Some(bin) => {
+        let pg_url = scratch::with_path(&base_db_url, &name).unwrap();
+        let (database_url, pool, shop, mysql_base) = match (dialect, release) {
+            (Dialect::Postgres, None) => {
+                let pool = shop::prepare_database(&pg_url, 10)
+                    .await
+                    .expect("prepare the test database");
+                (pg_url, pool.clone(), ShopDb::Postgres(pool), None)
+            }
+            (Dialect::Postgres, Some(bin)) => {
                 let out = crate::bounds::output_within(
                     Command::new(bin)
                         .arg("migrate")
-                        .env("DATABASE_URL", database_url.expose()),
+                        .env("DATABASE_URL", pg_url.expose()),
                     Duration::from_secs(60),
                     "the earlier release's migrate",
                 );
@@ -156,15 +262,29 @@ impl TestEnv {
                     bin.display(),
                     String::from_utf8_lossy(&out.stderr)
                 );
-                let pool = sqlx::postgres::PgPoolOptions::new()
-                    .max_connections(10)
-                    .connect_with(order_timeout::store::pg_options(&database_url).unwrap())
-                    .await
-                    .expect("connect to the test database");
+                let pool = pg_pool(&pg_url).await;
                 shop::create_reference_schema(&pool)
                     .await
                     .expect("the reference shop schema");
-                pool
+                (pg_url, pool.clone(), ShopDb::Postgres(pool), None)
+            }
+            (Dialect::MySql, None) => {
+                let base = crate::store::mysql_base();
+                let url = scratch::with_path(&base, &name).unwrap();
+                let orders = shop::prepare_mysql_database(&url, 10)
+                    .await
+                    .expect("prepare the test's MariaDB database");
+                scratch::create_database(&base_db_url, &name)
+                    .await
+                    .expect("create the inventory's PostgreSQL database");
+                let inventory = pg_pool(&pg_url).await;
+                shop::create_inventory_schema(&inventory)
+                    .await
+                    .expect("the reference inventory's schema");
+                (url, inventory, ShopDb::MySql(orders), Some(base))
+            }
+            (Dialect::MySql, Some(_)) => {
+                unreachable!("earlier releases are migrated on PostgreSQL only")
             }
         };
 
@@ -196,6 +316,9 @@ impl TestEnv {
         settings.cascade_shards = Shards::try_from(2).unwrap();
         // Several services per test: let each pick a free port.
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
+        if dialect == Dialect::MySql {
+            settings.orders.set = mysql_orders_set();
+        }
         if release.is_none() {
             declare_topology(&settings).await.expect("declare topology");
         }
@@ -210,6 +333,8 @@ impl TestEnv {
         Self {
             name,
             settings,
+            dialect,
+            shop,
             pool,
             inventory,
             amqp,
@@ -217,6 +342,7 @@ impl TestEnv {
             stop_inventory: std::sync::Mutex::new(stop_inventory),
             inventory_addr,
             base_db_url,
+            mysql_base,
             owns_vhost,
             _watchdog: watchdog,
         }
@@ -330,10 +456,177 @@ impl TestEnv {
             .reserve(&order.id, &order.items)
             .await
             .expect("reserve");
-        shop::insert_order(&self.pool, &order)
-            .await
-            .expect("insert order");
+        self.shop.insert_order(&order).await.expect("insert order");
         order
+    }
+
+    /// Pays the order as the order service would (`false`: it was not
+    /// unpaid any more).
+    pub async fn pay(&self, id: &str) -> bool {
+        self.shop.pay(id).await.unwrap()
+    }
+
+    /// Moves the order's deadline to `at`, as the order service does when
+    /// it extends the payment window.
+    pub async fn set_deadline(&self, id: &str, at: DateTime<Utc>) {
+        on_shop!(
+            self,
+            execute,
+            query(
+                "UPDATE orders SET expires_at = $1 WHERE id = $2",
+                "UPDATE orders SET expires_at = ? WHERE id = ?"
+            ),
+            at,
+            id
+        )
+        .unwrap();
+    }
+
+    /// Sets the order's deadline to `after` from now on the database's own
+    /// clock (not this host's), for a test that compares only the
+    /// database's times.
+    pub async fn set_deadline_on_db_clock(&self, id: &str, after: Duration) {
+        let micros = i64::try_from(after.as_micros()).unwrap();
+        on_shop!(self, execute, query(
+            "UPDATE orders SET expires_at = now() + make_interval(secs => $1::float8 / 1e6) WHERE id = $2",
+            "UPDATE orders SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE id = ?"
+        ), micros, id)
+        .unwrap();
+    }
+
+    /// Leaves the order as a crash right after the cancel transaction's
+    /// commit leaves it: the row CANCELLED (now, on the database's clock),
+    /// its outbox row pending, no stock released and no event published.
+    pub async fn cancel_without_effects(&self, id: &str) {
+        on_shop!(self, execute, query(
+            "UPDATE orders SET status = 'CANCELLED', cancelled_at = now() WHERE id = $1",
+            "UPDATE orders SET status = 'CANCELLED', cancelled_at = UTC_TIMESTAMP(6) WHERE id = ?"
+        ), id)
+        .unwrap();
+        on_shop!(self, execute, query(
+            "INSERT INTO order_timeout_cancel_outbox (order_id) VALUES ($1)",
+            "INSERT INTO order_timeout_cancel_outbox (order_id, created_at) VALUES (?, UTC_TIMESTAMP(6))"
+        ), id)
+        .unwrap();
+    }
+
+    /// Opens a transaction of the shop's that holds the order row's lock
+    /// (`SELECT … FOR UPDATE`, as a slow payment callback would) until
+    /// [`HeldRow::release`].
+    pub async fn hold_row(&self, id: &str) -> HeldRow {
+        match &self.shop {
+            ShopDb::Postgres(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query("SELECT 1 FROM orders WHERE id = $1 FOR UPDATE")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                HeldRow::Postgres(tx)
+            }
+            ShopDb::MySql(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query("SELECT 1 FROM orders WHERE id = ? FOR UPDATE")
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                HeldRow::MySql(tx)
+            }
+        }
+    }
+
+    /// `pg` on PostgreSQL, `my` on MariaDB: a test's own statement (a table
+    /// of its own, an `also` statement) in the dialect of its world.
+    pub fn sql<'a>(&self, pg: &'a str, my: &'a str) -> &'a str {
+        match self.dialect {
+            Dialect::Postgres => pg,
+            Dialect::MySql => my,
+        }
+    }
+
+    /// Runs `sql` (one or more statements, in the dialect: see
+    /// [`TestEnv::sql`]) on the shop's orders database.
+    pub async fn shop_exec(&self, sql: &str) {
+        let text = || sqlx::AssertSqlSafe(sql.to_owned());
+        on_shop!(self, execute, raw_sql(text(), text())).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// The rows of `sql` (in the dialect: see [`TestEnv::sql`]) on the
+    /// shop's orders database, each decoded as `T` (a tuple).
+    pub async fn shop_rows<T>(&self, sql: &str) -> Vec<T>
+    where
+        T: for<'r> sqlx::FromRow<'r, PgRow> + for<'r> sqlx::FromRow<'r, MySqlRow> + Send + Unpin,
+    {
+        let text = || sqlx::AssertSqlSafe(sql.to_owned());
+        on_shop!(self, fetch_all, query_as(text(), text())).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Orders cancelled before their deadline, by the database's own
+    /// timestamps (every test expects 0).
+    pub async fn cancelled_early(&self) -> i64 {
+        let sql = "SELECT count(*) FROM orders WHERE cancelled_at < expires_at";
+        on_shop!(self, fetch_one, query_scalar(sql, sql)).unwrap()
+    }
+
+    /// Cancelled orders whose stock release is not marked done in the
+    /// outbox: the only ones whose `ReleaseStock` another process may call
+    /// again.
+    pub async fn outbox_unreleased(&self) -> i64 {
+        let sql =
+            "SELECT count(*) FROM order_timeout_cancel_outbox WHERE stock_released_at IS NULL";
+        on_shop!(self, fetch_one, query_scalar(sql, sql)).unwrap()
+    }
+
+    /// Kills every connection to this test's databases but the killer's
+    /// own (the service's, the inventory server's, the harness's), on
+    /// PostgreSQL and, in a MariaDB world, on MariaDB too; returns how many
+    /// of them were to the shop's orders database (on MariaDB: not counting
+    /// the inventory's), so that a test can tell the service's own were
+    /// among them. For the tests of a database that drops its sessions.
+    pub async fn kill_database_connections(&self) -> i64 {
+        let admin = scratch::with_path(&self.base_db_url, "postgres").unwrap();
+        let admin = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(order_timeout::store::pg_options(&admin).unwrap())
+            .await
+            .unwrap();
+        let mut killed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()) t",
+        )
+        .bind(&self.name)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        admin.close().await;
+        if let Some(base) = &self.mysql_base {
+            // The inventory's, killed above: not the shop's.
+            killed = 0;
+            let admin = scratch::with_path(base, "information_schema").unwrap();
+            let admin: MySqlPool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(1)
+                .connect_with(order_timeout::store::mysql_options(&admin).unwrap())
+                .await
+                .unwrap();
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT ID FROM information_schema.PROCESSLIST \
+                  WHERE DB = ? AND ID <> CONNECTION_ID()",
+            )
+            .bind(&self.name)
+            .fetch_all(&admin)
+            .await
+            .unwrap();
+            for id in ids {
+                // Gone meanwhile (1094, unknown thread): nothing to kill.
+                let sql = sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}"));
+                if sqlx::query(sql).execute(&admin).await.is_ok() {
+                    killed += 1;
+                }
+            }
+            admin.close().await;
+        }
+        killed
     }
 
     /// Publishes raw bytes to the entry exchange with a plain AMQP client,
@@ -430,11 +723,16 @@ impl TestEnv {
 
     /// `(status, expires_at, cancelled_at)` of an order.
     pub async fn order_state(&self, id: &str) -> (String, DateTime<Utc>, Option<DateTime<Utc>>) {
-        sqlx::query_as("SELECT status, expires_at, cancelled_at FROM orders WHERE id = $1")
-            .bind(id)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
+        on_shop!(
+            self,
+            fetch_one,
+            query_as(
+                "SELECT status, expires_at, cancelled_at FROM orders WHERE id = $1",
+                "SELECT status, expires_at, cancelled_at FROM orders WHERE id = ?"
+            ),
+            id
+        )
+        .unwrap()
     }
 
     /// Available stock of SKU `n`.
@@ -461,12 +759,18 @@ impl TestEnv {
 
     /// Counts orders by status among ids starting with `prefix`.
     pub async fn count(&self, prefix: &str, status: &str) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM orders WHERE starts_with(id, $1) AND status = $2")
-            .bind(prefix)
-            .bind(status)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
+        on_shop!(
+            self,
+            fetch_one,
+            query_scalar(
+                "SELECT count(*) FROM orders WHERE left(id, char_length($1)) = $2 AND status = $3",
+                "SELECT count(*) FROM orders WHERE LEFT(id, CHAR_LENGTH(?)) = ? AND status = ?"
+            ),
+            prefix,
+            prefix,
+            status
+        )
+        .unwrap()
     }
 
     /// Polls `check` every 50 ms until it holds or `timeout` passes.
@@ -547,12 +851,9 @@ impl TestEnv {
     /// event) pending: the order row flips to CANCELLED before the release.
     pub async fn wait_outbox_done(&self, timeout: Duration) {
         self.eventually(timeout, "no outbox work pending", || async {
-            let pending: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM order_timeout_cancel_outbox WHERE stock_released_at IS NULL OR event_published_at IS NULL",
-            )
-            .fetch_one(&self.pool)
-            .await
-            .unwrap();
+            let sql = "SELECT count(*) FROM order_timeout_cancel_outbox \
+                        WHERE stock_released_at IS NULL OR event_published_at IS NULL";
+            let pending: i64 = on_shop!(self, fetch_one, query_scalar(sql, sql)).unwrap();
             pending == 0
         })
         .await;
@@ -563,16 +864,18 @@ impl TestEnv {
     /// stock was released exactly once (after waiting for pending releases).
     pub async fn assert_stock_exact(&self, skus: usize) {
         self.wait_outbox_done(Duration::from_secs(10)).await;
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            r#"
-            SELECT i.sku, sum(i.quantity)::bigint
-              FROM order_items i JOIN orders o ON o.id = i.order_id
-             WHERE o.status <> 'CANCELLED'
-             GROUP BY i.sku
-            "#,
+        let rows: Vec<(String, i64)> = on_shop!(
+            self,
+            fetch_all,
+            query_as(
+                "SELECT i.sku, sum(i.quantity)::bigint \
+               FROM order_items i JOIN orders o ON o.id = i.order_id \
+              WHERE o.status <> 'CANCELLED' GROUP BY i.sku",
+                "SELECT i.sku, CAST(SUM(i.quantity) AS SIGNED) \
+               FROM order_items i JOIN orders o ON o.id = i.order_id \
+              WHERE o.status <> 'CANCELLED' GROUP BY i.sku"
+            )
         )
-        .fetch_all(&self.pool)
-        .await
         .unwrap();
         for n in 0..skus {
             let held: i64 = rows
@@ -587,15 +890,13 @@ impl TestEnv {
                 self.sku(n)
             );
         }
-        let (cancelled, released): (i64, i64) = sqlx::query_as(
-            r#"
-            SELECT (SELECT count(*) FROM orders WHERE status = 'CANCELLED'),
-                   (SELECT count(*) FROM inventory.releases)
-            "#,
-        )
-        .fetch_one(&self.pool)
-        .await
-        .unwrap();
+        let sql = "SELECT count(*) FROM orders WHERE status = 'CANCELLED'";
+        let cancelled: i64 = on_shop!(self, fetch_one, query_scalar(sql, sql)).unwrap();
+        // The inventory's own database, PostgreSQL in either world.
+        let released: i64 = sqlx::query_scalar("SELECT count(*) FROM inventory.releases")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap();
         assert_eq!(released, cancelled, "one release per cancelled order");
     }
 
@@ -626,6 +927,40 @@ impl Drop for TestEnv {
             let _ = scratch::delete_vhost(&self.name);
         }
         let _ = scratch::drop_database_blocking(&self.base_db_url, &self.name);
+        if let Some(base) = &self.mysql_base {
+            let _ = scratch::drop_database_blocking(base, &self.name);
+        }
+        let _ =
+            std::fs::remove_file(std::env::temp_dir().join(format!("{}-serve.toml", self.name)));
+    }
+}
+
+/// A pool of at most 10 on the PostgreSQL database `url`.
+async fn pg_pool(url: &SecretUrl) -> PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(10)
+        .connect_with(order_timeout::store::pg_options(url).unwrap())
+        .await
+        .expect("connect to the test database")
+}
+
+/// A shop's transaction holding an order row's lock ([`TestEnv::hold_row`]),
+/// on either dialect.
+pub enum HeldRow {
+    /// On PostgreSQL.
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    /// On MariaDB.
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
+}
+
+impl HeldRow {
+    /// Commits the transaction: the lock goes.
+    pub async fn release(self) {
+        match self {
+            Self::Postgres(tx) => tx.commit().await,
+            Self::MySql(tx) => tx.commit().await,
+        }
+        .unwrap();
     }
 }
 
@@ -659,13 +994,51 @@ impl TestEnv {
             database_url: self.settings.database_url.expose().to_owned(),
             inventory_url: self.settings.inventory_url.expose().to_owned(),
             config: std::env::temp_dir().join(format!("{}-cli.toml", self.name)),
-            cascade_shards: self.settings.cascade_shards.get(),
-            lanes: self.settings.lanes.iter().map(|l| l.to_string()).collect(),
-            lane_shards: self.settings.lane_shards.get(),
+            config_toml: self.config_toml(),
         };
         tokio::task::spawn_blocking(move || env.run(&args, &stdin))
             .await
             .unwrap()
+    }
+
+    /// The config file's text for the settings the environment variables
+    /// cannot carry: the cascade shards and lanes this test's vhost was
+    /// declared with and, in a MariaDB world, `[orders].set` with
+    /// [`MYSQL_CANCELLED_AT`] (written only there: a PostgreSQL world's
+    /// processes keep the defaults, whatever a test changed in its
+    /// settings).
+    fn config_toml(&self) -> String {
+        let lanes: Vec<String> = self.settings.lanes.iter().map(|l| l.to_string()).collect();
+        let mut toml = format!(
+            "cascade_shards = {}\nlanes = {lanes:?}\nlane_shards = {}\n",
+            self.settings.cascade_shards.get(),
+            self.settings.lane_shards.get(),
+        );
+        if self.dialect == Dialect::MySql {
+            let set: Vec<String> = mysql_orders_set()
+                .iter()
+                .map(|(column, value)| format!("{column:?} = {value:?}"))
+                .collect();
+            toml.push_str(&format!("[orders]\nset = {{ {} }}\n", set.join(", ")));
+        }
+        toml
+    }
+
+    /// The real binary with this world's environment variables and a
+    /// config file of what they cannot carry ([`TestEnv::config_toml`]),
+    /// for a test that runs `serve` as a process of its own (to kill it):
+    /// configured as the in-process services and [`TestEnv::cli`] are.
+    pub fn command(&self) -> Command {
+        let config = std::env::temp_dir().join(format!("{}-serve.toml", self.name));
+        std::fs::write(&config, self.config_toml()).expect("write the config file");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_order-timeout"));
+        command
+            .env("AMQP_URL", self.settings.amqp_url.expose())
+            .env("DATABASE_URL", self.settings.database_url.expose())
+            .env("INVENTORY_URL", self.settings.inventory_url.expose())
+            .env("RUST_LOG", "warn")
+            .env("ORDER_TIMEOUT_CONFIG", config);
+        command
     }
 
     /// Messages ready in the parked queue (passive declare).
@@ -717,24 +1090,14 @@ struct EnvForCli {
     database_url: String,
     inventory_url: String,
     /// Config file for the settings the environment variables cannot
-    /// carry (the cascade shards and lanes this test's vhost was declared
-    /// with).
+    /// carry, and its text ([`TestEnv::config_toml`]).
     config: std::path::PathBuf,
-    cascade_shards: u32,
-    lanes: Vec<String>,
-    lane_shards: u32,
+    config_toml: String,
 }
 
 impl EnvForCli {
     fn run(&self, args: &[String], stdin: &str) -> CliOutput {
-        std::fs::write(
-            &self.config,
-            format!(
-                "cascade_shards = {}\nlanes = {:?}\nlane_shards = {}\n",
-                self.cascade_shards, self.lanes, self.lane_shards
-            ),
-        )
-        .expect("write the CLI's config file");
+        std::fs::write(&self.config, &self.config_toml).expect("write the CLI's config file");
         let out = crate::bounds::output_with_input(
             Command::new(env!("CARGO_BIN_EXE_order-timeout"))
                 .args(args)

@@ -1,12 +1,13 @@
 //! When things go wrong: bad input, the inventory down, database
 //! connections killed, the broker connection lost, orders nobody published
-//! a timeout for. Against the real RabbitMQ and PostgreSQL, each test in its
-//! own vhost and database.
+//! a timeout for. Against the real RabbitMQ and the shop's database on
+//! PostgreSQL and on MariaDB (`postgres::…`, `mariadb::…`), each test in
+//! its own vhost and databases.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::common::{STOCK, TestEnv, http_get, ready};
+use crate::common::{Dialect, STOCK, TestEnv, http_get, on_both_dialects, ready};
 use chrono::Utc;
 use order_timeout::broker::headers::{header_int, header_str};
 use order_timeout::message::format_instant;
@@ -16,14 +17,6 @@ use order_timeout_tools::scratch;
 /// Generous lateness bound for "on time" on a busy 2-core machine.
 fn late_ok() -> chrono::Duration {
     chrono::Duration::seconds(3)
-}
-
-/// Orders cancelled before their deadline (must always be 0).
-async fn early(env: &TestEnv) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM orders WHERE cancelled_at < expires_at")
-        .fetch_one(&env.pool)
-        .await
-        .unwrap()
 }
 
 /// `(kind, error, attempts, body)` of every parked message, taken off the
@@ -69,9 +62,8 @@ async fn parked(env: &TestEnv) -> Vec<(String, String, i64, Vec<u8>)> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_kind_of_bad_input_is_parked_and_valid_orders_stay_on_time() {
-    let env = TestEnv::new().await;
+async fn every_kind_of_bad_input_is_parked_and_valid_orders_stay_on_time(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(2).await;
     let service = env.service().await;
 
@@ -200,9 +192,8 @@ fn fast_retries(env: &TestEnv, max_attempts: u32) -> order_timeout::settings::Se
     settings
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inventory_down_orders_are_retried_then_released_once_it_is_back() {
-    let env = TestEnv::new().await;
+async fn inventory_down_orders_are_retried_then_released_once_it_is_back(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(3).await;
     let service = env.service_with(fast_retries(&env, 20)).await;
     let mut orders = Vec::new();
@@ -226,7 +217,8 @@ async fn inventory_down_orders_are_retried_then_released_once_it_is_back() {
         || async { service.metrics.count(Outcome::Retried) >= 30 },
     )
     .await;
-    // Nothing released while the inventory is down.
+    // Nothing released while the inventory is down (its ledger, in
+    // PostgreSQL on either dialect).
     let released: i64 = sqlx::query_scalar("SELECT count(*) FROM inventory.releases")
         .fetch_one(&env.pool)
         .await
@@ -247,7 +239,7 @@ async fn inventory_down_orders_are_retried_then_released_once_it_is_back() {
             order.id
         );
     }
-    assert_eq!(early(&env).await, 0);
+    assert_eq!(env.cancelled_early().await, 0);
     env.assert_stock_exact(3).await;
     for n in 0..3 {
         assert_eq!(env.stock(n).await, STOCK);
@@ -256,9 +248,8 @@ async fn inventory_down_orders_are_retried_then_released_once_it_is_back() {
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hanging_inventory_times_out_and_is_retried_until_it_answers() {
-    let env = TestEnv::new().await;
+async fn a_hanging_inventory_times_out_and_is_retried_until_it_answers(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let service = env.service_with(fast_retries(&env, 20)).await;
     let mut orders = Vec::new();
@@ -343,9 +334,8 @@ async fn park_with_inventory_down(
     (service, got.remove(0))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error() {
-    let env = TestEnv::new().await;
+async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     let settings = fast_retries(&env, 3);
     let (service, got) =
         park_with_inventory_down(&env, settings, "down-1", Duration::from_millis(500)).await;
@@ -373,9 +363,8 @@ async fn inventory_kept_down_parks_after_the_last_attempt_with_the_error() {
 
 /// With a sub-second backoff a retry is held in-process instead of going
 /// through the delay store; it must still count its attempts and park.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sub_second_retries_held_in_process_still_count_attempts_and_park() {
-    let env = TestEnv::new().await;
+async fn sub_second_retries_held_in_process_still_count_attempts_and_park(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     let mut settings = fast_retries(&env, 3);
     settings.retry.base_delay = Duration::from_millis(200);
     settings.retry.max_delay = Duration::from_millis(400);
@@ -388,9 +377,8 @@ async fn sub_second_retries_held_in_process_still_count_attempts_and_park() {
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sweeper_finishes_releases_that_ran_out_of_attempts() {
-    let env = TestEnv::new().await;
+async fn the_sweeper_finishes_releases_that_ran_out_of_attempts(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let mut settings = fast_retries(&env, 2);
     settings.sweeper.interval = Duration::from_secs(1);
@@ -412,9 +400,8 @@ async fn the_sweeper_finishes_releases_that_ran_out_of_attempts() {
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn database_connections_killed_mid_run_every_order_still_ends_right() {
-    let env = TestEnv::new().await;
+async fn database_connections_killed_mid_run_every_order_still_ends_right(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(4).await;
     let service = env.service_with(fast_retries(&env, 20)).await;
     let n = 150usize;
@@ -422,54 +409,37 @@ async fn database_connections_killed_mid_run_every_order_still_ends_right() {
     for i in 0..n {
         let order = env
             .create_order(
-                &format!("pg-{i:03}"),
+                &format!("db-{i:03}"),
                 Duration::from_millis(1500 + 25 * i as u64),
                 &[(i % 4, 1)],
             )
             .await;
         if i % 5 == 0 {
-            order_timeout_tools::shop::pay(&env.pool, &order.id)
-                .await
-                .unwrap();
+            assert!(env.pay(&order.id).await);
         }
         orders.push(order);
     }
     for order in &orders {
         env.publish_timeout(order).await;
     }
-    // For 6 s, kill every connection to this test's database (the service's,
-    // the inventory server's and the harness's) every 300 ms.
-    let admin = sqlx::PgPool::connect_lazy(
-        &env.settings
-            .database_url
-            .expose()
-            .replace(&format!("/{}", env.name), "/postgres"),
-    )
-    .unwrap();
+    // For 6 s, kill every connection to this test's databases (the
+    // service's, the inventory server's and the harness's) every 300 ms.
     let mut killed = 0i64;
     let end = tokio::time::Instant::now() + Duration::from_secs(6);
     while tokio::time::Instant::now() < end {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-             WHERE datname = $1 AND pid <> pg_backend_pid()) t",
-        )
-        .bind(&env.name)
-        .fetch_one(&admin)
-        .await
-        .unwrap();
-        killed += n;
+        killed += env.kill_database_connections().await;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    assert!(killed > 0, "connections were killed");
+    assert!(killed > 0, "the orders database's connections were killed");
 
     env.eventually(Duration::from_secs(60), "every order settled", || async {
-        env.count("pg-", "UNPAID").await == 0
+        env.count("db-", "UNPAID").await == 0
     })
     .await;
-    assert_eq!(env.count("pg-", "PAID").await, (n / 5) as i64);
-    assert_eq!(env.count("pg-", "CANCELLED").await, (n - n / 5) as i64);
+    assert_eq!(env.count("db-", "PAID").await, (n / 5) as i64);
+    assert_eq!(env.count("db-", "CANCELLED").await, (n - n / 5) as i64);
     env.wait_outbox_done(Duration::from_secs(60)).await;
-    assert_eq!(early(&env).await, 0);
+    assert_eq!(env.cancelled_early().await, 0);
     env.assert_stock_exact(4).await;
     let over: i64 = sqlx::query_scalar("SELECT count(*) FROM inventory.releases WHERE calls > 1")
         .fetch_one(&env.pool)
@@ -503,9 +473,8 @@ fn service_connections(vhost: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_broker_connection_is_reestablished_and_readiness_follows() {
-    let env = TestEnv::new().await;
+async fn a_lost_broker_connection_is_reestablished_and_readiness_follows(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let service = env.service().await;
     let addr = service.http_addr;
@@ -564,15 +533,14 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows() {
         env.count("conn-", "CANCELLED").await == 30
     })
     .await;
-    assert_eq!(early(&env).await, 0);
+    assert_eq!(env.cancelled_early().await, 0);
     env.assert_stock_exact(1).await;
     assert_eq!(env.stock(0).await, STOCK);
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orders_without_any_message_are_swept_once_even_by_two_replicas() {
-    let env = TestEnv::new().await;
+async fn orders_without_any_message_are_swept_once_even_by_two_replicas(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(2).await;
     let mut settings = env.settings.clone();
     settings.sweeper.interval = Duration::from_secs(1);
@@ -592,9 +560,7 @@ async fn orders_without_any_message_are_swept_once_even_by_two_replicas() {
     let paid = env
         .create_order("gap-paid", Duration::from_millis(300), &[(0, 5)])
         .await;
-    order_timeout_tools::shop::pay(&env.pool, &paid.id)
-        .await
-        .unwrap();
+    assert!(env.pay(&paid.id).await);
     env.create_order("gap-future", Duration::from_secs(3600), &[(1, 5)])
         .await;
 
@@ -617,9 +583,8 @@ async fn orders_without_any_message_are_swept_once_even_by_two_replicas() {
     b.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_health_and_readiness_are_served() {
-    let env = TestEnv::new().await;
+async fn metrics_health_and_readiness_are_served(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let service = env.service().await;
     let addr = service.http_addr;
@@ -676,3 +641,16 @@ async fn metrics_health_and_readiness_are_served() {
         .await;
     service.stop().await.unwrap();
 }
+
+on_both_dialects!(
+    every_kind_of_bad_input_is_parked_and_valid_orders_stay_on_time,
+    inventory_down_orders_are_retried_then_released_once_it_is_back,
+    a_hanging_inventory_times_out_and_is_retried_until_it_answers,
+    inventory_kept_down_parks_after_the_last_attempt_with_the_error,
+    sub_second_retries_held_in_process_still_count_attempts_and_park,
+    the_sweeper_finishes_releases_that_ran_out_of_attempts,
+    database_connections_killed_mid_run_every_order_still_ends_right,
+    a_lost_broker_connection_is_reestablished_and_readiness_follows,
+    orders_without_any_message_are_swept_once_even_by_two_replicas,
+    metrics_health_and_readiness_are_served,
+);

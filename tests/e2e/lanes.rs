@@ -2,11 +2,12 @@
 //! window wait in the lane's queues (one hop) and are cancelled on time,
 //! never early; other windows still take the cascade; `topology check`
 //! and `pending` know the lanes; a lane entry (`schedule.<W>s`) puts an
-//! order straight into its lane.
+//! order straight into its lane. With the shop's orders on PostgreSQL and
+//! on MariaDB (`postgres::…`, `mariadb::…`).
 
 use std::time::Duration;
 
-use crate::common::{TestEnv, ready};
+use crate::common::{Dialect, TestEnv, on_both_dialects, ready};
 use order_timeout::broker::lanes::lane_name;
 use order_timeout::broker::topology::{DUE_QUEUE, lane_entry_key};
 use order_timeout::observe::metrics::Outcome;
@@ -16,10 +17,10 @@ use order_timeout::settings::{Lane, Shards};
 /// the real figure).
 const LATE_OK: chrono::Duration = chrono::Duration::milliseconds(1500);
 
-/// A test's world whose service runs one lane of `window` in 3 shards,
-/// with one SKU in stock.
-async fn with_lane(window: &str) -> (TestEnv, Lane) {
-    let mut env = TestEnv::new().await;
+/// A test's world on `dialect` whose service runs one lane of `window` in
+/// 3 shards, with one SKU in stock.
+async fn with_lane(dialect: Dialect, window: &str) -> (TestEnv, Lane) {
+    let mut env = TestEnv::on(dialect).await;
     let lane = Lane::try_from(window.to_string()).unwrap();
     env.settings.lanes = vec![lane];
     env.settings.lane_shards = Shards::try_from(3).unwrap();
@@ -27,9 +28,10 @@ async fn with_lane(window: &str) -> (TestEnv, Lane) {
     (env, lane)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_time() {
-    let (env, lane) = with_lane("7s").await;
+async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_time(
+    dialect: Dialect,
+) {
+    let (env, lane) = with_lane(dialect, "7s").await;
     let service = env.service().await;
 
     // Each published as soon as it is created, as an order service does.
@@ -87,9 +89,8 @@ async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_ti
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
-    let (env, lane) = with_lane("6s").await;
+async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early(dialect: Dialect) {
+    let (env, lane) = with_lane(dialect, "6s").await;
     let service = env.service().await;
     // The service binds the lane entry when it declares its topology, before
     // it consumes; until then the broker drops what is published with the
@@ -148,3 +149,8 @@ async fn a_lane_entry_goes_straight_into_the_lane_and_is_never_early() {
     );
     service.stop().await.unwrap();
 }
+
+on_both_dialects!(
+    orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_time,
+    a_lane_entry_goes_straight_into_the_lane_and_is_never_early,
+);

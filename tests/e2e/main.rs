@@ -1,6 +1,7 @@
 //! The end-to-end tests, one binary (one link instead of one per file):
-//! every test gets its own RabbitMQ vhost and PostgreSQL database
-//! ([`common::TestEnv`]) and talks to the real servers.
+//! every test gets its own RabbitMQ vhost and its own databases (the
+//! shop's orders on PostgreSQL or MariaDB: [`common::TestEnv`]) and talks
+//! to the real servers.
 
 mod acks;
 mod adopt;

@@ -1,9 +1,11 @@
 //! The operator commands, run as the real binary against a real broker and
-//! database: `parked list|replay|purge` and `topology check`.
+//! database: `parked list|replay|purge` and `topology check`. Every test
+//! runs with the shop's orders on PostgreSQL and on MariaDB
+//! (`postgres::…`, `mariadb::…`).
 
 use std::time::Duration;
 
-use crate::common::{TestEnv, declare_durable_queue, depth_on};
+use crate::common::{Dialect, TestEnv, declare_durable_queue, depth_on, on_both_dialects};
 use chrono::Utc;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -56,9 +58,8 @@ fn assert_success(out: &crate::common::CliOutput) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_shows_reasons_and_leaves_the_queue_as_it_was() {
-    let env = TestEnv::new().await;
+async fn list_shows_reasons_and_leaves_the_queue_as_it_was(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     let service = env.service().await;
     env.publish_raw(b"definitely not json").await;
     wait_parked(&env, &service, 1).await;
@@ -144,9 +145,8 @@ async fn list_shows_reasons_and_leaves_the_queue_as_it_was() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_by_order_id_succeeds_once_the_cause_is_fixed() {
-    let env = TestEnv::new().await;
+async fn replay_by_order_id_succeeds_once_the_cause_is_fixed(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let service = env.service().await;
     publish_for_unknown(&env, "ghost-a").await;
@@ -203,9 +203,8 @@ async fn replay_by_order_id_succeeds_once_the_cause_is_fixed() {
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_all_republishes_everything_parked() {
-    let env = TestEnv::new().await;
+async fn replay_all_republishes_everything_parked(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let service = env.service().await;
     for i in 0..3 {
@@ -235,9 +234,8 @@ async fn replay_all_republishes_everything_parked() {
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_deletes_what_was_asked_and_nothing_else() {
-    let env = TestEnv::new().await;
+async fn purge_deletes_what_was_asked_and_nothing_else(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     let ago = |d: chrono::Duration| format_instant(Utc::now() - d);
     for (body, parked_at) in [
         ("old-1", ago(chrono::Duration::days(10))),
@@ -334,9 +332,8 @@ async fn break_the_topology(env: &TestEnv) -> String {
     shard_queue
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn topology_check_reports_ok_and_then_every_difference() {
-    let env = TestEnv::new().await;
+async fn topology_check_reports_ok_and_then_every_difference(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     let layout = order_timeout::broker::topology::Layout::of(&env.settings);
     assert!(
         layout.shards.get() > 1,
@@ -395,9 +392,10 @@ async fn topology_check_reports_ok_and_then_every_difference() {
     assert!(missing.is_err(), "topology check must not create queues");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_the_check_names_the_fix() {
-    let env = TestEnv::new().await;
+async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_the_check_names_the_fix(
+    dialect: Dialect,
+) {
+    let env = TestEnv::on(dialect).await;
     // As a version without the delivery limit declared it.
     let channel = env.amqp.create_channel().await.unwrap();
     delete_queue(&channel, topology::PARKED_QUEUE).await;
@@ -443,9 +441,8 @@ async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_the_check_nam
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pending_shows_what_waits_by_due_window() {
-    let env = TestEnv::new().await;
+async fn pending_shows_what_waits_by_due_window(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let service = env.service().await;
     // Three orders an hour away (first cascade level 11: due within
@@ -595,9 +592,8 @@ async fn a_missing_queue_is_named(env: &TestEnv) {
 /// `schedule --in` far in the future is an error that says so, and nothing
 /// is published: past what the clock can carry (a million years), and past
 /// the years a timeout message may name (the consumer would park it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn schedule_far_in_the_future_is_an_error_and_publishes_nothing() {
-    let env = TestEnv::new().await;
+async fn schedule_far_in_the_future_is_an_error_and_publishes_nothing(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     for (when, says) in [
         ("1000000years", "--in 1000000years: too far in the future"),
         ("200years", "outside"),
@@ -622,3 +618,14 @@ async fn schedule_far_in_the_future_is_an_error_and_publishes_nothing() {
     );
     assert_eq!(pending["total"]["messages"], 0, "{pending}");
 }
+
+on_both_dialects!(
+    list_shows_reasons_and_leaves_the_queue_as_it_was,
+    replay_by_order_id_succeeds_once_the_cause_is_fixed,
+    replay_all_republishes_everything_parked,
+    purge_deletes_what_was_asked_and_nothing_else,
+    topology_check_reports_ok_and_then_every_difference,
+    a_parked_queue_from_before_the_delivery_limit_is_used_and_the_check_names_the_fix,
+    pending_shows_what_waits_by_due_window,
+    schedule_far_in_the_future_is_an_error_and_publishes_nothing,
+);

@@ -2,11 +2,12 @@
 //! parked at once with the reason (and only the order they belong to),
 //! publishes that back off instead of spinning, deliveries near the
 //! queue's delivery limit, and header values at the edges. Against the
-//! real RabbitMQ, PostgreSQL and MariaDB.
+//! real RabbitMQ, PostgreSQL and MariaDB: the service-level tests run with
+//! the shop's orders on either (`postgres::…`, `mariadb::…`).
 
 use std::time::Duration;
 
-use crate::common::{RuleInventory, STOCK, TestEnv, ready};
+use crate::common::{Dialect, RuleInventory, STOCK, TestEnv, on_both_dialects, ready};
 use crate::store::mysql_base;
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
@@ -62,9 +63,10 @@ async fn refuse_releases_of(env: &TestEnv, order: &str) -> (RuleInventory, Shutd
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_inventory_refusing_one_order_parks_it_after_one_attempt_and_releases_the_others() {
-    let env = TestEnv::new().await;
+async fn an_inventory_refusing_one_order_parks_it_after_one_attempt_and_releases_the_others(
+    dialect: Dialect,
+) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(2).await;
     let (refused, stop_inventory) = refuse_releases_of(&env, "frozen-1").await;
     let mut settings = env.settings.clone();
@@ -167,19 +169,24 @@ async fn an_inventory_refusing_one_order_parks_it_after_one_attempt_and_releases
     stop_inventory.trigger();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_also_statement_failing_for_one_order_parks_only_that_order() {
-    let env = TestEnv::new().await;
+async fn an_also_statement_failing_for_one_order_parks_only_that_order(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
-    sqlx::query("CREATE TABLE given_back (order_id text PRIMARY KEY, n integer NOT NULL)")
-        .execute(&env.pool)
-        .await
-        .unwrap();
+    env.shop_exec(env.sql(
+        "CREATE TABLE given_back (order_id text PRIMARY KEY, n integer NOT NULL)",
+        "CREATE TABLE given_back (order_id VARCHAR(64) PRIMARY KEY, n INT NOT NULL)",
+    ))
+    .await;
     let mut settings = env.settings.clone();
     // Every order gets a row in `given_back`, with the number in its id:
-    // a data error (22P02) for the one id without a number.
+    // a data error for the one id without a number (PostgreSQL 22P02;
+    // MariaDB 1366 in strict mode, its default).
     settings.orders.also = vec![
-        "INSERT INTO given_back (order_id, n) VALUES ($1, CAST(substr($1, 6) AS integer))".into(),
+        env.sql(
+            "INSERT INTO given_back (order_id, n) VALUES ($1, CAST(substr($1, 6) AS integer))",
+            "INSERT INTO given_back (order_id, n) VALUES (?, SUBSTR(?, 6))",
+        )
+        .into(),
     ];
     settings.retry.max_attempts = 5;
     settings.sweeper.enabled = false;
@@ -226,11 +233,9 @@ async fn an_also_statement_failing_for_one_order_parks_only_that_order() {
             "{id} waited for the bad order"
         );
     }
-    let given_back: Vec<(String, i32)> =
-        sqlx::query_as("SELECT order_id, n FROM given_back ORDER BY n")
-            .fetch_all(&env.pool)
-            .await
-            .unwrap();
+    let given_back: Vec<(String, i32)> = env
+        .shop_rows("SELECT order_id, n FROM given_back ORDER BY n")
+        .await;
     let expected: Vec<(String, i32)> = (1..=9).map(|i| (format!("also-{i}"), i)).collect();
     assert_eq!(
         given_back, expected,
@@ -298,9 +303,7 @@ async fn paid_filler(env: &TestEnv) {
     let paid = env
         .create_order("filler", Duration::from_secs(3600), &[(0, 1)])
         .await;
-    order_timeout_tools::shop::pay(&env.pool, &paid.id)
-        .await
-        .unwrap();
+    assert!(env.pay(&paid.id).await);
 }
 
 /// Fills cascade level `level` of every shard with one message of the
@@ -322,9 +325,8 @@ async fn fill_level(env: &TestEnv, level: u32) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn publishes_the_broker_refuses_back_off_instead_of_spinning() {
-    let env = TestEnv::new().await;
+async fn publishes_the_broker_refuses_back_off_instead_of_spinning(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     // The parked queue and the first cascade level of a 16 s delay are
     // full and refuse publishes (a quorum queue over `max-length` with
@@ -414,9 +416,8 @@ async fn publishes_the_broker_refuses_back_off_instead_of_spinning() {
 /// time left then, so it goes around a full cascade level within a second
 /// or two instead of waiting out the publish patience (8 s) and going back
 /// to the queue.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_re_schedule_takes_another_route_by_the_time_left() {
-    let env = TestEnv::new().await;
+async fn a_refused_re_schedule_takes_another_route_by_the_time_left(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     // Level 4 (16 s) of every shard holds a message and refuses more.
     paid_filler(&env).await;
@@ -455,9 +456,8 @@ async fn a_refused_re_schedule_takes_another_route_by_the_time_left() {
 /// A re-schedule the broker refuses on every route until its deadline is
 /// within the hold window is held in-process then, not returned to the
 /// queue seconds later.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_re_schedule_refused_until_the_hold_window_is_held() {
-    let env = TestEnv::new().await;
+async fn a_re_schedule_refused_until_the_hold_window_is_held(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let service = env.service().await;
     let addr = service.http_addr;
@@ -536,9 +536,8 @@ fn timeout_body(order: &order_timeout_tools::shop::NewOrder) -> String {
     .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_delivery_near_the_delivery_limit_is_parked_before_the_broker_drops_it() {
-    let env = TestEnv::new().await;
+async fn a_delivery_near_the_delivery_limit_is_parked_before_the_broker_drops_it(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let mut settings = env.settings.clone();
     settings.sweeper.enabled = false;
@@ -579,9 +578,8 @@ async fn a_delivery_near_the_delivery_limit_is_parked_before_the_broker_drops_it
     service.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn header_values_at_the_edges_neither_panic_nor_reset_the_attempts() {
-    let env = TestEnv::new().await;
+async fn header_values_at_the_edges_neither_panic_nor_reset_the_attempts(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     let mut settings = env.settings.clone();
     settings.retry.max_attempts = 3;
@@ -642,6 +640,7 @@ fn assert_filed(result: Result<impl std::fmt::Debug, sqlx::Error>, permanent: bo
     );
 }
 
+// PostgreSQL's errors; MariaDB's are `mysql_errors_are_filed_permanent_or_transient`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_errors_are_filed_permanent_or_transient() {
     let env = TestEnv::new().await;
@@ -823,3 +822,13 @@ async fn mysql_cases(pool: &sqlx::MySqlPool, url: &SecretUrl) {
     );
     drop(held);
 }
+
+on_both_dialects!(
+    an_inventory_refusing_one_order_parks_it_after_one_attempt_and_releases_the_others,
+    an_also_statement_failing_for_one_order_parks_only_that_order,
+    publishes_the_broker_refuses_back_off_instead_of_spinning,
+    a_refused_re_schedule_takes_another_route_by_the_time_left,
+    a_re_schedule_refused_until_the_hold_window_is_held,
+    a_delivery_near_the_delivery_limit_is_parked_before_the_broker_drops_it,
+    header_values_at_the_edges_neither_panic_nor_reset_the_attempts,
+);

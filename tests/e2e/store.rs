@@ -1,11 +1,13 @@
 //! The store suite: every state the cancel transaction can report, and the
 //! outbox, sweeper and migration operations, written once against the
 //! [`OrderStore`] interface and run for every SQL dialect
-//! (`store_suite!(dialect, Fixture)` below; one line per dialect).
+//! (`store_suite!(module, Dialect)` below; one line per dialect).
 //!
-//! A fixture is a fresh database of its dialect with the service's
+//! A [`Fixture`] is a fresh database of its dialect with the service's
 //! migrations and the reference shop schema, plus the few statements the
-//! cases need to put an order row into a state (as the shop would).
+//! cases need to put an order row into a state (as the shop would), each
+//! written once, with the SQL of both dialects side by side where they
+//! differ.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +19,11 @@ use order_timeout::settings::{self, SecretUrl};
 use order_timeout::store::{
     self, Cancellation, Dialect, OrderState, OrderStore, ShopSchema, Store,
 };
+use order_timeout_tools::scratch;
+use order_timeout_tools::shop::ShopDb;
+use sqlx::MySqlPool;
+
+use crate::common::on_shop;
 
 mod bindings;
 mod effects;
@@ -28,55 +35,6 @@ mod timers;
 
 const REASON: &str = "payment timeout";
 const LEASE: Duration = Duration::from_secs(15);
-
-/// A fresh database of one dialect, and the shop's side of it.
-trait Fixture: Sized {
-    /// A fresh database: migrated, with the reference shop schema.
-    async fn new() -> Self;
-    /// The store under test.
-    fn store(&self) -> &Store;
-    /// Its URL (for the migration cases).
-    fn url(&self) -> &SecretUrl;
-    /// Inserts an order row with `status` (`UNPAID`, `PAID`, `CANCELLED`)
-    /// whose deadline is `due_in` from now (negative: overdue).
-    async fn insert(&self, id: &str, status: &str, due_in: chrono::Duration);
-    /// Adds an item to an order.
-    async fn add_item(&self, id: &str, sku: &str, quantity: i64);
-    /// The order row's `(status, cancelled_at, cancel_reason)`.
-    async fn row(&self, id: &str) -> (String, Option<DateTime<Utc>>, Option<String>);
-    /// Outbox rows for the order (0 or 1).
-    async fn outbox_rows(&self, id: &str) -> i64;
-    /// Pays the order in a transaction that holds the row while `during`
-    /// runs, then commits: what a concurrent payment looks like to a cancel
-    /// statement that runs meanwhile.
-    async fn pay_concurrently(&self, id: &str, during: impl Future<Output = ()>);
-    /// Holds the order row's lock (`SELECT … FOR UPDATE`, as a slow
-    /// payment callback would) while `during` runs, then commits; returns
-    /// the database's clock read just before the commit.
-    async fn lock_row_during(&self, id: &str, during: impl Future<Output = ()>) -> DateTime<Utc>;
-    /// Runs `sql` in a transaction of another session, holds that
-    /// transaction open (with its locks) while `during` runs, then rolls it
-    /// back.
-    async fn in_open_transaction(&self, sql: &str, during: impl Future<Output = ()>);
-    /// Ages an outbox row (its `created_at`) by `by`.
-    async fn age_outbox(&self, id: &str, by: chrono::Duration);
-    /// The column definitions of the shop's tables, to compare before and
-    /// after a migration.
-    async fn shop_ddl(&self) -> Vec<String>;
-    /// The tables of the database that are not the shop's reference ones.
-    async fn other_tables(&self) -> Vec<String>;
-    /// The dialect.
-    fn dialect(&self) -> Dialect;
-    /// Runs `sql` (one or more statements) as the shop would.
-    async fn exec(&self, sql: &str);
-    /// The first column of `sql`'s rows, as text.
-    async fn texts(&self, sql: &str) -> Vec<String>;
-    /// Another store on this database, with `schema`'s mapping.
-    fn store_with(&self, schema: &ShopSchema) -> Store;
-    /// Runs `sql` again and again on a session of its own, as another
-    /// client would, until the repeater is stopped.
-    fn repeat(&self, sql: String) -> Repeater;
-}
 
 /// A concurrent session running one statement in a loop.
 struct Repeater {
@@ -137,7 +95,7 @@ fn cancellation(state: OrderState) -> Cancellation {
 mod cases {
     use super::*;
 
-    pub(super) async fn unknown_order_is_reported_unknown(f: &impl Fixture) {
+    pub(super) async fn unknown_order_is_reported_unknown(f: &Fixture) {
         assert_eq!(
             state_of(f.store().as_ref(), "nobody", LEASE).await,
             OrderState::Unknown
@@ -145,7 +103,7 @@ mod cases {
         assert_eq!(f.outbox_rows("nobody").await, 0);
     }
 
-    pub(super) async fn paid_order_is_left_alone(f: &impl Fixture) {
+    pub(super) async fn paid_order_is_left_alone(f: &Fixture) {
         f.insert("paid", "PAID", secs(-5)).await;
         assert_eq!(
             state_of(f.store().as_ref(), "paid", LEASE).await,
@@ -155,7 +113,7 @@ mod cases {
         assert_eq!(f.outbox_rows("paid").await, 0);
     }
 
-    pub(super) async fn order_not_yet_due_is_not_cancelled(f: &impl Fixture) {
+    pub(super) async fn order_not_yet_due_is_not_cancelled(f: &Fixture) {
         f.insert("later", "UNPAID", secs(3600)).await;
         match state_of(f.store().as_ref(), "later", LEASE).await {
             OrderState::NotYetDue { expires_at, db_now } => {
@@ -169,7 +127,7 @@ mod cases {
         assert_eq!(f.outbox_rows("later").await, 0);
     }
 
-    pub(super) async fn overdue_order_is_cancelled_just_now_with_the_lease(f: &impl Fixture) {
+    pub(super) async fn overdue_order_is_cancelled_just_now_with_the_lease(f: &Fixture) {
         f.insert("due", "UNPAID", secs(-2)).await;
         let c = cancellation(state_of(f.store().as_ref(), "due", LEASE).await);
         assert!(c.just_now && c.leased && c.release_pending && c.event_pending);
@@ -188,7 +146,7 @@ mod cases {
         assert_eq!(f.outbox_rows("due").await, 1);
     }
 
-    pub(super) async fn a_live_lease_is_reported_as_leased_elsewhere(f: &impl Fixture) {
+    pub(super) async fn a_live_lease_is_reported_as_leased_elsewhere(f: &Fixture) {
         f.insert("busy", "UNPAID", secs(-1)).await;
         let store = f.store().as_ref();
         cancellation(state_of(store, "busy", LEASE).await);
@@ -203,7 +161,7 @@ mod cases {
         }
     }
 
-    pub(super) async fn an_earlier_cancellation_with_work_pending_is_taken_over(f: &impl Fixture) {
+    pub(super) async fn an_earlier_cancellation_with_work_pending_is_taken_over(f: &Fixture) {
         f.insert("crashed", "UNPAID", secs(-1)).await;
         let store = f.store().as_ref();
         // A worker that crashed: its lease ran out at once.
@@ -218,7 +176,7 @@ mod cases {
         assert!(!c.just_now && c.leased);
     }
 
-    pub(super) async fn finished_work_is_reported_done_and_marks_are_idempotent(f: &impl Fixture) {
+    pub(super) async fn finished_work_is_reported_done_and_marks_are_idempotent(f: &Fixture) {
         f.insert("done", "UNPAID", secs(-1)).await;
         let store = f.store().as_ref();
         cancellation(state_of(store, "done", LEASE).await);
@@ -234,7 +192,7 @@ mod cases {
         store.release_leases(&[]).await.unwrap();
     }
 
-    pub(super) async fn an_order_cancelled_by_someone_else_is_not_ours(f: &impl Fixture) {
+    pub(super) async fn an_order_cancelled_by_someone_else_is_not_ours(f: &Fixture) {
         f.insert("theirs", "CANCELLED", secs(-5)).await;
         assert_eq!(
             state_of(f.store().as_ref(), "theirs", LEASE).await,
@@ -248,7 +206,7 @@ mod cases {
     /// the race happens every time): the cancel skips the row it holds and
     /// says so (`Locked`, never `Cancelled`), the payment commits, and the
     /// order is paid, with no effect of a cancellation.
-    pub(super) async fn a_payment_committing_during_the_cancel_wins(f: &impl Fixture) {
+    pub(super) async fn a_payment_committing_during_the_cancel_wins(f: &Fixture) {
         f.insert("race", "UNPAID", secs(-1)).await;
         let store = f.store().clone();
         let mut during = None;
@@ -267,7 +225,7 @@ mod cases {
         );
     }
 
-    pub(super) async fn the_cancellation_is_timed_after_the_row_lock(f: &impl Fixture) {
+    pub(super) async fn the_cancellation_is_timed_after_the_row_lock(f: &Fixture) {
         f.insert("held", "UNPAID", secs(-1)).await;
         let store = f.store().clone();
         let released = f
@@ -292,14 +250,14 @@ mod cases {
 
     /// After the lease is given back, the next cancel reports the
     /// cancellation time the outbox kept.
-    async fn store_release_and_check(f: &impl Fixture, order: &str, at: DateTime<Utc>) {
+    async fn store_release_and_check(f: &Fixture, order: &str, at: DateTime<Utc>) {
         let store = f.store().as_ref();
         store.release_leases(&[order]).await.unwrap();
         let again = cancellation(state_of(store, order, LEASE).await);
         assert_eq!(again.cancelled_at, at);
     }
 
-    pub(super) async fn a_batch_reports_every_order_once(f: &impl Fixture) {
+    pub(super) async fn a_batch_reports_every_order_once(f: &Fixture) {
         f.insert("b-due", "UNPAID", secs(-1)).await;
         f.insert("b-paid", "PAID", secs(-1)).await;
         f.insert("b-later", "UNPAID", secs(60)).await;
@@ -336,7 +294,7 @@ mod cases {
         );
     }
 
-    pub(super) async fn items_are_read_per_order(f: &impl Fixture) {
+    pub(super) async fn items_are_read_per_order(f: &Fixture) {
         f.insert("i-1", "UNPAID", secs(-1)).await;
         f.insert("i-2", "UNPAID", secs(-1)).await;
         f.insert("i-3", "UNPAID", secs(-1)).await;
@@ -355,7 +313,7 @@ mod cases {
         assert_eq!(items["i-2"][0].quantity, 5);
     }
 
-    pub(super) async fn the_sweeper_finds_overdue_orders_oldest_first(f: &impl Fixture) {
+    pub(super) async fn the_sweeper_finds_overdue_orders_oldest_first(f: &Fixture) {
         f.insert("s-old", "UNPAID", secs(-300)).await;
         f.insert("s-older", "UNPAID", secs(-600)).await;
         f.insert("s-young", "UNPAID", secs(-5)).await;
@@ -380,7 +338,7 @@ mod cases {
         assert!(last.rows.is_empty() && last.next.is_none(), "{last:?}");
     }
 
-    pub(super) async fn the_sweeper_finds_stale_outbox_work_without_a_live_lease(f: &impl Fixture) {
+    pub(super) async fn the_sweeper_finds_stale_outbox_work_without_a_live_lease(f: &Fixture) {
         for order in ["o-stale", "o-leased", "o-done", "o-fresh"] {
             f.insert(order, "UNPAID", secs(-1)).await;
         }
@@ -407,7 +365,7 @@ mod cases {
 
     /// Cancels `orders` (overdue), gives their leases back and ages their
     /// outbox rows by ten minutes: stale work for the sweeper.
-    async fn stale_rows(f: &impl Fixture, orders: &[&str]) {
+    async fn stale_rows(f: &Fixture, orders: &[&str]) {
         for order in orders {
             f.insert(order, "UNPAID", secs(-1)).await;
         }
@@ -429,7 +387,7 @@ mod cases {
     }
 
     pub(super) async fn failing_outbox_rows_wait_their_backoff_and_given_up_ones_are_left(
-        f: &impl Fixture,
+        f: &Fixture,
     ) {
         stale_rows(f, &["b-old", "b-older", "b-new", "b-refused"]).await;
         f.age_outbox("b-older", secs(-60)).await;
@@ -501,7 +459,7 @@ mod cases {
         assert_eq!(gave_up, ["no"]);
     }
 
-    pub(super) async fn retention_deletes_only_finished_rows_past_it(f: &impl Fixture) {
+    pub(super) async fn retention_deletes_only_finished_rows_past_it(f: &Fixture) {
         let finished_old: Vec<String> = (0..7).map(|n| format!("r-done-old-{n}")).collect();
         let mut orders: Vec<&str> = finished_old.iter().map(String::as_str).collect();
         orders.extend(["r-done-new", "r-pending-old", "r-half-old", "r-gave-up-old"]);
@@ -535,7 +493,7 @@ mod cases {
         }
     }
 
-    pub(super) async fn the_stale_outbox_scan_reads_an_index_of_the_pending_rows(f: &impl Fixture) {
+    pub(super) async fn the_stale_outbox_scan_reads_an_index_of_the_pending_rows(f: &Fixture) {
         // 10,000 finished rows, older than the few pending ones.
         let my = f.dialect() == Dialect::MySql;
         let (hour_ago, minutes_ago, now) = if my {
@@ -597,7 +555,7 @@ mod cases {
         }
     }
 
-    pub(super) async fn prepare_says_to_run_migrate_without_the_services_tables(f: &impl Fixture) {
+    pub(super) async fn prepare_says_to_run_migrate_without_the_services_tables(f: &Fixture) {
         let store = f.store_with(&ShopSchema::default());
         let says_migrate = |err: store::StoreError, what: &str| {
             let message = err.to_string();
@@ -627,7 +585,7 @@ mod cases {
         store.prepare().await.unwrap();
     }
 
-    pub(super) async fn the_report_names_the_tables_nothing_vacuums(f: &impl Fixture) {
+    pub(super) async fn the_report_names_the_tables_nothing_vacuums(f: &Fixture) {
         let report = f
             .store_with(&ShopSchema::default())
             .prepare()
@@ -664,7 +622,7 @@ mod cases {
     }
 
     pub(super) async fn one_cancel_transaction_carries_the_most_ids_its_dialect_allows(
-        f: &impl Fixture,
+        f: &Fixture,
     ) {
         // MySQL: one more than the limit, every order due: a transaction
         // with the limit itself (the outbox insert binding the most
@@ -731,12 +689,12 @@ mod cases {
         );
     }
 
-    pub(super) async fn ping_answers(f: &impl Fixture) {
+    pub(super) async fn ping_answers(f: &Fixture) {
         f.store().ping().await.unwrap();
     }
 
     pub(super) async fn migrate_creates_only_the_services_tables_and_leaves_the_shops_alone(
-        f: &impl Fixture,
+        f: &Fixture,
     ) {
         let before = f.shop_ddl().await;
         assert!(!before.is_empty());
@@ -761,12 +719,13 @@ mod cases {
     }
 }
 
-/// Instantiates every case of [`cases`] as a test against `$fixture`.
+/// Instantiates every case of [`cases`] as a test against a [`Fixture`]
+/// of `$dialect`.
 macro_rules! store_suite {
-    ($dialect:ident, $fixture:ty) => {
-        mod $dialect {
+    ($module:ident, $dialect:expr) => {
+        mod $module {
             use super::*;
-            store_suite!(@cases $fixture;
+            store_suite!(@cases $dialect;
                 unknown_order_is_reported_unknown,
                 paid_order_is_left_alone,
                 order_not_yet_due_is_not_cancelled,
@@ -790,33 +749,33 @@ macro_rules! store_suite {
                 ping_answers,
                 migrate_creates_only_the_services_tables_and_leaves_the_shops_alone,
             );
-            store_suite!(@in id_columns $fixture;
+            store_suite!(@in id_columns $dialect;
                 ids_are_compared_exactly_in_every_id_column_type,
             );
-            store_suite!(@in failures $fixture;
+            store_suite!(@in failures $dialect;
                 a_flip_failing_for_one_row_fails_only_that_order,
             );
-            store_suite!(@in scans $fixture;
+            store_suite!(@in scans $dialect;
                 scans_read_past_rows_that_are_no_orders,
                 the_sweepers_scan_leaves_out_reopened_and_set_aside_rows,
             );
-            store_suite!(@in bindings $fixture;
+            store_suite!(@in bindings $dialect;
                 parameters_bind_in_every_form_on_every_connection,
                 a_misplaced_or_unbindable_parameter_is_refused_at_the_check,
                 codes_one_in_the_status_columns_comparison_are_refused,
             );
-            store_suite!(@in locks $fixture;
+            store_suite!(@in locks $dialect;
                 a_held_row_delays_only_its_own_order,
                 a_held_row_that_the_holder_pays_is_never_cancelled,
                 a_lock_the_cancel_cannot_skip_reports_the_order_held,
                 a_held_row_an_also_statement_writes_delays_only_its_own_order,
                 a_slow_guard_times_out_as_a_transient_error,
             );
-            store_suite!(@in effects $fixture;
+            store_suite!(@in effects $dialect;
                 effects_follow_the_flip_while_another_session_flips_the_guard,
                 effects_follow_the_flip_while_another_session_moves_the_deadline,
             );
-            store_suite!(@in timers $fixture;
+            store_suite!(@in timers $dialect;
                 a_timer_flips_only_due_rows_in_its_from_status,
                 a_held_row_delays_only_itself_for_a_timer,
                 a_held_row_the_holder_moves_on_is_never_flipped_by_the_timer,
@@ -827,464 +786,387 @@ macro_rules! store_suite {
             );
         }
     };
-    (@in $module:ident $fixture:ty; $($case:ident),* $(,)?) => {
+    (@in $module:ident $dialect:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                let fixture = <$fixture as Fixture>::new().await;
+                let fixture = Fixture::new($dialect).await;
                 $module::$case(&fixture).await;
             }
         )*
     };
-    (@cases $fixture:ty; $($case:ident),* $(,)?) => {
+    (@cases $dialect:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test]
             async fn $case() {
-                let fixture = <$fixture as Fixture>::new().await;
+                let fixture = Fixture::new($dialect).await;
                 cases::$case(&fixture).await;
             }
         )*
     };
 }
 
-store_suite!(postgres, pg::PgFixture);
-store_suite!(mysql, my::MyFixture);
+store_suite!(postgres, Dialect::Postgres);
+store_suite!(mysql, Dialect::MySql);
 
-mod pg {
-    //! PostgreSQL: a fresh database per test, dropped afterwards.
+/// The MySQL/MariaDB server the tests use: `MYSQL_URL` (default: the local
+/// MariaDB's root).
+pub(crate) fn mysql_base() -> SecretUrl {
+    SecretUrl::new(
+        std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into()),
+    )
+}
 
-    use order_timeout_tools::scratch;
-    use sqlx::PgPool;
+/// A pool on the MySQL/MariaDB database `url` whose sessions read and
+/// write zone-less times in `zone` (as the shop's programs do), with
+/// statement logging off.
+pub(crate) async fn mysql_pool(url: &SecretUrl, zone: &str, max_connections: u32) -> MySqlPool {
+    let options: sqlx::mysql::MySqlConnectOptions = url.expose().parse().unwrap();
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(sqlx::ConnectOptions::disable_statement_logging(
+            options.timezone(Some(zone.into())),
+        ))
+        .await
+        .unwrap()
+}
 
-    use super::*;
+/// A fresh database of one dialect (PostgreSQL on `DATABASE_URL`'s server,
+/// MySQL/MariaDB on `MYSQL_URL`'s), migrated, with the reference shop
+/// schema, dropped afterwards; and the shop's side of it.
+pub(super) struct Fixture {
+    dialect: Dialect,
+    name: String,
+    base: SecretUrl,
+    url: SecretUrl,
+    /// The shop's pool (`on_shop!` runs one statement on it).
+    shop: ShopDb,
+    store: Store,
+    /// Ends the run, naming the test, if it hangs.
+    _watchdog: crate::bounds::Watchdog,
+}
 
-    pub(super) struct PgFixture {
-        name: String,
-        base: SecretUrl,
-        url: SecretUrl,
-        pool: PgPool,
-        store: Store,
-        /// Ends the run, naming the test, if it hangs.
-        _watchdog: crate::bounds::Watchdog,
+impl Fixture {
+    /// A fresh database of `dialect`: migrated, with the reference shop
+    /// schema.
+    async fn new(dialect: Dialect) -> Self {
+        let watchdog = crate::bounds::Watchdog::start();
+        let base = match dialect {
+            Dialect::Postgres => scratch::test_pg_server(),
+            Dialect::MySql => mysql_base(),
+        };
+        crate::common::sweep_abandoned().await;
+        let name = scratch::owned_name("ot_store");
+        let url = scratch::with_path(&base, &name).unwrap();
+        let shop = ShopDb::prepare(&url, 5)
+            .await
+            .expect("prepare the store test database");
+        let store = store::connect_lazy(&url, 5, &ShopSchema::default()).unwrap();
+        Self {
+            dialect,
+            name,
+            base,
+            url,
+            shop,
+            store,
+            _watchdog: watchdog,
+        }
     }
 
-    impl Fixture for PgFixture {
-        async fn new() -> Self {
-            let watchdog = crate::bounds::Watchdog::start();
-            let base = scratch::test_pg_server();
-            crate::common::sweep_abandoned().await;
-            let name = scratch::owned_name("ot_store");
-            let url = scratch::with_path(&base, &name).unwrap();
-            let pool = order_timeout_tools::shop::prepare_database(&url, 5)
-                .await
-                .expect("prepare the store test database");
-            let store = store::connect_lazy(&url, 5, &ShopSchema::default()).unwrap();
-            Self {
-                name,
-                base,
-                url,
-                pool,
-                store,
-                _watchdog: watchdog,
+    /// The store under test.
+    fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Its URL (for the migration cases).
+    fn url(&self) -> &SecretUrl {
+        &self.url
+    }
+
+    /// The dialect.
+    fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// Inserts an order row with `status` (`UNPAID`, `PAID`, `CANCELLED`)
+    /// whose deadline is `due_in` from now (negative: overdue).
+    async fn insert(&self, id: &str, status: &str, due_in: chrono::Duration) {
+        on_shop!(
+            self,
+            execute,
+            query(
+                "INSERT INTO orders (id, status, expires_at) VALUES ($1, $2, $3)",
+                "INSERT INTO orders (id, status, expires_at) VALUES (?, ?, ?)"
+            ),
+            id,
+            status,
+            Utc::now() + due_in
+        )
+        .unwrap();
+    }
+
+    /// Adds an item to an order.
+    async fn add_item(&self, id: &str, sku: &str, quantity: i64) {
+        on_shop!(
+            self,
+            execute,
+            query(
+                "INSERT INTO order_items (order_id, sku, quantity) VALUES ($1, $2, $3)",
+                "INSERT INTO order_items (order_id, sku, quantity) VALUES (?, ?, ?)"
+            ),
+            id,
+            sku,
+            quantity
+        )
+        .unwrap();
+    }
+
+    /// The order row's `(status, cancelled_at, cancel_reason)`.
+    async fn row(&self, id: &str) -> (String, Option<DateTime<Utc>>, Option<String>) {
+        on_shop!(
+            self,
+            fetch_one,
+            query_as(
+                "SELECT status, cancelled_at, cancel_reason FROM orders WHERE id = $1",
+                "SELECT status, cancelled_at, cancel_reason FROM orders WHERE id = ?"
+            ),
+            id
+        )
+        .unwrap()
+    }
+
+    /// Outbox rows for the order (0 or 1).
+    async fn outbox_rows(&self, id: &str) -> i64 {
+        on_shop!(
+            self,
+            fetch_one,
+            query_scalar(
+                "SELECT count(*) FROM order_timeout_cancel_outbox WHERE order_id = $1",
+                "SELECT COUNT(*) FROM order_timeout_cancel_outbox WHERE order_id = ?"
+            ),
+            id
+        )
+        .unwrap()
+    }
+
+    /// Pays the order in a transaction that holds the row while `during`
+    /// runs, then commits: what a concurrent payment looks like to a cancel
+    /// statement that runs meanwhile.
+    async fn pay_concurrently(&self, id: &str, during: impl Future<Output = ()>) {
+        let tx = self
+            .begin_with(
+                "UPDATE orders SET status = 'PAID' WHERE id = $1 AND status = 'UNPAID'",
+                "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'",
+                id,
+            )
+            .await;
+        during.await;
+        tx.commit(None).await;
+    }
+
+    /// Holds the order row's lock (`SELECT … FOR UPDATE`, as a slow
+    /// payment callback would) while `during` runs, then commits; returns
+    /// the database's clock read just before the commit.
+    async fn lock_row_during(&self, id: &str, during: impl Future<Output = ()>) -> DateTime<Utc> {
+        let tx = self
+            .begin_with(
+                "SELECT 1 FROM orders WHERE id = $1 FOR UPDATE",
+                "SELECT 1 FROM orders WHERE id = ? FOR UPDATE",
+                id,
+            )
+            .await;
+        during.await;
+        let clock = ("SELECT clock_timestamp()", "SELECT UTC_TIMESTAMP(6)");
+        tx.commit(Some(clock)).await.unwrap()
+    }
+
+    /// A transaction of another session that has run `pg` or `my` (by the
+    /// dialect) with `id` bound: what [`Fixture::pay_concurrently`] and
+    /// [`Fixture::lock_row_during`] hold open.
+    async fn begin_with(&self, pg: &'static str, my: &'static str, id: &str) -> OpenTx {
+        match &self.shop {
+            ShopDb::Postgres(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query(pg).bind(id).execute(&mut *tx).await.unwrap();
+                OpenTx::Postgres(tx)
+            }
+            ShopDb::MySql(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::query(my).bind(id).execute(&mut *tx).await.unwrap();
+                OpenTx::MySql(tx)
             }
         }
-
-        fn store(&self) -> &Store {
-            &self.store
-        }
-
-        fn url(&self) -> &SecretUrl {
-            &self.url
-        }
-
-        async fn insert(&self, id: &str, status: &str, due_in: chrono::Duration) {
-            sqlx::query("INSERT INTO orders (id, status, expires_at) VALUES ($1, $2, $3)")
-                .bind(id)
-                .bind(status)
-                .bind(Utc::now() + due_in)
-                .execute(&self.pool)
-                .await
-                .unwrap();
-        }
-
-        async fn add_item(&self, id: &str, sku: &str, quantity: i64) {
-            sqlx::query("INSERT INTO order_items (order_id, sku, quantity) VALUES ($1, $2, $3)")
-                .bind(id)
-                .bind(sku)
-                .bind(quantity)
-                .execute(&self.pool)
-                .await
-                .unwrap();
-        }
-
-        async fn row(&self, id: &str) -> (String, Option<DateTime<Utc>>, Option<String>) {
-            sqlx::query_as("SELECT status, cancelled_at, cancel_reason FROM orders WHERE id = $1")
-                .bind(id)
-                .fetch_one(&self.pool)
-                .await
-                .unwrap()
-        }
-
-        async fn outbox_rows(&self, id: &str) -> i64 {
-            sqlx::query_scalar(
-                "SELECT count(*) FROM order_timeout_cancel_outbox WHERE order_id = $1",
-            )
-            .bind(id)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-        }
-
-        async fn pay_concurrently(&self, id: &str, during: impl Future<Output = ()>) {
-            let mut tx = self.pool.begin().await.unwrap();
-            sqlx::query("UPDATE orders SET status = 'PAID' WHERE id = $1 AND status = 'UNPAID'")
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            during.await;
-            tx.commit().await.unwrap();
-        }
-
-        async fn lock_row_during(
-            &self,
-            id: &str,
-            during: impl Future<Output = ()>,
-        ) -> DateTime<Utc> {
-            let mut tx = self.pool.begin().await.unwrap();
-            sqlx::query("SELECT 1 FROM orders WHERE id = $1 FOR UPDATE")
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            during.await;
-            let now = sqlx::query_scalar("SELECT clock_timestamp()")
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
-            tx.commit().await.unwrap();
-            now
-        }
-
-        async fn in_open_transaction(&self, sql: &str, during: impl Future<Output = ()>) {
-            let mut tx = self.pool.begin().await.unwrap();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-                .execute(&mut *tx)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-            during.await;
-            tx.rollback().await.unwrap();
-        }
-
-        async fn age_outbox(&self, id: &str, by: chrono::Duration) {
-            sqlx::query(
-                "UPDATE order_timeout_cancel_outbox SET created_at = created_at + $2 WHERE order_id = $1",
-            )
-            .bind(id)
-            .bind(by)
-            .execute(&self.pool)
-            .await
-            .unwrap();
-        }
-
-        async fn shop_ddl(&self) -> Vec<String> {
-            sqlx::query_scalar(
-                r#"
-                SELECT concat_ws(' ', table_schema, table_name, column_name, data_type,
-                                 is_nullable, column_default)
-                  FROM information_schema.columns
-                 WHERE (table_schema = 'public' AND table_name IN ('orders', 'order_items'))
-                    OR table_schema = 'inventory'
-                 ORDER BY table_schema, table_name, ordinal_position
-                "#,
-            )
-            .fetch_all(&self.pool)
-            .await
-            .unwrap()
-        }
-
-        async fn other_tables(&self) -> Vec<String> {
-            sqlx::query_scalar(
-                r#"
-                SELECT table_name::text FROM information_schema.tables
-                 WHERE table_schema = 'public' AND table_name NOT IN ('orders', 'order_items')
-                "#,
-            )
-            .fetch_all(&self.pool)
-            .await
-            .unwrap()
-        }
-
-        fn dialect(&self) -> Dialect {
-            Dialect::Postgres
-        }
-
-        async fn exec(&self, sql: &str) {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-                .execute(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-
-        async fn texts(&self, sql: &str) -> Vec<String> {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                .fetch_all(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        }
-
-        fn store_with(&self, schema: &ShopSchema) -> Store {
-            store::connect_lazy(&self.url, 5, schema).unwrap()
-        }
-
-        fn repeat(&self, sql: String) -> Repeater {
-            let pool = self.pool.clone();
-            Repeater::spawn(move || {
-                let (pool, sql) = (pool.clone(), sql.clone());
-                async move {
-                    sqlx::query(sqlx::AssertSqlSafe(sql))
-                        .execute(&pool)
-                        .await
-                        .unwrap();
-                }
-            })
-        }
     }
 
-    impl Drop for PgFixture {
-        fn drop(&mut self) {
-            let _ = scratch::drop_database_blocking(&self.base, &self.name);
+    /// Runs `sql` in a transaction of another session, holds that
+    /// transaction open (with its locks) while `during` runs, then rolls it
+    /// back.
+    async fn in_open_transaction(&self, sql: &str, during: impl Future<Output = ()>) {
+        let text = || sqlx::AssertSqlSafe(sql.to_owned());
+        let tx = match &self.shop {
+            ShopDb::Postgres(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                let ran = sqlx::raw_sql(text()).execute(&mut *tx).await.map(drop);
+                (OpenTx::Postgres(tx), ran)
+            }
+            ShopDb::MySql(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                let ran = sqlx::raw_sql(text()).execute(&mut *tx).await.map(drop);
+                (OpenTx::MySql(tx), ran)
+            }
+        };
+        let (tx, ran) = tx;
+        ran.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        during.await;
+        tx.rollback().await;
+    }
+
+    /// Ages an outbox row (its `created_at`) by `by`.
+    async fn age_outbox(&self, id: &str, by: chrono::Duration) {
+        let micros = by.num_microseconds().unwrap();
+        on_shop!(
+            self,
+            execute,
+            query(
+                "UPDATE order_timeout_cancel_outbox \
+                SET created_at = created_at + make_interval(secs => $1::float8 / 1e6) \
+              WHERE order_id = $2",
+                "UPDATE order_timeout_cancel_outbox \
+                SET created_at = created_at + INTERVAL ? MICROSECOND WHERE order_id = ?"
+            ),
+            micros,
+            id
+        )
+        .unwrap();
+    }
+
+    /// The column definitions of the shop's tables, to compare before and
+    /// after a migration.
+    async fn shop_ddl(&self) -> Vec<String> {
+        on_shop!(
+            self,
+            fetch_all,
+            query_scalar(
+                "SELECT concat_ws(' ', table_schema, table_name, column_name, data_type, \
+                              is_nullable, column_default) \
+               FROM information_schema.columns \
+              WHERE (table_schema = 'public' AND table_name IN ('orders', 'order_items')) \
+                 OR table_schema = 'inventory' \
+              ORDER BY table_schema, table_name, ordinal_position",
+                "SELECT CAST(CONCAT_WS(' ', TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, \
+                                   COALESCE(COLUMN_DEFAULT, '-'), COLUMN_KEY) AS CHAR) \
+               FROM information_schema.COLUMNS \
+              WHERE TABLE_SCHEMA = DATABASE() \
+                AND TABLE_NAME IN ('orders', 'order_items', 'shop_stock') \
+              ORDER BY TABLE_NAME, ORDINAL_POSITION"
+            )
+        )
+        .unwrap()
+    }
+
+    /// The tables of the database that are not the shop's reference ones.
+    async fn other_tables(&self) -> Vec<String> {
+        on_shop!(
+            self,
+            fetch_all,
+            query_scalar(
+                "SELECT table_name::text FROM information_schema.tables \
+              WHERE table_schema = 'public' AND table_name NOT IN ('orders', 'order_items')",
+                "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
+              WHERE TABLE_SCHEMA = DATABASE() \
+                AND TABLE_NAME NOT IN ('orders', 'order_items', 'shop_stock')"
+            )
+        )
+        .unwrap()
+    }
+
+    /// Runs `sql` (one or more statements) as the shop would.
+    async fn exec(&self, sql: &str) {
+        let text = sqlx::AssertSqlSafe(sql.to_owned());
+        match &self.shop {
+            ShopDb::Postgres(pool) => sqlx::raw_sql(text).execute(pool).await.map(drop),
+            ShopDb::MySql(pool) => sqlx::raw_sql(text).execute(pool).await.map(drop),
         }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// The first column of `sql`'s rows, as text.
+    async fn texts(&self, sql: &str) -> Vec<String> {
+        let text = || sqlx::AssertSqlSafe(sql.to_owned());
+        on_shop!(self, fetch_all, query_scalar(text(), text()))
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Another store on this database, with `schema`'s mapping.
+    fn store_with(&self, schema: &ShopSchema) -> Store {
+        store::connect_lazy(&self.url, 5, schema).unwrap()
+    }
+
+    /// Runs `sql` again and again on a session of its own, as another
+    /// client would, until the repeater is stopped.
+    fn repeat(&self, sql: String) -> Repeater {
+        let shop = self.shop.clone();
+        Repeater::spawn(move || {
+            let (shop, sql) = (shop.clone(), sql.clone());
+            async move {
+                let text = || sqlx::AssertSqlSafe(sql.clone());
+                match &shop {
+                    ShopDb::Postgres(pool) => sqlx::query(text()).execute(pool).await.map(drop),
+                    ShopDb::MySql(pool) => sqlx::query(text()).execute(pool).await.map(drop),
+                }
+                .unwrap();
+            }
+        })
     }
 }
 
-pub(crate) use my::{mysql_base, mysql_pool};
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = scratch::drop_database_blocking(&self.base, &self.name);
+    }
+}
 
-mod my {
-    //! MySQL/MariaDB: a fresh database per test on the server of
-    //! `MYSQL_URL` (default: the local MariaDB's root), dropped afterwards.
+/// A transaction of the shop's held open by a [`Fixture`], on either
+/// dialect.
+enum OpenTx {
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    MySql(sqlx::Transaction<'static, sqlx::MySql>),
+}
 
-    use order_timeout_tools::scratch;
-    use sqlx::MySqlPool;
-
-    use super::*;
-
-    /// The MySQL/MariaDB server the tests use.
-    pub(crate) fn mysql_base() -> SecretUrl {
-        SecretUrl::new(
-            std::env::var("MYSQL_URL")
-                .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".into()),
-        )
+impl OpenTx {
+    /// Rolls the transaction back.
+    async fn rollback(self) {
+        match self {
+            Self::Postgres(tx) => tx.rollback().await,
+            Self::MySql(tx) => tx.rollback().await,
+        }
+        .unwrap();
     }
 
-    /// A pool on the MySQL/MariaDB database `url` whose sessions read and
-    /// write zone-less times in `zone` (as the shop's programs do), with
-    /// statement logging off.
-    pub(crate) async fn mysql_pool(url: &SecretUrl, zone: &str, max_connections: u32) -> MySqlPool {
-        let options: sqlx::mysql::MySqlConnectOptions = url.expose().parse().unwrap();
-        sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(max_connections)
-            .connect_with(sqlx::ConnectOptions::disable_statement_logging(
-                options.timezone(Some(zone.into())),
-            ))
-            .await
-            .unwrap()
-    }
-
-    pub(super) struct MyFixture {
-        name: String,
-        base: SecretUrl,
-        url: SecretUrl,
-        pool: MySqlPool,
-        store: Store,
-        /// Ends the run, naming the test, if it hangs.
-        _watchdog: crate::bounds::Watchdog,
-    }
-
-    impl Fixture for MyFixture {
-        async fn new() -> Self {
-            let watchdog = crate::bounds::Watchdog::start();
-            let base = mysql_base();
-            crate::common::sweep_abandoned().await;
-            let name = scratch::owned_name("ot_store");
-            let url = scratch::with_path(&base, &name).unwrap();
-            let pool = order_timeout_tools::shop::prepare_mysql_database(&url, 5)
-                .await
-                .expect("prepare the MySQL store test database");
-            let store = store::connect_lazy(&url, 5, &ShopSchema::default()).unwrap();
-            Self {
-                name,
-                base,
-                url,
-                pool,
-                store,
-                _watchdog: watchdog,
+    /// Reads the database's clock with `clock` (`(PostgreSQL, MySQL)`), if
+    /// given, in the transaction, then commits it.
+    async fn commit(self, clock: Option<(&'static str, &'static str)>) -> Option<DateTime<Utc>> {
+        match self {
+            Self::Postgres(mut tx) => {
+                let now = match clock {
+                    Some((pg, _)) => {
+                        Some(sqlx::query_scalar(pg).fetch_one(&mut *tx).await.unwrap())
+                    }
+                    None => None,
+                };
+                tx.commit().await.unwrap();
+                now
             }
-        }
-
-        fn store(&self) -> &Store {
-            &self.store
-        }
-
-        fn url(&self) -> &SecretUrl {
-            &self.url
-        }
-
-        async fn insert(&self, id: &str, status: &str, due_in: chrono::Duration) {
-            sqlx::query("INSERT INTO orders (id, status, expires_at) VALUES (?, ?, ?)")
-                .bind(id)
-                .bind(status)
-                .bind(Utc::now() + due_in)
-                .execute(&self.pool)
-                .await
-                .unwrap();
-        }
-
-        async fn add_item(&self, id: &str, sku: &str, quantity: i64) {
-            sqlx::query("INSERT INTO order_items (order_id, sku, quantity) VALUES (?, ?, ?)")
-                .bind(id)
-                .bind(sku)
-                .bind(quantity)
-                .execute(&self.pool)
-                .await
-                .unwrap();
-        }
-
-        async fn row(&self, id: &str) -> (String, Option<DateTime<Utc>>, Option<String>) {
-            sqlx::query_as("SELECT status, cancelled_at, cancel_reason FROM orders WHERE id = ?")
-                .bind(id)
-                .fetch_one(&self.pool)
-                .await
-                .unwrap()
-        }
-
-        async fn outbox_rows(&self, id: &str) -> i64 {
-            sqlx::query_scalar(
-                "SELECT COUNT(*) FROM order_timeout_cancel_outbox WHERE order_id = ?",
-            )
-            .bind(id)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-        }
-
-        async fn pay_concurrently(&self, id: &str, during: impl Future<Output = ()>) {
-            let mut tx = self.pool.begin().await.unwrap();
-            sqlx::query("UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'")
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            during.await;
-            tx.commit().await.unwrap();
-        }
-
-        async fn lock_row_during(
-            &self,
-            id: &str,
-            during: impl Future<Output = ()>,
-        ) -> DateTime<Utc> {
-            let mut tx = self.pool.begin().await.unwrap();
-            sqlx::query("SELECT 1 FROM orders WHERE id = ? FOR UPDATE")
-                .bind(id)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            during.await;
-            let now = sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
-            tx.commit().await.unwrap();
-            now
-        }
-
-        async fn in_open_transaction(&self, sql: &str, during: impl Future<Output = ()>) {
-            let mut tx = self.pool.begin().await.unwrap();
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-                .execute(&mut *tx)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-            during.await;
-            tx.rollback().await.unwrap();
-        }
-
-        async fn age_outbox(&self, id: &str, by: chrono::Duration) {
-            sqlx::query(
-                "UPDATE order_timeout_cancel_outbox \
-                    SET created_at = created_at + INTERVAL ? MICROSECOND WHERE order_id = ?",
-            )
-            .bind(by.num_microseconds().unwrap())
-            .bind(id)
-            .execute(&self.pool)
-            .await
-            .unwrap();
-        }
-
-        async fn shop_ddl(&self) -> Vec<String> {
-            sqlx::query_scalar(
-                "SELECT CAST(CONCAT_WS(' ', TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, \
-                                       COALESCE(COLUMN_DEFAULT, '-'), COLUMN_KEY) AS CHAR) \
-                   FROM information_schema.COLUMNS \
-                  WHERE TABLE_SCHEMA = DATABASE() \
-                    AND TABLE_NAME IN ('orders', 'order_items', 'shop_stock') \
-                  ORDER BY TABLE_NAME, ORDINAL_POSITION",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .unwrap()
-        }
-
-        async fn other_tables(&self) -> Vec<String> {
-            sqlx::query_scalar(
-                "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
-                  WHERE TABLE_SCHEMA = DATABASE() \
-                    AND TABLE_NAME NOT IN ('orders', 'order_items', 'shop_stock')",
-            )
-            .fetch_all(&self.pool)
-            .await
-            .unwrap()
-        }
-
-        fn dialect(&self) -> Dialect {
-            Dialect::MySql
-        }
-
-        async fn exec(&self, sql: &str) {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
-                .execute(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-
-        async fn texts(&self, sql: &str) -> Vec<String> {
-            sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-                .fetch_all(&self.pool)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        }
-
-        fn store_with(&self, schema: &ShopSchema) -> Store {
-            store::connect_lazy(&self.url, 5, schema).unwrap()
-        }
-
-        fn repeat(&self, sql: String) -> Repeater {
-            let pool = self.pool.clone();
-            Repeater::spawn(move || {
-                let (pool, sql) = (pool.clone(), sql.clone());
-                async move {
-                    sqlx::query(sqlx::AssertSqlSafe(sql))
-                        .execute(&pool)
-                        .await
-                        .unwrap();
-                }
-            })
-        }
-    }
-
-    impl Drop for MyFixture {
-        fn drop(&mut self) {
-            let _ = scratch::drop_database_blocking(&self.base, &self.name);
+            Self::MySql(mut tx) => {
+                let now = match clock {
+                    Some((_, my)) => {
+                        Some(sqlx::query_scalar(my).fetch_one(&mut *tx).await.unwrap())
+                    }
+                    None => None,
+                };
+                tx.commit().await.unwrap();
+                now
+            }
         }
     }
 }

@@ -25,11 +25,12 @@ use futures_util::StreamExt;
 use order_timeout::broker::publisher::TimerEvent;
 use order_timeout::observe::metrics::{Metrics, Outcome};
 use order_timeout::settings::{SecretUrl, Settings, Timer};
-use order_timeout_tools::scratch;
+use order_timeout_tools::scratch::ScratchDatabase;
+use order_timeout_tools::shop::ShopDb;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, MySqlPool, PgPool};
+use sqlx::{AssertSqlSafe, ConnectOptions, PgPool};
 
-use crate::common::TestEnv;
+use crate::common::{TestEnv, on_shop};
 use crate::store::{mysql_base, mysql_pool};
 
 const MALL: &str = include_str!("../../config/examples/mall-timers-mysql.toml");
@@ -164,48 +165,193 @@ async fn wait_watched(env: &TestEnv, metrics: &Metrics, expected: &[(&str, u64)]
     }
 }
 
+/// A worked config's shop database, in the shop's zone: mall's on MariaDB
+/// (a database of its own, dropped afterwards), yudao's the test's
+/// PostgreSQL database. What [`run_worked_config`] reads and writes through.
+struct Shop {
+    /// The database's URL, as the config's `DATABASE_URL`.
+    url: SecretUrl,
+    /// Its pool (named for `on_shop!`).
+    shop: ShopDb,
+    /// The MariaDB database, dropped after the pool closes.
+    _scratch: Option<ScratchDatabase>,
+}
+
+impl Shop {
+    /// Runs `sql` (one or more statements) as the shop would; the rows
+    /// changed.
+    async fn run(&self, sql: &str) -> u64 {
+        let text = || AssertSqlSafe(sql.to_owned());
+        on_shop!(self, execute, raw_sql(text(), text())).unwrap_or_else(|e| panic!("{e}: {sql}"))
+    }
+
+    /// How many of `ids` of `table` match `condition`.
+    async fn count(&self, table: &str, ids: &[i64], condition: &str) -> i64 {
+        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
+        let sql = || {
+            AssertSqlSafe(format!(
+                "SELECT COUNT(*) FROM {table} WHERE id IN ({}) AND ({condition})",
+                ids.join(", ")
+            ))
+        };
+        on_shop!(self, fetch_one, query_scalar(sql(), sql())).unwrap()
+    }
+
+    /// Checks that the event's deadline is its row's, read in the shop's
+    /// zone: to the second on MariaDB (mall's `DATETIME`s have whole
+    /// seconds), exactly on PostgreSQL.
+    async fn check_deadline(&self, t: &Timer, e: &TimerEvent) {
+        let id = e.order_id.parse::<i64>().unwrap();
+        let (deadline, table) = (&t.deadline, &t.table);
+        match &self.shop {
+            ShopDb::MySql(pool) => {
+                let deadline: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT CAST(UNIX_TIMESTAMP({deadline}) AS SIGNED) FROM {table} WHERE id = ?"
+                )))
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                assert_eq!(e.expires_at.timestamp(), deadline, "{e:?}");
+            }
+            ShopDb::Postgres(pool) => {
+                let deadline: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(AssertSqlSafe(
+                    format!("SELECT ({deadline})::timestamptz FROM {table} WHERE id = $1"),
+                ))
+                .bind(id)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+                assert_eq!(e.expires_at, deadline, "{e:?}");
+            }
+        }
+    }
+
+    /// The service's outbox rows, `(timer, order id)`.
+    async fn outbox(&self) -> BTreeSet<(String, String)> {
+        let rows: Vec<(String, String)> = on_shop!(self, fetch_all, query_as(
+            "SELECT timer, order_id FROM order_timeout_cancel_outbox",
+            "SELECT CAST(timer AS CHAR), CAST(order_id AS CHAR) FROM order_timeout_cancel_outbox"
+        ))
+        .unwrap();
+        rows.into_iter().collect()
+    }
+}
+
+/// What a worked config's run expects, shop by shop; the steps are the same
+/// ([`run_worked_config`]).
+struct WorkedConfig<'a> {
+    /// The config file's text, as a deployment loads it.
+    config: &'static str,
+    /// The bodies the order service publishes for its unpaid orders.
+    published: Vec<String>,
+    /// Rows each watch's first scan must find: `(timer, rows)`.
+    watched: &'a [(&'a str, u64)],
+    /// What the members do while the test runs, before the deadlines:
+    /// `(what, statement)`, each changing one row.
+    moves: &'a [(&'a str, &'a str)],
+    /// Messages answered without a flip (rows that moved on or fail the
+    /// guard): `(timer, outcome, at least)`.
+    answered: &'a [(&'a str, Outcome, u64)],
+    /// The rows flipped, to wait for: `(table, ids, condition each meets)`.
+    flipped: &'a [(&'a str, &'a [i64], &'a str)],
+    /// One event per flip: `(routing key, timer, id)`.
+    events: &'a [(&'a str, &'a str, &'a str)],
+    /// The `set` time columns of each timer's flipped rows, each at or
+    /// after the timer's deadline: `(timer, columns, ids)`.
+    set_times: &'a [(&'a str, &'a [&'a str], &'a [i64])],
+}
+
+/// A worked config's service, and the events of its flips, after
+/// [`run_worked_config`].
+struct Ran {
+    service: order_timeout::RunningService,
+    events: Vec<(String, TimerEvent)>,
+}
+
+impl Ran {
+    /// The checks that end every worked config: one outbox row per flip
+    /// (its event's), nothing parked; then the service stops.
+    async fn finish(self, env: &TestEnv, shop: &Shop) {
+        let want: BTreeSet<(String, String)> = (self.events.iter())
+            .map(|(_, e)| (e.timer.clone(), e.order_id.clone()))
+            .collect();
+        assert_eq!(shop.outbox().await, want, "one outbox row per flip");
+        assert!(env.drain_parked().await.is_empty(), "nothing parked");
+        self.service.stop().await.unwrap();
+    }
+}
+
+/// Runs `run.config` on `shop` (its schema and rows written) with the
+/// test's vhost and inventory: the order service publishes, the watches'
+/// first scans find their rows, the members make their moves, the moved
+/// rows' messages are answered, the due rows flip; then one event per flip
+/// on the timer's routing key, none early, each with its row's deadline;
+/// the rows' own `set` times at or after the deadlines; and nothing more
+/// afterwards. The steps every worked config shares, written once.
+async fn run_worked_config(env: &TestEnv, shop: &Shop, run: WorkedConfig<'_>) -> Ran {
+    let settings = from_worked_config(run.config, env, &shop.url);
+    let timers = settings.timers().unwrap();
+    let mut events = env.subscribe_events_on("#").await;
+    let service = env.service_with(settings).await;
+    let metrics = service.metrics.clone();
+    for body in &run.published {
+        env.publish_raw(body.as_bytes()).await;
+    }
+    wait_watched(env, &metrics, run.watched).await;
+    for (what, sql) in run.moves {
+        assert_eq!(shop.run(sql).await, 1, "{what} before its deadline");
+    }
+    for (timer, outcome, n) in run.answered {
+        wait_outcome(env, &metrics, timer, *outcome, *n).await;
+    }
+    env.eventually(FLIPS, "every due row flipped", || async {
+        for (table, ids, condition) in run.flipped {
+            if shop.count(table, ids, condition).await != ids.len() as i64 {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+
+    let got = read_events(&mut events, run.events.len(), Duration::from_secs(20)).await;
+    assert_eq!(keyed(&got), expected_events(run.events));
+    for (_, e) in &got {
+        shop.check_deadline(timer(&timers, &e.timer), e).await;
+    }
+    // Never early, by the rows themselves.
+    for (name, columns, ids) in run.set_times {
+        let t = timer(&timers, name);
+        for column in *columns {
+            let condition = format!("{column} >= {}", t.deadline);
+            let on_time = shop.count(&t.table, ids, &condition).await;
+            assert_eq!(on_time, ids.len() as i64, "{name}: {condition}");
+        }
+    }
+    // Nothing else happens afterwards: no second flip, no further event.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let more = read_events(&mut events, 1, Duration::from_secs(1)).await;
+    assert!(more.is_empty(), "no further events: {more:?}");
+    Ran {
+        service,
+        events: got,
+    }
+}
+
 // ---- mall on MariaDB ----
 
-/// A fresh MariaDB database for the mall shop, in the shop's zone
-/// (`+08:00`), dropped afterwards.
-struct MallDb {
-    name: String,
-    url: SecretUrl,
-    pool: MySqlPool,
-}
-
-impl MallDb {
-    async fn new() -> Self {
-        let name = scratch::owned_name("ot_mall_timers");
-        let url = scratch::with_path(&mysql_base(), &name).unwrap();
-        order_timeout::store::migrate(&url).await.unwrap();
-        let pool = mysql_pool(&url, "+08:00", 2).await;
-        Self { name, url, pool }
-    }
-
-    async fn run(&self, sql: &str) {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned()))
-            .execute(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{e}: {sql}"));
-    }
-
-    /// How many of `ids` match `condition` (SQL over `oms_order`).
-    async fn count(&self, ids: &[i64], condition: &str) -> i64 {
-        let ids: Vec<String> = ids.iter().map(i64::to_string).collect();
-        sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT COUNT(*) FROM oms_order WHERE id IN ({}) AND ({condition})",
-            ids.join(", ")
-        )))
-        .fetch_one(&self.pool)
-        .await
-        .unwrap()
-    }
-}
-
-impl Drop for MallDb {
-    fn drop(&mut self) {
-        let _ = scratch::drop_database_blocking(&mysql_base(), &self.name);
+/// A fresh MariaDB database for the mall shop, migrated, its sessions in
+/// the shop's zone (`+08:00`); dropped with the [`Shop`].
+async fn mall_db() -> Shop {
+    let scratch = ScratchDatabase::new(&mysql_base(), "ot_mall_timers");
+    let url = scratch.url().unwrap();
+    order_timeout::store::migrate(&url).await.unwrap();
+    let pool = mysql_pool(&url, "+08:00", 2).await;
+    Shop {
+        url,
+        shop: ShopDb::MySql(pool),
+        _scratch: Some(scratch),
     }
 }
 
@@ -321,84 +467,58 @@ VALUES (101, 26, 'HUAWEI P20', 2, 1, '[{"key":"颜色","value":"金色"}]'),
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mall_timers_on_mariadb() {
     let env = TestEnv::new().await;
-    let db = MallDb::new().await;
-    db.run(MALL_SCHEMA).await;
-    db.run(MALL_PAST).await;
+    let shop = mall_db().await;
+    shop.run(MALL_SCHEMA).await;
+    shop.run(MALL_PAST).await;
     // The migration the file documents: the two columns, the indexes, and
     // the past settled.
-    db.run(&documented_sql(MALL, "ALTER TABLE oms_order")).await;
-    db.run(MALL_ROWS).await;
+    shop.run(&documented_sql(MALL, "ALTER TABLE oms_order"))
+        .await;
+    shop.run(MALL_ROWS).await;
 
-    let settings = from_worked_config(MALL, &env, &db.url);
-    let timers = settings.timers().unwrap();
-    let mut events = env.subscribe_events_on("#").await;
-    let service = env.service_with(settings).await;
-    let metrics = service.metrics.clone();
-    // The order service publishes each order id when it creates the order.
-    for id in 101..=106 {
-        env.publish_raw(id.to_string().as_bytes()).await;
-    }
-    wait_watched(
-        &env,
-        &metrics,
-        &[
+    let run = WorkedConfig {
+        config: MALL,
+        // The order service publishes each order id when it creates the order.
+        published: (101..=106).map(|id: i64| id.to_string()).collect(),
+        watched: &[
             ("auto_receive", 4),
             ("auto_complete", 3),
             ("default_review", 3),
         ],
-    )
-    .await;
-
-    // While the test runs, before their deadlines: a member pays 106,
-    // another confirms receipt of 206, a third reviews 308.
-    for (what, sql) in [
-        (
-            "106 paid",
-            "UPDATE oms_order SET status = 1 WHERE id = 106 AND status = 0 \
-               AND create_time + INTERVAL 120 MINUTE > NOW()",
-        ),
-        (
-            "206 received",
-            "UPDATE oms_order SET status = 3, confirm_status = 1, receive_time = NOW() \
-              WHERE id = 206 AND status = 2 AND delivery_time + INTERVAL 15 DAY > NOW()",
-        ),
-        (
-            "308 reviewed",
-            "UPDATE oms_order SET comment_status = 1, comment_time = NOW() \
-              WHERE id = 308 AND comment_status = 0 AND receive_time + INTERVAL 7 DAY > NOW()",
-        ),
-    ] {
-        let done = sqlx::query(sql).execute(&db.pool).await.unwrap();
-        assert_eq!(done.rows_affected(), 1, "{what} before its deadline");
-    }
-
-    // The messages of the rows that moved on or fail the guard answered:
-    // paid (103, 106), deleted (104), and already in the timer's `to` status
-    // by the member's hand (206, 308).
-    wait_outcome(&env, &metrics, "cancel_unpaid", Outcome::AlreadyPaid, 2).await;
-    wait_outcome(&env, &metrics, "cancel_unpaid", Outcome::LeftAlone, 1).await;
-    wait_outcome(&env, &metrics, "auto_receive", Outcome::AlreadyCancelled, 1).await;
-    wait_outcome(
-        &env,
-        &metrics,
-        "default_review",
-        Outcome::AlreadyCancelled,
-        1,
-    )
-    .await;
-    env.eventually(FLIPS, "every due row flipped", || async {
-        db.count(&[101, 102], "status = 4").await == 2
-            && db.count(&[201, 202, 203], "status = 3").await == 3
-            && db.count(&[301, 302, 308], "finish_status = 1").await == 3
-            && db.count(&[301, 303], "comment_status = 1").await == 2
-    })
-    .await;
-
-    // One event per flip, on the timer's routing key, none early.
-    let got = read_events(&mut events, 10, Duration::from_secs(20)).await;
-    assert_eq!(
-        keyed(&got),
-        expected_events(&[
+        // While the test runs, before their deadlines: a member pays 106,
+        // another confirms receipt of 206, a third reviews 308.
+        moves: &[
+            (
+                "106 paid",
+                "UPDATE oms_order SET status = 1 WHERE id = 106 AND status = 0 \
+                   AND create_time + INTERVAL 120 MINUTE > NOW()",
+            ),
+            (
+                "206 received",
+                "UPDATE oms_order SET status = 3, confirm_status = 1, receive_time = NOW() \
+                  WHERE id = 206 AND status = 2 AND delivery_time + INTERVAL 15 DAY > NOW()",
+            ),
+            (
+                "308 reviewed",
+                "UPDATE oms_order SET comment_status = 1, comment_time = NOW() \
+                  WHERE id = 308 AND comment_status = 0 AND receive_time + INTERVAL 7 DAY > NOW()",
+            ),
+        ],
+        // Paid (103, 106), deleted (104), and already in the timer's `to`
+        // status by the member's hand (206, 308).
+        answered: &[
+            ("cancel_unpaid", Outcome::AlreadyPaid, 2),
+            ("cancel_unpaid", Outcome::LeftAlone, 1),
+            ("auto_receive", Outcome::AlreadyCancelled, 1),
+            ("default_review", Outcome::AlreadyCancelled, 1),
+        ],
+        flipped: &[
+            ("oms_order", &[101, 102], "status = 4"),
+            ("oms_order", &[201, 202, 203], "status = 3"),
+            ("oms_order", &[301, 302, 308], "finish_status = 1"),
+            ("oms_order", &[301, 303], "comment_status = 1"),
+        ],
+        events: &[
             ("order.cancelled", "cancel_unpaid", "101"),
             ("order.cancelled", "cancel_unpaid", "102"),
             ("order.received", "auto_receive", "201"),
@@ -409,39 +529,18 @@ async fn mall_timers_on_mariadb() {
             ("order.completed", "auto_complete", "308"),
             ("order.reviewed", "default_review", "301"),
             ("order.reviewed", "default_review", "303"),
-        ]),
-    );
-    // Each event's deadline is the row's, read in the shop's zone.
-    for (_, e) in &got {
-        let t = timer(&timers, &e.timer);
-        let deadline: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT CAST(UNIX_TIMESTAMP({}) AS SIGNED) FROM oms_order WHERE id = ?",
-            t.deadline
-        )))
-        .bind(e.order_id.parse::<i64>().unwrap())
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        assert_eq!(e.expires_at.timestamp(), deadline, "{e:?}");
-    }
-
-    // Never early, by the rows themselves: each `set` time at or after the
-    // timer's deadline.
-    for (name, column, ids) in [
-        ("cancel_unpaid", "modify_time", &[101, 102][..]),
-        ("auto_receive", "receive_time", &[201, 202, 203][..]),
-        ("auto_complete", "modify_time", &[301, 302, 308][..]),
-        ("default_review", "comment_time", &[301, 303][..]),
-    ] {
-        let deadline = &timer(&timers, name).deadline;
-        let on_time = db.count(ids, &format!("{column} >= {deadline}")).await;
-        assert_eq!(on_time, ids.len() as i64, "{name}: {column} >= deadline");
-    }
-
-    // Nothing else happens afterwards: no second flip, no further event.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let more = read_events(&mut events, 1, Duration::from_secs(1)).await;
-    assert!(more.is_empty(), "no further events: {more:?}");
+        ],
+        set_times: &[
+            ("cancel_unpaid", &["modify_time"], &[101, 102]),
+            ("auto_receive", &["receive_time"], &[201, 202, 203]),
+            ("auto_complete", &["modify_time"], &[301, 302, 308]),
+            ("default_review", &["comment_time"], &[301, 303]),
+        ],
+    };
+    let ran = run_worked_config(&env, &shop, run).await;
+    let ShopDb::MySql(pool) = &shop.shop else {
+        unreachable!("mall's shop is on MariaDB")
+    };
 
     // Every order: (id, status, confirm_status, finish_status,
     // comment_status, modify_time set, comment_time set).
@@ -451,7 +550,7 @@ async fn mall_timers_on_mariadb() {
                 CAST(modify_time IS NOT NULL AS SIGNED), CAST(comment_time IS NOT NULL AS SIGNED) \
            FROM oms_order ORDER BY id",
     )
-    .fetch_all(&db.pool)
+    .fetch_all(pool)
     .await
     .unwrap();
     let s = Some;
@@ -486,14 +585,14 @@ async fn mall_timers_on_mariadb() {
     // 1) and 102 (SKU 2: 4), once; the paid, deleted and later orders' stays.
     let locked: Vec<(i64, Option<i32>)> =
         sqlx::query_as("SELECT id, lock_stock FROM pms_sku_stock ORDER BY id")
-            .fetch_all(&db.pool)
+            .fetch_all(pool)
             .await
             .unwrap();
     assert_eq!(locked, [(1, s(10)), (2, s(12)), (3, s(14))]);
     // The coupon back: member 1's first used history row of coupon 7 only.
     let coupons: Vec<(i64, Option<i32>)> =
         sqlx::query_as("SELECT id, use_status FROM sms_coupon_history ORDER BY id")
-            .fetch_all(&db.pool)
+            .fetch_all(pool)
             .await
             .unwrap();
     assert_eq!(
@@ -503,7 +602,7 @@ async fn mall_timers_on_mariadb() {
     // The points back: 100 to member 1; nobody else's change.
     let points: Vec<(i64, Option<i32>)> =
         sqlx::query_as("SELECT id, integration FROM ums_member ORDER BY id")
-            .fetch_all(&db.pool)
+            .fetch_all(pool)
             .await
             .unwrap();
     assert_eq!(points, [(1, s(600)), (2, s(50)), (3, s(30))]);
@@ -527,7 +626,7 @@ async fn mall_timers_on_mariadb() {
                 product_attribute, content \
            FROM pms_comment ORDER BY product_id",
     )
-    .fetch_all(&db.pool)
+    .fetch_all(pool)
     .await
     .unwrap();
     let text = |s: &str| Some(s.to_owned());
@@ -571,27 +670,12 @@ async fn mall_timers_on_mariadb() {
         "SELECT COUNT(*) FROM pms_comment c WHERE c.create_time < (SELECT MIN(o.receive_time) \
            + INTERVAL 7 DAY FROM oms_order o WHERE o.id IN (301, 303))",
     )
-    .fetch_one(&db.pool)
+    .fetch_one(pool)
     .await
     .unwrap();
     assert_eq!(late_reviews, 0, "no review before the deadline");
 
-    // One outbox row per flip, keyed by timer and order.
-    let outbox: Vec<(String, String)> = sqlx::query_as(
-        "SELECT CAST(timer AS CHAR), CAST(order_id AS CHAR) FROM order_timeout_cancel_outbox \
-          ORDER BY 1, 2",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    let outbox: BTreeSet<(String, String)> = outbox.into_iter().collect();
-    let want: BTreeSet<(String, String)> = got
-        .iter()
-        .map(|(_, e)| (e.timer.clone(), e.order_id.clone()))
-        .collect();
-    assert_eq!(outbox, want);
-    assert!(env.drain_parked().await.is_empty(), "nothing parked");
-    service.stop().await.unwrap();
+    ran.finish(&env, &shop).await;
 }
 
 // ---- yudao on PostgreSQL ----
@@ -705,17 +789,6 @@ async fn yudao_pool(env: &TestEnv) -> PgPool {
         .unwrap()
 }
 
-/// How many of `ids` of `table` match `condition`.
-async fn pg_count(pool: &PgPool, table: &str, ids: &[i64], condition: &str) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {table} WHERE id = ANY($1) AND ({condition})"
-    )))
-    .bind(ids)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 /// `config/examples/yudao-timers-postgres.toml` on PostgreSQL, as written:
 /// the shop publishes `{"order_id": …}` for `cancel_unpaid`;
 /// `auto_receive`, `auto_comment` and `coupon_expiry` are found by their
@@ -730,86 +803,69 @@ async fn pg_count(pool: &PgPool, table: &str, ids: &[i64], condition: &str) -> i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn yudao_timers_on_postgres() {
     let env = TestEnv::new().await;
-    let shop = yudao_pool(&env).await;
-    sqlx::raw_sql(YUDAO_SCHEMA).execute(&shop).await.unwrap();
+    let shop = Shop {
+        url: env.settings.database_url.clone(),
+        shop: ShopDb::Postgres(yudao_pool(&env).await),
+        _scratch: None,
+    };
+    shop.run(YUDAO_SCHEMA).await;
     // The indexes the file documents.
-    let indexes = documented_sql(YUDAO, "CREATE INDEX");
-    sqlx::raw_sql(AssertSqlSafe(indexes))
-        .execute(&shop)
-        .await
-        .unwrap();
-    sqlx::raw_sql(YUDAO_ROWS).execute(&shop).await.unwrap();
+    shop.run(&documented_sql(YUDAO, "CREATE INDEX")).await;
+    shop.run(YUDAO_ROWS).await;
 
-    let settings = from_worked_config(YUDAO, &env, &env.settings.database_url);
-    let timers = settings.timers().unwrap();
-    let mut events = env.subscribe_events_on("#").await;
-    let service = env.service_with(settings).await;
-    let metrics = service.metrics.clone();
-    // The order service publishes each order when it creates it.
-    for id in 1001..=1008 {
-        env.publish_raw(format!(r#"{{"order_id": {id}}}"#).as_bytes())
-            .await;
-    }
-    wait_watched(
-        &env,
-        &metrics,
-        &[
+    let run = WorkedConfig {
+        config: YUDAO,
+        // The order service publishes each order when it creates it.
+        published: (1001..=1008)
+            .map(|id: i64| format!(r#"{{"order_id": {id}}}"#))
+            .collect(),
+        watched: &[
             ("auto_receive", 3),
             ("auto_comment", 3),
             ("coupon_expiry", 2),
         ],
-    )
-    .await;
-
-    // While the test runs, before their deadlines: a member pays 1007,
-    // another confirms receipt of 2004, reviews 3005, uses coupon 605.
-    for (what, sql) in [
-        (
-            "1007 paid",
-            "UPDATE trade_order SET status = 10 WHERE id = 1007 AND status = 0 \
-               AND create_time + interval '2 hours' > localtimestamp",
-        ),
-        (
-            "2004 received",
-            "UPDATE trade_order SET status = 30, receive_time = localtimestamp \
-              WHERE id = 2004 AND status = 20 \
-                AND delivery_time + interval '14 days' > localtimestamp",
-        ),
-        (
-            "3005 reviewed",
-            "UPDATE trade_order SET comment_status = true WHERE id = 3005 \
-               AND NOT comment_status AND receive_time + interval '7 days' > localtimestamp",
-        ),
-        (
-            "605 used",
-            "UPDATE promotion_coupon SET status = 2, use_time = localtimestamp \
-              WHERE id = 605 AND status = 1 AND valid_end_time > localtimestamp",
-        ),
-    ] {
-        let done = sqlx::query(sql).execute(&shop).await.unwrap();
-        assert_eq!(done.rows_affected(), 1, "{what} before its deadline");
-    }
-
-    // The messages of the rows that moved on or fail the guard answered:
-    // paid (1005, 1007), failing the guard (1003, 1004, 1006), already in
-    // the timer's `to` status by the member's hand (2004, 3005), used (605).
-    wait_outcome(&env, &metrics, "cancel_unpaid", Outcome::AlreadyPaid, 2).await;
-    wait_outcome(&env, &metrics, "cancel_unpaid", Outcome::LeftAlone, 3).await;
-    wait_outcome(&env, &metrics, "auto_receive", Outcome::AlreadyCancelled, 1).await;
-    wait_outcome(&env, &metrics, "auto_comment", Outcome::AlreadyCancelled, 1).await;
-    wait_outcome(&env, &metrics, "coupon_expiry", Outcome::LeftAlone, 1).await;
-    env.eventually(FLIPS, "every due row flipped", || async {
-        pg_count(&shop, "trade_order", &[1001, 1002], "status = 40").await == 2
-            && pg_count(&shop, "trade_order", &[2001, 2002], "status = 30").await == 2
-            && pg_count(&shop, "trade_order", &[3001, 3002], "comment_status").await == 2
-            && pg_count(&shop, "promotion_coupon", &[601], "status = 3").await == 1
-    })
-    .await;
-
-    let got = read_events(&mut events, 7, Duration::from_secs(20)).await;
-    assert_eq!(
-        keyed(&got),
-        expected_events(&[
+        // While the test runs, before their deadlines: a member pays 1007,
+        // another confirms receipt of 2004, reviews 3005, uses coupon 605.
+        moves: &[
+            (
+                "1007 paid",
+                "UPDATE trade_order SET status = 10 WHERE id = 1007 AND status = 0 \
+                   AND create_time + interval '2 hours' > localtimestamp",
+            ),
+            (
+                "2004 received",
+                "UPDATE trade_order SET status = 30, receive_time = localtimestamp \
+                  WHERE id = 2004 AND status = 20 \
+                    AND delivery_time + interval '14 days' > localtimestamp",
+            ),
+            (
+                "3005 reviewed",
+                "UPDATE trade_order SET comment_status = true WHERE id = 3005 \
+                   AND NOT comment_status AND receive_time + interval '7 days' > localtimestamp",
+            ),
+            (
+                "605 used",
+                "UPDATE promotion_coupon SET status = 2, use_time = localtimestamp \
+                  WHERE id = 605 AND status = 1 AND valid_end_time > localtimestamp",
+            ),
+        ],
+        // Paid (1005, 1007), failing the guard (1003, 1004, 1006), already
+        // in the timer's `to` status by the member's hand (2004, 3005),
+        // used (605).
+        answered: &[
+            ("cancel_unpaid", Outcome::AlreadyPaid, 2),
+            ("cancel_unpaid", Outcome::LeftAlone, 3),
+            ("auto_receive", Outcome::AlreadyCancelled, 1),
+            ("auto_comment", Outcome::AlreadyCancelled, 1),
+            ("coupon_expiry", Outcome::LeftAlone, 1),
+        ],
+        flipped: &[
+            ("trade_order", &[1001, 1002], "status = 40"),
+            ("trade_order", &[2001, 2002], "status = 30"),
+            ("trade_order", &[3001, 3002], "comment_status"),
+            ("promotion_coupon", &[601], "status = 3"),
+        ],
+        events: &[
             ("order.cancelled", "cancel_unpaid", "1001"),
             ("order.cancelled", "cancel_unpaid", "1002"),
             ("order.received", "auto_receive", "2001"),
@@ -817,53 +873,30 @@ async fn yudao_timers_on_postgres() {
             ("order.reviewed", "auto_comment", "3001"),
             ("order.reviewed", "auto_comment", "3002"),
             ("coupon.expired", "coupon_expiry", "601"),
-        ]),
-    );
-    // Each event's deadline is the row's, read in the shop's zone.
-    for (_, e) in &got {
-        let t = timer(&timers, &e.timer);
-        let deadline: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT ({})::timestamptz FROM {} WHERE id = $1",
-            t.deadline, t.table
-        )))
-        .bind(e.order_id.parse::<i64>().unwrap())
-        .fetch_one(&shop)
-        .await
-        .unwrap();
-        assert_eq!(e.expires_at, deadline, "{e:?}");
-    }
-
-    // Never early, by the rows themselves: each `set` time at or after the
-    // timer's deadline.
-    for (name, columns, ids) in [
-        (
-            "cancel_unpaid",
-            &["cancel_time", "update_time"][..],
-            &[1001, 1002][..],
-        ),
-        (
-            "auto_receive",
-            &["receive_time", "update_time"][..],
-            &[2001, 2002][..],
-        ),
-        (
-            "auto_comment",
-            &["finish_time", "update_time"][..],
-            &[3001, 3002][..],
-        ),
-        ("coupon_expiry", &["update_time"][..], &[601][..]),
-    ] {
-        let t = timer(&timers, name);
-        for column in columns {
-            let condition = format!("{column} >= {}", t.deadline);
-            let on_time = pg_count(&shop, &t.table, ids, &condition).await;
-            assert_eq!(on_time, ids.len() as i64, "{name}: {condition}");
-        }
-    }
-
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let more = read_events(&mut events, 1, Duration::from_secs(1)).await;
-    assert!(more.is_empty(), "no further events: {more:?}");
+        ],
+        set_times: &[
+            (
+                "cancel_unpaid",
+                &["cancel_time", "update_time"],
+                &[1001, 1002],
+            ),
+            (
+                "auto_receive",
+                &["receive_time", "update_time"],
+                &[2001, 2002],
+            ),
+            (
+                "auto_comment",
+                &["finish_time", "update_time"],
+                &[3001, 3002],
+            ),
+            ("coupon_expiry", &["update_time"], &[601]),
+        ],
+    };
+    let ran = run_worked_config(&env, &shop, run).await;
+    let ShopDb::Postgres(shop_pool) = &shop.shop else {
+        unreachable!("yudao's shop is on PostgreSQL")
+    };
 
     // Every order: (id, status, cancel_type, comment_status, cancel_time
     // set, receive_time set, finish_time set).
@@ -873,7 +906,7 @@ async fn yudao_timers_on_postgres() {
                 receive_time IS NOT NULL, finish_time IS NOT NULL \
            FROM trade_order ORDER BY id",
     )
-    .fetch_all(&shop)
+    .fetch_all(shop_pool)
     .await
     .unwrap();
     let (t, f) = (true, false);
@@ -906,7 +939,7 @@ async fn yudao_timers_on_postgres() {
     // 1002's (SKU 13: 1), on the SKUs and their SPUs, once.
     let skus: Vec<(i64, Option<i32>, Option<i32>)> =
         sqlx::query_as("SELECT id, stock, sales_count FROM product_sku ORDER BY id")
-            .fetch_all(&shop)
+            .fetch_all(shop_pool)
             .await
             .unwrap();
     assert_eq!(
@@ -919,7 +952,7 @@ async fn yudao_timers_on_postgres() {
     );
     let spus: Vec<(i64, i32, Option<i32>)> =
         sqlx::query_as("SELECT id, stock, sales_count FROM product_spu ORDER BY id")
-            .fetch_all(&shop)
+            .fetch_all(shop_pool)
             .await
             .unwrap();
     assert_eq!(spus, [(21, 153, Some(12)), (22, 21, Some(2))]);
@@ -928,7 +961,7 @@ async fn yudao_timers_on_postgres() {
     // left them.
     let coupons: Vec<(i64, i32)> =
         sqlx::query_as("SELECT id, status::int4 FROM promotion_coupon ORDER BY id")
-            .fetch_all(&shop)
+            .fetch_all(shop_pool)
             .await
             .unwrap();
     assert_eq!(
@@ -947,7 +980,7 @@ async fn yudao_timers_on_postgres() {
     // Points: 50 back to member 1 (the after-sale line's 40 not), with
     // their record; nobody else's change.
     let points: Vec<(i64, i32)> = sqlx::query_as("SELECT id, point FROM member_user ORDER BY id")
-        .fetch_all(&shop)
+        .fetch_all(shop_pool)
         .await
         .unwrap();
     assert_eq!(points, [(1, 250), (2, 100), (3, 0)]);
@@ -957,7 +990,7 @@ async fn yudao_timers_on_postgres() {
                 tenant_id \
            FROM member_point_record ORDER BY id",
     )
-    .fetch_all(&shop)
+    .fetch_all(shop_pool)
     .await
     .unwrap();
     // (id from member_point_record_seq, user, biz id, biz type, description,
@@ -996,7 +1029,7 @@ async fn yudao_timers_on_postgres() {
                 sku_pic_url, sku_properties, scores::int4, tenant_id \
            FROM product_comment ORDER BY order_item_id",
     )
-    .fetch_all(&shop)
+    .fetch_all(shop_pool)
     .await
     .unwrap();
     let text = |s: &str| Some(s.to_owned());
@@ -1042,7 +1075,7 @@ async fn yudao_timers_on_postgres() {
         ]
     );
     let comment_ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM product_comment ORDER BY id")
-        .fetch_all(&shop)
+        .fetch_all(shop_pool)
         .await
         .unwrap();
     assert!(
@@ -1052,7 +1085,7 @@ async fn yudao_timers_on_postgres() {
     // The lines reviewed: 3001's and 3002's, not the deleted one (37).
     let reviewed: Vec<i64> =
         sqlx::query_scalar("SELECT id FROM trade_order_item WHERE comment_status ORDER BY id")
-            .fetch_all(&shop)
+            .fetch_all(shop_pool)
             .await
             .unwrap();
     assert_eq!(reviewed, [31, 32, 33, 34]);
@@ -1062,7 +1095,7 @@ async fn yudao_timers_on_postgres() {
         "SELECT order_id, before_status::int4, after_status::int4, operate_type, tenant_id \
            FROM trade_order_log ORDER BY order_id",
     )
-    .fetch_all(&shop)
+    .fetch_all(shop_pool)
     .await
     .unwrap();
     assert_eq!(
@@ -1077,7 +1110,7 @@ async fn yudao_timers_on_postgres() {
         ]
     );
     let log_ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM trade_order_log ORDER BY id")
-        .fetch_all(&shop)
+        .fetch_all(shop_pool)
         .await
         .unwrap();
     assert!(
@@ -1085,20 +1118,5 @@ async fn yudao_timers_on_postgres() {
         "ids from trade_order_log_seq: {log_ids:?}"
     );
 
-    // One outbox row per flip, keyed by timer and order.
-    let outbox: BTreeSet<(String, String)> = sqlx::query_as::<_, (String, String)>(
-        "SELECT timer, order_id FROM order_timeout_cancel_outbox",
-    )
-    .fetch_all(&shop)
-    .await
-    .unwrap()
-    .into_iter()
-    .collect();
-    let want: BTreeSet<(String, String)> = got
-        .iter()
-        .map(|(_, e)| (e.timer.clone(), e.order_id.clone()))
-        .collect();
-    assert_eq!(outbox, want);
-    assert!(env.drain_parked().await.is_empty(), "nothing parked");
-    service.stop().await.unwrap();
+    ran.finish(&env, &shop).await;
 }

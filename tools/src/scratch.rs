@@ -140,6 +140,34 @@ impl Admin {
     }
 }
 
+/// Creates the empty database `name` on the server of `database_base`,
+/// for a scratch database nothing migrates (the service's migrations
+/// create theirs themselves): the reference inventory's own PostgreSQL
+/// database beside a test shop on MariaDB. Name it with [`owned_name`] so
+/// [`sweep_abandoned`] removes it if its run is killed.
+pub async fn create_database(database_base: &SecretUrl, name: &str) -> Result<(), ScratchError> {
+    use sqlx::Executor;
+    let doing = format!("creating database {name}");
+    let fail = |e: sqlx::Error| ScratchError(format!("{doing}: {e}"));
+    match Admin::connect(database_base, &doing).await? {
+        Admin::MySql(mut conn) => conn
+            .execute(sqlx::AssertSqlSafe(format!(
+                "CREATE DATABASE `{}` CHARACTER SET utf8mb4",
+                name.replace('`', "``")
+            )))
+            .await
+            .map(drop),
+        Admin::Postgres(mut conn) => conn
+            .execute(sqlx::AssertSqlSafe(format!(
+                "CREATE DATABASE \"{}\"",
+                name.replace('"', "\"\"")
+            )))
+            .await
+            .map(drop),
+    }
+    .map_err(fail)
+}
+
 /// Drops database `name` on the server of `database_base` (PostgreSQL:
 /// closing its connections first; MySQL/MariaDB).
 pub async fn drop_database(database_base: &SecretUrl, name: &str) -> Result<(), ScratchError> {

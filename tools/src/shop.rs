@@ -69,6 +69,14 @@ pub async fn create_reference_schema(pool: &PgPool) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
+/// The reference inventory server's schema alone (`inventory.*`), for a
+/// database that holds nothing else: the inventory's own, beside a shop
+/// whose orders live in another database (MariaDB, in the tests).
+pub async fn create_inventory_schema(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(REFERENCE_INVENTORY).execute(pool).await?;
+    Ok(())
+}
+
 /// An order as the order service creates it.
 #[derive(Clone, Debug)]
 pub struct NewOrder {

@@ -94,7 +94,7 @@ fn mysql_types() -> Vec<IdType> {
     ]
 }
 
-pub(super) async fn parameters_bind_in_every_form_on_every_connection(f: &impl Fixture) {
+pub(super) async fn parameters_bind_in_every_form_on_every_connection(f: &Fixture) {
     let types = match f.dialect() {
         Dialect::Postgres => postgres_types(),
         Dialect::MySql => mysql_types(),
@@ -110,7 +110,7 @@ pub(super) async fn parameters_bind_in_every_form_on_every_connection(f: &impl F
 
 /// The `also` forms for `ty`, each writing `(id as text, form)` into the
 /// log once per order it runs for.
-fn also_forms(f: &impl Fixture, table: &str, ty: &IdType) -> Vec<(&'static str, String)> {
+fn also_forms(f: &Fixture, table: &str, ty: &IdType) -> Vec<(&'static str, String)> {
     let log = format!("INSERT INTO {table}_log (order_id, form)");
     let mut forms = match f.dialect() {
         Dialect::Postgres => vec![
@@ -174,7 +174,7 @@ fn also_forms(f: &impl Fixture, table: &str, ty: &IdType) -> Vec<(&'static str, 
 /// The shop's tables for `ty`: orders keyed by it (due from their creation
 /// time and a settings row, soft-deleted or not), their lines, a wider
 /// copy of the ids (integer ids), and the log the `also` forms write.
-async fn create_tables(f: &impl Fixture, n: usize, table: &str, ty: &IdType) {
+async fn create_tables(f: &Fixture, n: usize, table: &str, ty: &IdType) {
     let my = f.dialect() == Dialect::MySql;
     let (time, text, ago) = if my {
         (
@@ -233,7 +233,7 @@ async fn create_tables(f: &impl Fixture, n: usize, table: &str, ty: &IdType) {
 
 /// The mapping: the deadline and the guard with sub-selects, the `also`
 /// forms, the items from the lines table (read over gRPC's path).
-fn schema(f: &impl Fixture, table: &str, ty: &IdType) -> ShopSchema {
+fn schema(f: &Fixture, table: &str, ty: &IdType) -> ShopSchema {
     let deadline = match f.dialect() {
         Dialect::Postgres => {
             format!("created_at + (SELECT minutes FROM {table}_settings) * interval '1 minute'")
@@ -264,7 +264,7 @@ fn schema(f: &impl Fixture, table: &str, ty: &IdType) -> ShopSchema {
 
 /// A store of `schema` on a pool of `connections`, checked at start-up as
 /// `serve` checks it (which prepares every statement).
-async fn checked_store(f: &impl Fixture, schema: &ShopSchema, connections: u32) -> Store {
+async fn checked_store(f: &Fixture, schema: &ShopSchema, connections: u32) -> Store {
     let timer = schema.timer();
     let store = store::connect_timer(f.url(), PoolSettings::new(connections), &timer).unwrap();
     store.prepare().await.expect("the start-up check");
@@ -301,7 +301,7 @@ async fn cancel_one_by_one(store: &Store, ids: &[String], at_once: usize) -> Vec
         .await
 }
 
-async fn check(f: &impl Fixture, n: usize, ty: &IdType) -> Result<(), String> {
+async fn check(f: &Fixture, n: usize, ty: &IdType) -> Result<(), String> {
     let table = format!("binds_{n}");
     create_tables(f, n, &table, ty).await;
     let schema = schema(f, &table, ty);
@@ -351,7 +351,7 @@ async fn check(f: &impl Fixture, n: usize, ty: &IdType) -> Result<(), String> {
 /// What would bind a parameter wrongly is refused by the start-up check,
 /// naming the key: a placeholder in the guard (it would shift every value
 /// bound after it), and an `also` parameter of a type no order id is.
-pub(super) async fn a_misplaced_or_unbindable_parameter_is_refused_at_the_check(f: &impl Fixture) {
+pub(super) async fn a_misplaced_or_unbindable_parameter_is_refused_at_the_check(f: &Fixture) {
     let (mark, date) = match f.dialect() {
         Dialect::Postgres => ("$8", "SELECT $1::date"),
         Dialect::MySql => ("?", "SELECT ?"),
@@ -394,7 +394,7 @@ pub(super) async fn a_misplaced_or_unbindable_parameter_is_refused_at_the_check(
 /// column's own comparison (MySQL's default collation ignores letter case;
 /// a `char(n)` column ignores trailing spaces) are refused by the check,
 /// naming the key: a flip from one to the other would change nothing.
-pub(super) async fn codes_one_in_the_status_columns_comparison_are_refused(f: &impl Fixture) {
+pub(super) async fn codes_one_in_the_status_columns_comparison_are_refused(f: &Fixture) {
     use order_timeout::settings::StatusValue::Text;
     f.exec("CREATE TABLE codes (id VARCHAR(64) NOT NULL PRIMARY KEY, status CHAR(8) NOT NULL, expires_at TIMESTAMP NULL)")
         .await;

@@ -19,9 +19,7 @@ use super::*;
 const ORDERS: usize = 1_200;
 const BATCH: usize = 25;
 
-pub(super) async fn effects_follow_the_flip_while_another_session_flips_the_guard(
-    f: &impl Fixture,
-) {
+pub(super) async fn effects_follow_the_flip_while_another_session_flips_the_guard(f: &Fixture) {
     f.exec(
         "CREATE TABLE cancel_switch (id INT PRIMARY KEY, open INT NOT NULL); \
          INSERT INTO cancel_switch VALUES (1, 1)",
@@ -39,9 +37,7 @@ pub(super) async fn effects_follow_the_flip_while_another_session_flips_the_guar
     .await;
 }
 
-pub(super) async fn effects_follow_the_flip_while_another_session_moves_the_deadline(
-    f: &impl Fixture,
-) {
+pub(super) async fn effects_follow_the_flip_while_another_session_moves_the_deadline(f: &Fixture) {
     f.exec(
         "CREATE TABLE order_setting (id INT PRIMARY KEY, minutes INT NOT NULL); \
          INSERT INTO order_setting VALUES (1, 0)",
@@ -73,7 +69,7 @@ pub(super) async fn effects_follow_the_flip_while_another_session_moves_the_dead
 /// in concurrent batches of 25 (with `also` statements, each order in a
 /// transaction of its own); then the invariant, order by order, and that
 /// the flips decided orders both ways.
-async fn race(f: &impl Fixture, orders: OrdersMapping, flip: &str) {
+async fn race(f: &Fixture, orders: OrdersMapping, flip: &str) {
     let ids = setup(f).await;
     let mark = if f.dialect() == Dialect::MySql {
         "?"
@@ -113,7 +109,7 @@ async fn race(f: &impl Fixture, orders: OrdersMapping, flip: &str) {
 }
 
 /// The log the `also` statement writes, and the due orders.
-async fn setup(f: &impl Fixture) -> Vec<OrderId> {
+async fn setup(f: &Fixture) -> Vec<OrderId> {
     let ids: Vec<OrderId> = (0..ORDERS).map(|n| id(&format!("fx-{n:05}"))).collect();
     let ago = match f.dialect() {
         Dialect::MySql => "UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE",
@@ -134,7 +130,7 @@ async fn setup(f: &impl Fixture) -> Vec<OrderId> {
 
 /// For every order: `also` effect ⇔ outbox row ⇔ status cancelled ⇔
 /// reported cancelled just now.
-async fn check(f: &impl Fixture, ids: &[OrderId], reported: &BTreeSet<String>) {
+async fn check(f: &Fixture, ids: &[OrderId], reported: &BTreeSet<String>) {
     let outbox_id = match f.dialect() {
         Dialect::MySql => "CAST(order_id AS CHAR)",
         Dialect::Postgres => "order_id",

@@ -13,7 +13,7 @@ const OTHERS: usize = 9;
 
 /// A trigger on the reference orders table that refuses to cancel
 /// `fl-refused` (as a shop's own rule might).
-async fn refuse_one(f: &impl Fixture) {
+async fn refuse_one(f: &Fixture) {
     match f.dialect() {
         Dialect::Postgres => {
             f.exec(
@@ -46,7 +46,7 @@ async fn refuse_one(f: &impl Fixture) {
     }
 }
 
-pub(super) async fn a_flip_failing_for_one_row_fails_only_that_order(f: &impl Fixture) {
+pub(super) async fn a_flip_failing_for_one_row_fails_only_that_order(f: &Fixture) {
     refuse_one(f).await;
     let mut ids: Vec<OrderId> = (0..OTHERS).map(|n| id(&format!("fl-{n:02}"))).collect();
     ids.push(id("fl-refused"));

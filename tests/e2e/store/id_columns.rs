@@ -274,7 +274,7 @@ fn mysql_cases() -> Vec<IdCase> {
     ]
 }
 
-pub(super) async fn ids_are_compared_exactly_in_every_id_column_type(f: &impl Fixture) {
+pub(super) async fn ids_are_compared_exactly_in_every_id_column_type(f: &Fixture) {
     every_id_column_type(f, Flip::Cancel).await;
 }
 
@@ -300,7 +300,7 @@ impl Flip {
 
 /// Every case of the fixture's dialect through `flip`; the failures of all
 /// cases are reported together.
-pub(super) async fn every_id_column_type(f: &impl Fixture, flip: Flip) {
+pub(super) async fn every_id_column_type(f: &Fixture, flip: Flip) {
     let cases = match f.dialect() {
         Dialect::Postgres => postgres_cases(),
         Dialect::MySql => mysql_cases(),
@@ -317,7 +317,7 @@ pub(super) async fn every_id_column_type(f: &impl Fixture, flip: Flip) {
 /// The shop's tables for `case`: orders keyed by the type, their lines
 /// (the order id in the same type, not indexed, as mall's are), and a log
 /// the `also` statement writes the lines' order ids into.
-async fn create_tables(f: &impl Fixture, table: &str, case: &IdCase) {
+async fn create_tables(f: &Fixture, table: &str, case: &IdCase) {
     let my = f.dialect() == Dialect::MySql;
     let (time, ago) = if my {
         ("DATETIME(6)", "UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE")
@@ -357,7 +357,7 @@ async fn create_tables(f: &impl Fixture, table: &str, case: &IdCase) {
 /// an unindexed column, where the bound value's own type decides it (a
 /// string against a DECIMAL is compared as a double on MySQL). Returns it
 /// and the name its outbox rows carry.
-fn store_for(f: &impl Fixture, table: &str, n: usize, flip: Flip) -> (Store, String) {
+fn store_for(f: &Fixture, table: &str, n: usize, flip: Flip) -> (Store, String) {
     let mark = if f.dialect() == Dialect::MySql {
         "?"
     } else {
@@ -403,7 +403,7 @@ fn store_for(f: &impl Fixture, table: &str, n: usize, flip: Flip) -> (Store, Str
 /// One case: canonical ids and their reasons, then one cancel batch with
 /// every id asked about (the rejected ones as they came), then the rows,
 /// the `also` log and the outbox.
-async fn check(f: &impl Fixture, n: usize, case: &IdCase, flip: Flip) -> Result<(), String> {
+async fn check(f: &Fixture, n: usize, case: &IdCase, flip: Flip) -> Result<(), String> {
     let table = format!("ids_{n}");
     create_tables(f, &table, case).await;
     let (store, timer) = store_for(f, &table, n, flip);
@@ -457,7 +457,7 @@ fn order_like(batch: &[OrderId], states: Vec<(OrderId, OrderState)>) -> Vec<(Ord
 /// Exactly the expected rows are flipped, each with one `also` effect and
 /// one outbox row under `timer`; every other row is still unpaid.
 async fn check_effects(
-    f: &impl Fixture,
+    f: &Fixture,
     table: &str,
     case: &IdCase,
     flip: Flip,

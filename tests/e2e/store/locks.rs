@@ -32,7 +32,7 @@ const PROMPT: Duration = Duration::from_secs(5);
 
 /// The `also` statement's log (one row per order: its key) and `n` due
 /// orders `{prefix}-NN`.
-async fn setup(f: &impl Fixture, prefix: &str, n: usize) -> Vec<OrderId> {
+async fn setup(f: &Fixture, prefix: &str, n: usize) -> Vec<OrderId> {
     f.exec("CREATE TABLE also_log (order_id VARCHAR(128) NOT NULL PRIMARY KEY)")
         .await;
     let ids: Vec<OrderId> = (0..n).map(|i| id(&format!("{prefix}-{i:02}"))).collect();
@@ -44,7 +44,7 @@ async fn setup(f: &impl Fixture, prefix: &str, n: usize) -> Vec<OrderId> {
 
 /// The mapping under test: an `also` statement logging each cancelled
 /// order, stock released by it (no gRPC).
-fn schema(f: &impl Fixture) -> ShopSchema {
+fn schema(f: &Fixture) -> ShopSchema {
     let mark = match f.dialect() {
         Dialect::MySql => "?",
         Dialect::Postgres => "$1",
@@ -60,7 +60,7 @@ fn schema(f: &impl Fixture) -> ShopSchema {
 }
 
 /// How many times the `also` statement ran for `order`.
-async fn also_runs(f: &impl Fixture, order: &str) -> usize {
+async fn also_runs(f: &Fixture, order: &str) -> usize {
     f.texts(&format!(
         "SELECT order_id FROM also_log WHERE order_id = '{order}'"
     ))
@@ -69,7 +69,7 @@ async fn also_runs(f: &impl Fixture, order: &str) -> usize {
 }
 
 /// The order's status, its `also` runs and its outbox rows.
-async fn effects(f: &impl Fixture, order: &str) -> (String, usize, i64) {
+async fn effects(f: &Fixture, order: &str) -> (String, usize, i64) {
     (
         f.row(order).await.0,
         also_runs(f, order).await,
@@ -114,7 +114,7 @@ fn assert_not_again(id: &OrderId, state: &OrderState) {
     );
 }
 
-pub(super) async fn a_held_row_delays_only_its_own_order(f: &impl Fixture) {
+pub(super) async fn a_held_row_delays_only_its_own_order(f: &Fixture) {
     let mut ids = setup(f, "lk", OTHERS).await;
     f.insert("lk-held", "UNPAID", secs(-1)).await;
     ids.push(id("lk-held"));
@@ -157,7 +157,7 @@ pub(super) async fn a_held_row_delays_only_its_own_order(f: &impl Fixture) {
     }
 }
 
-pub(super) async fn a_held_row_that_the_holder_pays_is_never_cancelled(f: &impl Fixture) {
+pub(super) async fn a_held_row_that_the_holder_pays_is_never_cancelled(f: &Fixture) {
     let mut ids = setup(f, "lp", OTHERS).await;
     f.insert("lp-held", "UNPAID", secs(-1)).await;
     ids.push(id("lp-held"));
@@ -181,7 +181,7 @@ pub(super) async fn a_held_row_that_the_holder_pays_is_never_cancelled(f: &impl 
     }
 }
 
-pub(super) async fn a_lock_the_cancel_cannot_skip_reports_the_order_held(f: &impl Fixture) {
+pub(super) async fn a_lock_the_cancel_cannot_skip_reports_the_order_held(f: &Fixture) {
     setup(f, "lt", 0).await;
     f.insert("lt-1", "UNPAID", secs(-1)).await;
     let pool = PoolSettings {
@@ -218,9 +218,7 @@ pub(super) async fn a_lock_the_cancel_cannot_skip_reports_the_order_held(f: &imp
 /// another batch run meanwhile is not held up by its wait either. Then
 /// it is reported held, without effects, and cancelled once the holder
 /// lets go.
-pub(super) async fn a_held_row_an_also_statement_writes_delays_only_its_own_order(
-    f: &impl Fixture,
-) {
+pub(super) async fn a_held_row_an_also_statement_writes_delays_only_its_own_order(f: &Fixture) {
     let mut ids = setup(f, "la", OTHERS).await;
     f.insert("la-held", "UNPAID", secs(-1)).await;
     f.insert("la-other-batch", "UNPAID", secs(-1)).await;
@@ -296,7 +294,7 @@ pub(super) async fn a_held_row_an_also_statement_writes_delays_only_its_own_orde
     }
 }
 
-pub(super) async fn a_slow_guard_times_out_as_a_transient_error(f: &impl Fixture) {
+pub(super) async fn a_slow_guard_times_out_as_a_transient_error(f: &Fixture) {
     // Slow for one order only, so that the schema check's count of unpaid
     // orders (before that order exists) is quick.
     let sleep = match f.dialect() {

@@ -20,7 +20,7 @@ const PAGE: u32 = 5;
 /// Inserts `NOT_ORDERS` unpaid rows whose ids hold a tab (no valid order
 /// id), due `due_in` from now minus a minute, so that they come first by
 /// deadline and by id; and `orders`, due `due_in` from now.
-async fn rows(f: &impl Fixture, orders: &[&str], due_in: chrono::Duration) {
+async fn rows(f: &Fixture, orders: &[&str], due_in: chrono::Duration) {
     let (tab, at) = match f.dialect() {
         Dialect::Postgres => ("E'\\t", "now() + make_interval(secs => {s})"),
         Dialect::MySql => ("'\\t", "UTC_TIMESTAMP(6) + INTERVAL {s} SECOND"),
@@ -61,7 +61,7 @@ where
     panic!("the scan never ended: {found:?}")
 }
 
-pub(super) async fn scans_read_past_rows_that_are_no_orders(f: &impl Fixture) {
+pub(super) async fn scans_read_past_rows_that_are_no_orders(f: &Fixture) {
     let store = f.store();
     store.prepare().await.unwrap();
     // Overdue: the sweeper's scan.
@@ -107,7 +107,7 @@ pub(super) async fn scans_read_past_rows_that_are_no_orders(f: &impl Fixture) {
     assert_eq!(watched, ["sc-w1", "sc-w2"]);
 }
 
-pub(super) async fn the_sweepers_scan_leaves_out_reopened_and_set_aside_rows(f: &impl Fixture) {
+pub(super) async fn the_sweepers_scan_leaves_out_reopened_and_set_aside_rows(f: &Fixture) {
     let store = f.store();
     store.prepare().await.unwrap();
     // Flipped earlier, then re-opened by the shop: unpaid, overdue, with an

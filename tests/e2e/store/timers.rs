@@ -67,7 +67,7 @@ pub(super) fn timer_of(toml: &str) -> Timer {
 
 /// A store of `timer` on the fixture's database, on a pool of its own,
 /// checked against the schema.
-async fn store_of(f: &impl Fixture, timer: &Timer) -> Store {
+async fn store_of(f: &Fixture, timer: &Timer) -> Store {
     let store = store::connect_timer(f.url(), PoolSettings::new(5), timer).unwrap();
     store.prepare().await.unwrap();
     assert_eq!(store.timer(), timer);
@@ -75,7 +75,7 @@ async fn store_of(f: &impl Fixture, timer: &Timer) -> Store {
 }
 
 /// `$1` or `?`: the placeholder an `also` statement binds the id to.
-fn mark(f: &impl Fixture) -> &'static str {
+fn mark(f: &Fixture) -> &'static str {
     match f.dialect() {
         Dialect::MySql => "?",
         Dialect::Postgres => "$1",
@@ -86,7 +86,7 @@ fn mark(f: &impl Fixture) -> &'static str {
 /// `shipped_at`, `received_at` set, each flip logged into `receive_log`;
 /// stock released over gRPC (`release = "grpc"`) or not at all (`"none"`),
 /// and an optional guard.
-fn auto_receive(f: &impl Fixture, release: &str, guard: &str) -> Timer {
+fn auto_receive(f: &Fixture, release: &str, guard: &str) -> Timer {
     let (deadline, now) = match f.dialect() {
         Dialect::MySql => ("shipped_at + INTERVAL 15 DAY", "NOW(6)"),
         Dialect::Postgres => ("shipped_at + interval '15 days'", "now()"),
@@ -122,7 +122,7 @@ fn auto_receive(f: &impl Fixture, release: &str, guard: &str) -> Timer {
 /// (PostgreSQL's reference table checks them), `shipped_at` and
 /// `received_at`, a per-row `frozen` flag for a guard, and the log the
 /// `also` statement writes (no key: a second run shows as a second row).
-async fn shipping_schema(f: &impl Fixture) {
+async fn shipping_schema(f: &Fixture) {
     f.exec(match f.dialect() {
         Dialect::Postgres => {
             "ALTER TABLE orders DROP CONSTRAINT orders_status_check; \
@@ -144,7 +144,7 @@ async fn shipping_schema(f: &impl Fixture) {
 /// One order row: `status`, its payment deadline an hour ago, and shipped
 /// so that the timer's deadline is `due_in` from now (`None`: not shipped,
 /// `shipped_at` NULL).
-fn order_row(f: &impl Fixture, id: &str, status: &str, due_in: Option<chrono::Duration>) -> String {
+fn order_row(f: &Fixture, id: &str, status: &str, due_in: Option<chrono::Duration>) -> String {
     let (hour_ago, shipped) = match f.dialect() {
         Dialect::MySql => (
             "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR".to_owned(),
@@ -170,7 +170,7 @@ fn order_row(f: &impl Fixture, id: &str, status: &str, due_in: Option<chrono::Du
 }
 
 /// Inserts `rows` ([`order_row`]).
-async fn insert_rows(f: &impl Fixture, rows: &[String]) {
+async fn insert_rows(f: &Fixture, rows: &[String]) {
     for chunk in rows.chunks(500) {
         f.exec(&format!(
             "INSERT INTO orders (id, status, expires_at, shipped_at) VALUES {}",
@@ -181,7 +181,7 @@ async fn insert_rows(f: &impl Fixture, rows: &[String]) {
 }
 
 /// The outbox's order id as text.
-pub(super) fn outbox_id(f: &impl Fixture) -> &'static str {
+pub(super) fn outbox_id(f: &Fixture) -> &'static str {
     match f.dialect() {
         Dialect::MySql => "CAST(order_id AS CHAR)",
         Dialect::Postgres => "order_id",
@@ -190,7 +190,7 @@ pub(super) fn outbox_id(f: &impl Fixture) -> &'static str {
 
 /// The order's status, its `also` log rows, and its outbox rows under this
 /// timer and under the default one.
-async fn effects(f: &impl Fixture, order: &str) -> (String, usize, usize, usize) {
+async fn effects(f: &Fixture, order: &str) -> (String, usize, usize, usize) {
     let status = f
         .texts(&format!("SELECT status FROM orders WHERE id = '{order}'"))
         .await;
@@ -219,7 +219,7 @@ async fn effects(f: &impl Fixture, order: &str) -> (String, usize, usize, usize)
 }
 
 /// `(received_at set, cancelled_at set, cancel_reason set)` of the order.
-async fn set_columns(f: &impl Fixture, order: &str) -> (bool, bool, bool) {
+async fn set_columns(f: &Fixture, order: &str) -> (bool, bool, bool) {
     let got = f
         .texts(&format!(
             "SELECT CONCAT(CASE WHEN received_at IS NULL THEN 'n' ELSE 'y' END, \
@@ -233,7 +233,7 @@ async fn set_columns(f: &impl Fixture, order: &str) -> (bool, bool, bool) {
 }
 
 /// Whether the timer's outbox row for `order` has its stock release done.
-async fn release_done(f: &impl Fixture, order: &str) -> bool {
+async fn release_done(f: &Fixture, order: &str) -> bool {
     let got = f
         .texts(&format!(
             "SELECT CASE WHEN stock_released_at IS NULL THEN 'pending' ELSE 'done' END \
@@ -285,7 +285,7 @@ fn assert_not_again(order: &str, state: &OrderState) {
 /// Runs `sql` (one row) in a transaction of a session of its own, holds it
 /// open (with the row's lock) while `during` runs, then commits: the shop
 /// moving a row on while a batch runs.
-async fn commit_during(f: &impl Fixture, sql: &str, during: impl Future<Output = ()>) {
+async fn commit_during(f: &Fixture, sql: &str, during: impl Future<Output = ()>) {
     macro_rules! on {
         ($conn:ty, $options:expr) => {{
             let mut conn = <$conn>::connect_with(&$options(f.url()).unwrap())
@@ -307,7 +307,7 @@ async fn commit_during(f: &impl Fixture, sql: &str, during: impl Future<Output =
     }
 }
 
-pub(super) async fn a_timer_flips_only_due_rows_in_its_from_status(f: &impl Fixture) {
+pub(super) async fn a_timer_flips_only_due_rows_in_its_from_status(f: &Fixture) {
     shipping_schema(f).await;
     let minute = secs(60);
     insert_rows(
@@ -453,7 +453,7 @@ pub(super) async fn a_timer_flips_only_due_rows_in_its_from_status(f: &impl Fixt
 }
 
 /// `n` due shipped orders `{prefix}-NN` and a held one `{prefix}-held`.
-async fn held_setup(f: &impl Fixture, prefix: &str, n: usize) -> Vec<OrderId> {
+async fn held_setup(f: &Fixture, prefix: &str, n: usize) -> Vec<OrderId> {
     shipping_schema(f).await;
     let names: Vec<String> = (0..n)
         .map(|i| format!("{prefix}-{i:02}"))
@@ -491,7 +491,7 @@ async fn flip_around(store: &Store, ids: &[OrderId], held: &str) {
     }
 }
 
-pub(super) async fn a_held_row_delays_only_itself_for_a_timer(f: &impl Fixture) {
+pub(super) async fn a_held_row_delays_only_itself_for_a_timer(f: &Fixture) {
     let ids = held_setup(f, "th", 20).await;
     let store = store_of(f, &auto_receive(f, "grpc", "")).await;
     let released = f
@@ -536,7 +536,7 @@ pub(super) async fn a_held_row_delays_only_itself_for_a_timer(f: &impl Fixture) 
     }
 }
 
-pub(super) async fn a_held_row_the_holder_moves_on_is_never_flipped_by_the_timer(f: &impl Fixture) {
+pub(super) async fn a_held_row_the_holder_moves_on_is_never_flipped_by_the_timer(f: &Fixture) {
     let mut ids = held_setup(f, "tm", 20).await;
     // A second held row: one the customer confirms (to the timer's own
     // `to`, by the shop), one returned (out of its `from`).
@@ -609,7 +609,7 @@ pub(super) async fn a_held_row_the_holder_moves_on_is_never_flipped_by_the_timer
 }
 
 pub(super) async fn effects_follow_a_timers_flip_while_another_session_moves_rows_out_of_its_from_status(
-    f: &impl Fixture,
+    f: &Fixture,
 ) {
     // The first half of the rows go back and forth between SHIPPED and
     // HELD (a support agent's hold, say); the second half are left alone.
@@ -624,7 +624,7 @@ pub(super) async fn effects_follow_a_timers_flip_while_another_session_moves_row
 }
 
 pub(super) async fn effects_follow_a_timers_flip_while_another_session_flips_the_guard_column(
-    f: &impl Fixture,
+    f: &Fixture,
 ) {
     race(
         f,
@@ -639,7 +639,7 @@ pub(super) async fn effects_follow_a_timers_flip_while_another_session_flips_the
 /// stores of the timer (with `guard`) flip them in concurrent batches,
 /// twice over; the invariant, row by row; then `settle` (the other session
 /// done), one more run, and every row flipped exactly once.
-async fn race(f: &impl Fixture, guard: &str, toggle: &str, settle: &str) {
+async fn race(f: &Fixture, guard: &str, toggle: &str, settle: &str) {
     shipping_schema(f).await;
     let names: Vec<String> = (0..ROWS).map(|n| format!("tr-{n:05}")).collect();
     let rows: Vec<String> = names
@@ -699,7 +699,7 @@ async fn run_batches(stores: &[Store; 2], ids: &[OrderId], reported: &mut BTreeM
 /// For every row: in `RECEIVED` ⇔ one `also` log row ⇔ one outbox row of
 /// this timer ⇔ `received_at` set ⇔ reported flipped just now once; and no
 /// outbox row of the default timer. Returns how many rows are received.
-async fn check(f: &impl Fixture, ids: &[OrderId], reported: &BTreeMap<String, usize>) -> usize {
+async fn check(f: &Fixture, ids: &[OrderId], reported: &BTreeMap<String, usize>) -> usize {
     let count = |rows: Vec<String>| {
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for row in rows {
@@ -760,7 +760,7 @@ async fn check(f: &impl Fixture, ids: &[OrderId], reported: &BTreeMap<String, us
 
 /// How many of the rows the other session never touched (`tr-00600` on)
 /// are received.
-async fn check_untouched(f: &impl Fixture) -> usize {
+async fn check_untouched(f: &Fixture) -> usize {
     f.texts("SELECT id FROM orders WHERE status = 'RECEIVED' AND id >= 'tr-00600'")
         .await
         .len()
@@ -768,7 +768,7 @@ async fn check_untouched(f: &impl Fixture) -> usize {
 
 /// Ids are compared exactly in a timer's table: the id-column cases of
 /// [`super::id_columns`], each through a `[[timers]]` table of its own.
-pub(super) async fn a_timers_batch_never_flips_a_row_it_was_not_asked_about(f: &impl Fixture) {
+pub(super) async fn a_timers_batch_never_flips_a_row_it_was_not_asked_about(f: &Fixture) {
     super::id_columns::every_id_column_type(f, super::id_columns::Flip::Timer).await;
 }
 
@@ -778,7 +778,7 @@ pub(super) async fn a_timers_batch_never_flips_a_row_it_was_not_asked_about(f: &
 /// it is reported left alone (not contended, which would retry the message
 /// until it is parked). The same holds for the default timer and an order
 /// the shop sets back to unpaid after it was cancelled.
-pub(super) async fn a_row_back_in_its_from_status_is_not_flipped_again(f: &impl Fixture) {
+pub(super) async fn a_row_back_in_its_from_status_is_not_flipped_again(f: &Fixture) {
     shipping_schema(f).await;
     insert_rows(f, &[order_row(f, "b-shipped", "SHIPPED", Some(secs(-60)))]).await;
     f.insert("b-unpaid", "UNPAID", secs(-60)).await;
