@@ -580,12 +580,6 @@ on_both_dialects!(
     duplicated_messages_release_stock_once,
     a_redelivery_after_a_crash_finishes_the_pending_release_once,
     a_killed_service_loses_nothing_and_releases_once,
-    // A copy whose row the other consumer holds can be acked `LeftAlone`
-    // on MySQL: store/mysql.rs reads the skipped row before its outbox lock
-    // waits for the other transaction's commit (reported; src/ to fix).
-    #[mariadb(
-        ignore = "MySQL cancel_in: a skipped row read unpaid, then its outbox row seen: LeftAlone"
-    )]
     two_consumers_on_one_queue_cancel_each_order_once,
     mixed_timeouts_do_not_block_each_other,
     raw_json_in_every_accepted_form_is_handled,

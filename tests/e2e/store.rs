@@ -225,6 +225,37 @@ mod cases {
         );
     }
 
+    /// Another worker's cancel transaction has flipped the row and written
+    /// its outbox row, not yet committed, while this one runs (the other
+    /// session commits half a second in): this one skips the held row and
+    /// reports it held (PostgreSQL, at once) or, having waited for the
+    /// outbox row's lock, the other worker's (MariaDB) — never `LeftAlone`,
+    /// which would ack the message as if the shop had reopened the order.
+    /// Asked again, it is the other worker's on both.
+    pub(super) async fn an_order_another_worker_is_cancelling_is_theirs(f: &Fixture) {
+        f.insert("twice", "UNPAID", secs(-1)).await;
+        let store = f.store().clone();
+        let state = f
+            .cancel_in_another_session("twice", async {
+                state_of(store.as_ref(), "twice", LEASE).await
+            })
+            .await;
+        assert!(
+            matches!(
+                state,
+                OrderState::Locked { .. } | OrderState::LeasedElsewhere { .. }
+            ),
+            "{state:?}"
+        );
+        assert_eq!(f.row("twice").await.0, "CANCELLED");
+        assert_eq!(f.outbox_rows("twice").await, 1);
+        let again = state_of(f.store().as_ref(), "twice", LEASE).await;
+        assert!(
+            matches!(again, OrderState::LeasedElsewhere { .. }),
+            "{again:?}"
+        );
+    }
+
     pub(super) async fn the_cancellation_is_timed_after_the_row_lock(f: &Fixture) {
         f.insert("held", "UNPAID", secs(-1)).await;
         let store = f.store().clone();
@@ -735,6 +766,7 @@ macro_rules! store_suite {
                 finished_work_is_reported_done_and_marks_are_idempotent,
                 an_order_cancelled_by_someone_else_is_not_ours,
                 a_payment_committing_during_the_cancel_wins,
+                an_order_another_worker_is_cancelling_is_theirs,
                 the_cancellation_is_timed_after_the_row_lock,
                 a_batch_reports_every_order_once,
                 items_are_read_per_order,
@@ -996,6 +1028,48 @@ impl Fixture {
                 OpenTx::MySql(tx)
             }
         }
+    }
+
+    /// Plays another worker's cancel transaction on `id` in another session
+    /// (the row flipped, its outbox row leased for a minute) while `during`
+    /// runs, and commits it half a second after `during` began; returns
+    /// what `during` returned.
+    async fn cancel_in_another_session<T>(&self, id: &str, during: impl Future<Output = T>) -> T {
+        let (pg, my) = (
+            format!(
+                "UPDATE orders SET status = 'CANCELLED' WHERE id = '{id}'; \
+                 INSERT INTO order_timeout_cancel_outbox (order_id, created_at, claimed_until) \
+                 VALUES ('{id}', now(), now() + interval '1 minute')"
+            ),
+            format!(
+                "UPDATE orders SET status = 'CANCELLED' WHERE id = '{id}'; \
+                 INSERT INTO order_timeout_cancel_outbox (order_id, created_at, claimed_until) \
+                 VALUES ('{id}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE)"
+            ),
+        );
+        let tx = match &self.shop {
+            ShopDb::Postgres(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::raw_sql(sqlx::AssertSqlSafe(pg))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                OpenTx::Postgres(tx)
+            }
+            ShopDb::MySql(pool) => {
+                let mut tx = pool.begin().await.unwrap();
+                sqlx::raw_sql(sqlx::AssertSqlSafe(my))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                OpenTx::MySql(tx)
+            }
+        };
+        let commit = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            tx.commit(None).await;
+        };
+        tokio::join!(during, commit).0
     }
 
     /// Runs `sql` in a transaction of another session, holds that
