@@ -23,7 +23,7 @@ use order_timeout_tools::scratch;
 use order_timeout_tools::shop::ShopDb;
 use sqlx::MySqlPool;
 
-use crate::common::on_shop;
+use crate::common::{ShopTx, on_shop};
 
 mod bindings;
 mod effects;
@@ -965,70 +965,42 @@ impl Fixture {
     /// runs, then commits: what a concurrent payment looks like to a cancel
     /// statement that runs meanwhile.
     async fn pay_concurrently(&self, id: &str, during: impl Future<Output = ()>) {
-        let tx = self
-            .begin_with(
-                "UPDATE orders SET status = 'PAID' WHERE id = $1 AND status = 'UNPAID'",
-                "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'",
-                id,
-            )
-            .await;
+        let mut tx = ShopTx::begin(&self.shop).await;
+        tx.execute(
+            "UPDATE orders SET status = 'PAID' WHERE id = $1 AND status = 'UNPAID'",
+            "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'",
+            id,
+        )
+        .await;
         during.await;
-        tx.commit(None).await;
+        tx.commit().await;
     }
 
     /// Holds the order row's lock (`SELECT … FOR UPDATE`, as a slow
     /// payment callback would) while `during` runs, then commits; returns
     /// the database's clock read just before the commit.
     async fn lock_row_during(&self, id: &str, during: impl Future<Output = ()>) -> DateTime<Utc> {
-        let tx = self
-            .begin_with(
-                "SELECT 1 FROM orders WHERE id = $1 FOR UPDATE",
-                "SELECT 1 FROM orders WHERE id = ? FOR UPDATE",
-                id,
-            )
-            .await;
+        let mut tx = ShopTx::begin(&self.shop).await;
+        tx.execute(
+            "SELECT 1 FROM orders WHERE id = $1 FOR UPDATE",
+            "SELECT 1 FROM orders WHERE id = ? FOR UPDATE",
+            id,
+        )
+        .await;
         during.await;
-        let clock = ("SELECT clock_timestamp()", "SELECT UTC_TIMESTAMP(6)");
-        tx.commit(Some(clock)).await.unwrap()
-    }
-
-    /// A transaction of another session that has run `pg` or `my` (by the
-    /// dialect) with `id` bound: what [`Fixture::pay_concurrently`] and
-    /// [`Fixture::lock_row_during`] hold open.
-    async fn begin_with(&self, pg: &'static str, my: &'static str, id: &str) -> OpenTx {
-        match &self.shop {
-            ShopDb::Postgres(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::query(pg).bind(id).execute(&mut *tx).await.unwrap();
-                OpenTx::Postgres(tx)
-            }
-            ShopDb::MySql(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::query(my).bind(id).execute(&mut *tx).await.unwrap();
-                OpenTx::MySql(tx)
-            }
-        }
+        let now = tx
+            .now("SELECT clock_timestamp()", "SELECT UTC_TIMESTAMP(6)")
+            .await;
+        tx.commit().await;
+        now
     }
 
     /// Runs `sql` in a transaction of another session, holds that
     /// transaction open (with its locks) while `during` runs, then rolls it
     /// back.
     async fn in_open_transaction(&self, sql: &str, during: impl Future<Output = ()>) {
-        let text = || sqlx::AssertSqlSafe(sql.to_owned());
-        let tx = match &self.shop {
-            ShopDb::Postgres(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                let ran = sqlx::raw_sql(text()).execute(&mut *tx).await.map(drop);
-                (OpenTx::Postgres(tx), ran)
-            }
-            ShopDb::MySql(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                let ran = sqlx::raw_sql(text()).execute(&mut *tx).await.map(drop);
-                (OpenTx::MySql(tx), ran)
-            }
-        };
-        let (tx, ran) = tx;
-        ran.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut tx = ShopTx::begin(&self.shop).await;
+        tx.raw(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
         during.await;
         tx.rollback().await;
     }
@@ -1135,50 +1107,5 @@ impl Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         let _ = scratch::drop_database_blocking(&self.base, &self.name);
-    }
-}
-
-/// A transaction of the shop's held open by a [`Fixture`], on either
-/// dialect.
-enum OpenTx {
-    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
-    MySql(sqlx::Transaction<'static, sqlx::MySql>),
-}
-
-impl OpenTx {
-    /// Rolls the transaction back.
-    async fn rollback(self) {
-        match self {
-            Self::Postgres(tx) => tx.rollback().await,
-            Self::MySql(tx) => tx.rollback().await,
-        }
-        .unwrap();
-    }
-
-    /// Reads the database's clock with `clock` (`(PostgreSQL, MySQL)`), if
-    /// given, in the transaction, then commits it.
-    async fn commit(self, clock: Option<(&'static str, &'static str)>) -> Option<DateTime<Utc>> {
-        match self {
-            Self::Postgres(mut tx) => {
-                let now = match clock {
-                    Some((pg, _)) => {
-                        Some(sqlx::query_scalar(pg).fetch_one(&mut *tx).await.unwrap())
-                    }
-                    None => None,
-                };
-                tx.commit().await.unwrap();
-                now
-            }
-            Self::MySql(mut tx) => {
-                let now = match clock {
-                    Some((_, my)) => {
-                        Some(sqlx::query_scalar(my).fetch_one(&mut *tx).await.unwrap())
-                    }
-                    None => None,
-                };
-                tx.commit().await.unwrap();
-                now
-            }
-        }
     }
 }
