@@ -511,29 +511,17 @@ impl TestEnv {
     }
 
     /// Opens a transaction of the shop's that holds the order row's lock
-    /// (`SELECT … FOR UPDATE`, as a slow payment callback would) until
-    /// [`HeldRow::release`].
-    pub async fn hold_row(&self, id: &str) -> HeldRow {
-        match &self.shop {
-            ShopDb::Postgres(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::query("SELECT 1 FROM orders WHERE id = $1 FOR UPDATE")
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                HeldRow::Postgres(tx)
-            }
-            ShopDb::MySql(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::query("SELECT 1 FROM orders WHERE id = ? FOR UPDATE")
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                HeldRow::MySql(tx)
-            }
-        }
+    /// (`SELECT … FOR UPDATE`, as a slow payment callback would) until it
+    /// commits ([`ShopTx::commit`]).
+    pub async fn hold_row(&self, id: &str) -> ShopTx {
+        let mut tx = ShopTx::begin(&self.shop).await;
+        tx.execute(
+            "SELECT 1 FROM orders WHERE id = $1 FOR UPDATE",
+            "SELECT 1 FROM orders WHERE id = ? FOR UPDATE",
+            id,
+        )
+        .await;
+        tx
     }
 
     /// `pg` on PostgreSQL, `my` on MariaDB: a test's own statement (a table
@@ -944,21 +932,66 @@ async fn pg_pool(url: &SecretUrl) -> PgPool {
         .expect("connect to the test database")
 }
 
-/// A shop's transaction holding an order row's lock ([`TestEnv::hold_row`]),
-/// on either dialect.
-pub enum HeldRow {
+/// A transaction of the shop's held open, on either dialect: the row lock
+/// of a slow payment callback ([`TestEnv::hold_row`]), the store suite's
+/// concurrent session. One type so that each holder states only its SQL.
+pub enum ShopTx {
     /// On PostgreSQL.
     Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
     /// On MariaDB.
     MySql(sqlx::Transaction<'static, sqlx::MySql>),
 }
 
-impl HeldRow {
-    /// Commits the transaction: the lock goes.
-    pub async fn release(self) {
+impl ShopTx {
+    /// Begins a transaction on a session of `shop`'s own.
+    pub async fn begin(shop: &ShopDb) -> Self {
+        match shop {
+            ShopDb::Postgres(pool) => Self::Postgres(pool.begin().await.unwrap()),
+            ShopDb::MySql(pool) => Self::MySql(pool.begin().await.unwrap()),
+        }
+    }
+
+    /// Runs `pg` (PostgreSQL) or `my` (MariaDB) with `id` bound.
+    pub async fn execute(&mut self, pg: &'static str, my: &'static str, id: &str) {
+        match self {
+            Self::Postgres(tx) => sqlx::query(pg).bind(id).execute(&mut **tx).await.map(drop),
+            Self::MySql(tx) => sqlx::query(my).bind(id).execute(&mut **tx).await.map(drop),
+        }
+        .unwrap();
+    }
+
+    /// Runs `sql` (one or more statements, in the dialect).
+    pub async fn raw(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        let text = || sqlx::AssertSqlSafe(sql.to_owned());
+        match self {
+            Self::Postgres(tx) => sqlx::raw_sql(text()).execute(&mut **tx).await.map(drop),
+            Self::MySql(tx) => sqlx::raw_sql(text()).execute(&mut **tx).await.map(drop),
+        }
+    }
+
+    /// The database's clock, read in the transaction with `pg` or `my`.
+    pub async fn now(&mut self, pg: &'static str, my: &'static str) -> DateTime<Utc> {
+        match self {
+            Self::Postgres(tx) => sqlx::query_scalar(pg).fetch_one(&mut **tx).await,
+            Self::MySql(tx) => sqlx::query_scalar(my).fetch_one(&mut **tx).await,
+        }
+        .unwrap()
+    }
+
+    /// Commits: the locks go.
+    pub async fn commit(self) {
         match self {
             Self::Postgres(tx) => tx.commit().await,
             Self::MySql(tx) => tx.commit().await,
+        }
+        .unwrap();
+    }
+
+    /// Rolls back: the locks go, nothing it wrote stays.
+    pub async fn rollback(self) {
+        match self {
+            Self::Postgres(tx) => tx.rollback().await,
+            Self::MySql(tx) => tx.rollback().await,
         }
         .unwrap();
     }

@@ -549,7 +549,7 @@ async fn a_row_the_shop_holds_delays_only_its_own_order(dialect: Dialect) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(env.order_state("held").await.0, "UNPAID");
     assert_eq!(env.release_calls("held").await, None);
-    holder.release().await;
+    holder.commit().await;
     let let_go = Utc::now();
     let (status, _, cancelled_at) = env.wait_settled("held", Duration::from_secs(15)).await;
     assert_eq!(status, "CANCELLED");

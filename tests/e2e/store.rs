@@ -23,7 +23,7 @@ use order_timeout_tools::scratch;
 use order_timeout_tools::shop::ShopDb;
 use sqlx::MySqlPool;
 
-use crate::common::on_shop;
+use crate::common::{ShopTx, on_shop};
 
 mod bindings;
 mod effects;
@@ -222,37 +222,6 @@ mod cases {
         assert_eq!(
             state_of(f.store().as_ref(), "race", LEASE).await,
             OrderState::Paid
-        );
-    }
-
-    /// Another worker's cancel transaction has flipped the row and written
-    /// its outbox row, not yet committed, while this one runs (the other
-    /// session commits half a second in): this one skips the held row and
-    /// reports it held (PostgreSQL, at once) or, having waited for the
-    /// outbox row's lock, the other worker's (MariaDB) — never `LeftAlone`,
-    /// which would ack the message as if the shop had reopened the order.
-    /// Asked again, it is the other worker's on both.
-    pub(super) async fn an_order_another_worker_is_cancelling_is_theirs(f: &Fixture) {
-        f.insert("twice", "UNPAID", secs(-1)).await;
-        let store = f.store().clone();
-        let state = f
-            .cancel_in_another_session("twice", async {
-                state_of(store.as_ref(), "twice", LEASE).await
-            })
-            .await;
-        assert!(
-            matches!(
-                state,
-                OrderState::Locked { .. } | OrderState::LeasedElsewhere { .. }
-            ),
-            "{state:?}"
-        );
-        assert_eq!(f.row("twice").await.0, "CANCELLED");
-        assert_eq!(f.outbox_rows("twice").await, 1);
-        let again = state_of(f.store().as_ref(), "twice", LEASE).await;
-        assert!(
-            matches!(again, OrderState::LeasedElsewhere { .. }),
-            "{again:?}"
         );
     }
 
@@ -766,7 +735,6 @@ macro_rules! store_suite {
                 finished_work_is_reported_done_and_marks_are_idempotent,
                 an_order_cancelled_by_someone_else_is_not_ours,
                 a_payment_committing_during_the_cancel_wins,
-                an_order_another_worker_is_cancelling_is_theirs,
                 the_cancellation_is_timed_after_the_row_lock,
                 a_batch_reports_every_order_once,
                 items_are_read_per_order,
@@ -802,6 +770,7 @@ macro_rules! store_suite {
                 a_lock_the_cancel_cannot_skip_reports_the_order_held,
                 a_held_row_an_also_statement_writes_delays_only_its_own_order,
                 a_slow_guard_times_out_as_a_transient_error,
+                a_cancel_committed_meanwhile_is_never_reported_left_alone,
             );
             store_suite!(@in effects $dialect;
                 effects_follow_the_flip_while_another_session_flips_the_guard,
@@ -985,112 +954,42 @@ impl Fixture {
     /// runs, then commits: what a concurrent payment looks like to a cancel
     /// statement that runs meanwhile.
     async fn pay_concurrently(&self, id: &str, during: impl Future<Output = ()>) {
-        let tx = self
-            .begin_with(
-                "UPDATE orders SET status = 'PAID' WHERE id = $1 AND status = 'UNPAID'",
-                "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'",
-                id,
-            )
-            .await;
+        let mut tx = ShopTx::begin(&self.shop).await;
+        tx.execute(
+            "UPDATE orders SET status = 'PAID' WHERE id = $1 AND status = 'UNPAID'",
+            "UPDATE orders SET status = 'PAID' WHERE id = ? AND status = 'UNPAID'",
+            id,
+        )
+        .await;
         during.await;
-        tx.commit(None).await;
+        tx.commit().await;
     }
 
     /// Holds the order row's lock (`SELECT … FOR UPDATE`, as a slow
     /// payment callback would) while `during` runs, then commits; returns
     /// the database's clock read just before the commit.
     async fn lock_row_during(&self, id: &str, during: impl Future<Output = ()>) -> DateTime<Utc> {
-        let tx = self
-            .begin_with(
-                "SELECT 1 FROM orders WHERE id = $1 FOR UPDATE",
-                "SELECT 1 FROM orders WHERE id = ? FOR UPDATE",
-                id,
-            )
-            .await;
+        let mut tx = ShopTx::begin(&self.shop).await;
+        tx.execute(
+            "SELECT 1 FROM orders WHERE id = $1 FOR UPDATE",
+            "SELECT 1 FROM orders WHERE id = ? FOR UPDATE",
+            id,
+        )
+        .await;
         during.await;
-        let clock = ("SELECT clock_timestamp()", "SELECT UTC_TIMESTAMP(6)");
-        tx.commit(Some(clock)).await.unwrap()
-    }
-
-    /// A transaction of another session that has run `pg` or `my` (by the
-    /// dialect) with `id` bound: what [`Fixture::pay_concurrently`] and
-    /// [`Fixture::lock_row_during`] hold open.
-    async fn begin_with(&self, pg: &'static str, my: &'static str, id: &str) -> OpenTx {
-        match &self.shop {
-            ShopDb::Postgres(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::query(pg).bind(id).execute(&mut *tx).await.unwrap();
-                OpenTx::Postgres(tx)
-            }
-            ShopDb::MySql(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::query(my).bind(id).execute(&mut *tx).await.unwrap();
-                OpenTx::MySql(tx)
-            }
-        }
-    }
-
-    /// Plays another worker's cancel transaction on `id` in another session
-    /// (the row flipped, its outbox row leased for a minute) while `during`
-    /// runs, and commits it half a second after `during` began; returns
-    /// what `during` returned.
-    async fn cancel_in_another_session<T>(&self, id: &str, during: impl Future<Output = T>) -> T {
-        let (pg, my) = (
-            format!(
-                "UPDATE orders SET status = 'CANCELLED' WHERE id = '{id}'; \
-                 INSERT INTO order_timeout_cancel_outbox (order_id, created_at, claimed_until) \
-                 VALUES ('{id}', now(), now() + interval '1 minute')"
-            ),
-            format!(
-                "UPDATE orders SET status = 'CANCELLED' WHERE id = '{id}'; \
-                 INSERT INTO order_timeout_cancel_outbox (order_id, created_at, claimed_until) \
-                 VALUES ('{id}', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE)"
-            ),
-        );
-        let tx = match &self.shop {
-            ShopDb::Postgres(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::raw_sql(sqlx::AssertSqlSafe(pg))
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                OpenTx::Postgres(tx)
-            }
-            ShopDb::MySql(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                sqlx::raw_sql(sqlx::AssertSqlSafe(my))
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
-                OpenTx::MySql(tx)
-            }
-        };
-        let commit = async {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            tx.commit(None).await;
-        };
-        tokio::join!(during, commit).0
+        let now = tx
+            .now("SELECT clock_timestamp()", "SELECT UTC_TIMESTAMP(6)")
+            .await;
+        tx.commit().await;
+        now
     }
 
     /// Runs `sql` in a transaction of another session, holds that
     /// transaction open (with its locks) while `during` runs, then rolls it
     /// back.
     async fn in_open_transaction(&self, sql: &str, during: impl Future<Output = ()>) {
-        let text = || sqlx::AssertSqlSafe(sql.to_owned());
-        let tx = match &self.shop {
-            ShopDb::Postgres(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                let ran = sqlx::raw_sql(text()).execute(&mut *tx).await.map(drop);
-                (OpenTx::Postgres(tx), ran)
-            }
-            ShopDb::MySql(pool) => {
-                let mut tx = pool.begin().await.unwrap();
-                let ran = sqlx::raw_sql(text()).execute(&mut *tx).await.map(drop);
-                (OpenTx::MySql(tx), ran)
-            }
-        };
-        let (tx, ran) = tx;
-        ran.unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut tx = ShopTx::begin(&self.shop).await;
+        tx.raw(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
         during.await;
         tx.rollback().await;
     }
@@ -1197,50 +1096,5 @@ impl Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         let _ = scratch::drop_database_blocking(&self.base, &self.name);
-    }
-}
-
-/// A transaction of the shop's held open by a [`Fixture`], on either
-/// dialect.
-enum OpenTx {
-    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
-    MySql(sqlx::Transaction<'static, sqlx::MySql>),
-}
-
-impl OpenTx {
-    /// Rolls the transaction back.
-    async fn rollback(self) {
-        match self {
-            Self::Postgres(tx) => tx.rollback().await,
-            Self::MySql(tx) => tx.rollback().await,
-        }
-        .unwrap();
-    }
-
-    /// Reads the database's clock with `clock` (`(PostgreSQL, MySQL)`), if
-    /// given, in the transaction, then commits it.
-    async fn commit(self, clock: Option<(&'static str, &'static str)>) -> Option<DateTime<Utc>> {
-        match self {
-            Self::Postgres(mut tx) => {
-                let now = match clock {
-                    Some((pg, _)) => {
-                        Some(sqlx::query_scalar(pg).fetch_one(&mut *tx).await.unwrap())
-                    }
-                    None => None,
-                };
-                tx.commit().await.unwrap();
-                now
-            }
-            Self::MySql(mut tx) => {
-                let now = match clock {
-                    Some((_, my)) => {
-                        Some(sqlx::query_scalar(my).fetch_one(&mut *tx).await.unwrap())
-                    }
-                    None => None,
-                };
-                tx.commit().await.unwrap();
-                now
-            }
-        }
     }
 }

@@ -326,3 +326,51 @@ pub(super) async fn a_slow_guard_times_out_as_a_transient_error(f: &Fixture) {
     assert_eq!(f.row("st-1").await.0, "UNPAID");
     assert_eq!(f.outbox_rows("st-1").await, 0);
 }
+
+/// Another worker's cancel of the order commits while this cancel
+/// transaction runs: this one finds the order row held (skipped, read as
+/// last committed: unpaid) and the other's outbox row (on MySQL, once its
+/// locking read has waited for the other's commit). What it reports must
+/// never be "left alone" — acked with nothing done, as a row the shop
+/// re-opened after an earlier flip — but the order locked (asked about
+/// again shortly) or cancelled by this service (its work taken over or
+/// leased elsewhere). On MySQL it failed (`LeftAlone`) until the cancel
+/// transaction read such rows again, locking, after the outbox wait.
+pub(super) async fn a_cancel_committed_meanwhile_is_never_reported_left_alone(f: &Fixture) {
+    f.insert("raced", "UNPAID", secs(-1)).await;
+    // The other worker's cancel transaction, open: the row flipped and its
+    // outbox row written, as the service writes them.
+    let mut other = ShopTx::begin(&f.shop).await;
+    other
+        .raw(match f.dialect() {
+            Dialect::Postgres => {
+                "UPDATE orders SET status = 'CANCELLED', cancelled_at = now() WHERE id = 'raced'; \
+                 INSERT INTO order_timeout_cancel_outbox (order_id) VALUES ('raced')"
+            }
+            Dialect::MySql => {
+                "UPDATE orders SET status = 'CANCELLED', cancelled_at = UTC_TIMESTAMP(6) \
+                  WHERE id = 'raced'; \
+                 INSERT INTO order_timeout_cancel_outbox (order_id, created_at) \
+                 VALUES ('raced', UTC_TIMESTAMP(6))"
+            }
+        })
+        .await
+        .unwrap();
+    let store = f.store().clone();
+    let ours = tokio::spawn(async move { state_of(store.as_ref(), "raced", LEASE).await });
+    // Long enough for ours to reach the outbox row (and wait for it).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    other.commit().await;
+    let state = ours.await.unwrap();
+    assert!(
+        matches!(
+            state,
+            OrderState::Locked { .. }
+                | OrderState::Cancelled(_)
+                | OrderState::LeasedElsewhere { .. }
+        ),
+        "an order another worker cancelled, reported {state:?}"
+    );
+    assert_eq!(f.row("raced").await.0, "CANCELLED");
+    assert_eq!(f.outbox_rows("raced").await, 1);
+}
