@@ -1,0 +1,86 @@
+//! Looking at the broker and the HTTP endpoints from a test: a tap queue,
+//! a queue's depth, readiness, a GET.
+
+use super::*;
+
+/// A server-named queue of `channel`'s own, gone with it: where a test
+/// binds what it wants to look at.
+pub async fn exclusive_queue(channel: &Channel) -> lapin::Queue {
+    channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+}
+
+/// Declares a durable queue `name` of `queue_type` (`quorum`, `classic`)
+/// with `args` besides, as a test's own or in place of one the service
+/// declared.
+pub async fn declare_durable_queue(
+    channel: &Channel,
+    name: &str,
+    queue_type: &str,
+    mut args: FieldTable,
+) {
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(queue_type.into()),
+    );
+    channel
+        .queue_declare(
+            name.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await
+        .unwrap();
+}
+
+/// Whether the service at `addr` is ready (`/readyz` answers 200): its
+/// topology declared, so what tests then bind, unbind or publish with a
+/// lane entry key meets the service's queues.
+pub async fn ready(addr: std::net::SocketAddr) -> bool {
+    http_get(addr, "/readyz").await.0 == 200
+}
+
+/// A bare-bones HTTP/1.1 GET: `(status, body)`.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return (0, String::new());
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Messages ready in `queue`, by a passive declare on `channel` (one
+/// already open, where nothing may stand between an action and the count).
+pub async fn depth_on(channel: &Channel, queue: &str) -> u32 {
+    order_timeout::broker::peek_queue(channel, queue)
+        .await
+        .unwrap()
+        .message_count()
+}
