@@ -39,6 +39,7 @@ use super::failure::Failure;
 use super::finish::Pending;
 use super::job::{Job, ack_each};
 use super::park::{Parking, park};
+use super::retry::later;
 use super::worker::Worker;
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};
@@ -245,7 +246,7 @@ async fn settle(
                 // flight). Never acked as done, never parked for it.
                 let wait = locked_wait(expires_at, db_now);
                 tracing::debug!(order_id = %id, ?wait, "the order's row is held by another transaction; skipped, asking again shortly");
-                let at = after(db_now, wait);
+                let at = later(db_now, wait);
                 worker
                     .wait_again_as(jobs, at, db_now, Outcome::Locked, Outcome::Duplicate)
                     .await;
@@ -266,15 +267,7 @@ async fn settle(
 /// When to look again at an order whose release another worker holds the
 /// lease of: 100 ms after the lease ends, and at most a second from now.
 fn leased_look_again_at(until: DateTime<Utc>, db_now: DateTime<Utc>) -> DateTime<Utc> {
-    after(until, Duration::from_millis(100)).min(after(db_now, Duration::from_secs(1)))
-}
-
-/// `wait` after `at` (`at` itself past the representable range).
-fn after(at: DateTime<Utc>, wait: Duration) -> DateTime<Utc> {
-    chrono::Duration::from_std(wait)
-        .ok()
-        .and_then(|wait| at.checked_add_signed(wait))
-        .unwrap_or(at)
+    later(until, Duration::from_millis(100)).min(later(db_now, Duration::from_secs(1)))
 }
 
 /// An order whose cancel transaction failed on its own: a failure waiting

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use super::context::{Context, Delayed};
 use super::failure::Failure;
-use super::park::{Parking, park};
+use super::park::{Parking, park, requeue};
 use super::retry::{RetryDecision, later};
 use crate::broker::acks::Acks;
 use crate::broker::cascade::HOLD_WINDOW_SECS;
@@ -94,10 +94,8 @@ impl Job {
 
     /// Returns the delivery to the queue unfinished (the session is ending,
     /// or a publish kept failing), counted in `order_timeout_requeued_total`.
-    /// A failed nack (lost channel) returns it all the same.
     pub(crate) async fn requeue(self, metrics: &Metrics) {
-        metrics.requeued();
-        let _ = self.acks.requeue(self.delivery.delivery_tag).await;
+        requeue(&self.acks, &self.delivery, metrics).await;
     }
 
     /// Sends the message toward `deadline` (measured against `now`): through

@@ -14,12 +14,13 @@ use lapin::message::Delivery;
 use lapin::types::FieldTable;
 
 use super::context::Context;
+use crate::broker::acks::Acks;
 use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
 use crate::broker::parked::ParkInfo;
 use crate::broker::publisher::PublishError;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
 use crate::message::{Deadline, OrderId, ParkReason, TimeoutRequest};
-use crate::observe::metrics::{NO_TIMER, Outcome};
+use crate::observe::metrics::{Metrics, NO_TIMER, Outcome};
 use crate::settings::TimerName;
 
 /// How many returns before the due queue's delivery limit
@@ -114,10 +115,18 @@ pub(crate) async fn park(ctx: &Context, delivery: Delivery, why: Parking) {
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot park a message; returning it to the queue");
-            ctx.metrics.requeued();
-            let _ = ctx.acks.requeue(delivery.delivery_tag).await;
+            requeue(&ctx.acks, &delivery, &ctx.metrics).await;
         }
     }
+}
+
+/// Returns `delivery` to the queue (a nack with requeue), counted in
+/// `order_timeout_requeued_total`: a park that failed, or a job that could
+/// not go on ([`super::job::Job::requeue`]). A failed nack (lost channel)
+/// returns it all the same.
+pub(crate) async fn requeue(acks: &Acks, delivery: &Delivery, metrics: &Metrics) {
+    metrics.requeued();
+    let _ = acks.requeue(delivery.delivery_tag).await;
 }
 
 /// `x-source-queue` of a message the sweeper parks (it consumed none).

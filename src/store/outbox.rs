@@ -15,6 +15,7 @@
 //! A store runs a rendered [`Statement`] with its dialect's driver
 //! ([`OwnTables`]).
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -397,20 +398,15 @@ pub(crate) async fn mark_done<S: OwnTables>(
     released: &[&str],
     published: &[&str],
 ) -> Result<(), StoreError> {
-    let both: Vec<&str> = released
-        .iter()
-        .copied()
-        .filter(|id| published.contains(id))
-        .collect();
-    let only_released: Vec<&str> = released
-        .iter()
-        .copied()
-        .filter(|id| !both.contains(id))
-        .collect();
+    // Sets: a batch's lists hold hundreds of ids, on the hot path.
+    let was_released: HashSet<&str> = released.iter().copied().collect();
+    let was_published: HashSet<&str> = published.iter().copied().collect();
+    let (both, only_released): (Vec<&str>, Vec<&str>) =
+        released.iter().partition(|id| was_published.contains(*id));
     let only_published: Vec<&str> = published
         .iter()
         .copied()
-        .filter(|id| !both.contains(id))
+        .filter(|id| !was_released.contains(id))
         .collect();
     for (template, ids) in [
         (MARK_BOTH, &both),

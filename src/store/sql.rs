@@ -667,17 +667,11 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
 
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]
     async fn release_leases(&self, ids: &[&str]) -> Result<(), StoreError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
         outbox::release_leases(self, ids).await
     }
 
     #[tracing::instrument(skip_all, fields(released = released.len(), published = published.len()))]
     async fn mark_done(&self, released: &[&str], published: &[&str]) -> Result<(), StoreError> {
-        if released.is_empty() && published.is_empty() {
-            return Ok(());
-        }
         outbox::mark_done(self, released, published).await
     }
 
