@@ -115,6 +115,7 @@ async fn consume(
         ctx,
         due: due_tx.downgrade(),
         tracker: tracker.clone(),
+        session: stop.clone(),
     };
     let sweeper_stop = stop.child();
     tracker.spawn(sweeper::run(worker.clone(), sweeper_stop.clone()));

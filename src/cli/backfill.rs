@@ -60,7 +60,7 @@ pub(super) async fn run(settings: Settings, args: BackfillArgs) -> anyhow::Resul
 
 /// The timers `names` asks for, in config order (all of them when it is
 /// empty); a name the config does not have is an error that lists them.
-fn chosen(timers: &[Timer], names: &[String]) -> anyhow::Result<Vec<Timer>> {
+pub(super) fn chosen(timers: &[Timer], names: &[String]) -> anyhow::Result<Vec<Timer>> {
     if names.is_empty() {
         return Ok(timers.to_vec());
     }

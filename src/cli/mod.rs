@@ -18,6 +18,7 @@ mod pending;
 mod schedule;
 mod schema;
 mod serve;
+mod set_aside;
 mod topology;
 
 pub use backfill::BackfillArgs;
@@ -26,6 +27,7 @@ pub use parked::ParkedCommand;
 pub use pending::PendingArgs;
 pub use schedule::ScheduleArgs;
 pub use schema::SchemaCommand;
+pub use set_aside::{SetAsideCommand, SetAsideListArgs, SetAsideRetryArgs};
 pub use topology::TopologyCommand;
 
 /// Cancels unpaid orders when their payment window runs out.
@@ -67,6 +69,11 @@ pub enum Command {
     /// Check the `[orders]` mapping against the shop's database.
     #[command(subcommand)]
     Schema(SchemaCommand),
+    /// The rows whose flip failed for their own values, parked once and
+    /// set aside (tried again hourly, then daily): list them with their
+    /// reasons and ages, or have the next sweep try them now.
+    #[command(subcommand)]
+    SetAside(SetAsideCommand),
     /// Schedule a timeout for every unpaid order already in the shop's table
     /// (adoption day); safe to run twice.
     Backfill(BackfillArgs),
@@ -80,7 +87,7 @@ impl Command {
         match self {
             Command::Parked(_) | Command::Pending(_) => "warn",
             Command::Topology(_) => "warn,lapin=off",
-            Command::Schema(_) | Command::Backfill(_) => "warn",
+            Command::Schema(_) | Command::Backfill(_) | Command::SetAside(_) => "warn",
             _ => "info",
         }
     }
@@ -107,6 +114,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Topology(command) => topology::run(settings, command).await,
         Command::Schema(command) => schema::run(settings, command).await,
         Command::Backfill(args) => backfill::run(settings, args).await,
+        Command::SetAside(command) => set_aside::run(settings, command).await,
     }
 }
 

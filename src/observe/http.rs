@@ -55,6 +55,11 @@ pub struct Readiness {
     pub database: bool,
     /// The inventory endpoint accepts TCP connections.
     pub inventory: bool,
+    /// No timer's statements fail for a reason of the environment (a
+    /// privilege revoked, a table or column missing): the database answers
+    /// `SELECT 1` then, but no order of such a timer can be cancelled
+    /// (`order_timeout_timer_failing` names the timer).
+    pub statements: bool,
 }
 
 impl Health {
@@ -109,13 +114,15 @@ impl Health {
         };
         let (database, inventory) = tokio::join!(database, inventory);
         let broker = self.broker.load(Ordering::Relaxed);
-        let ready = broker && database && inventory;
+        let statements = self.metrics.failing_timers().is_empty();
+        let ready = broker && database && inventory && statements;
         self.metrics.set_ready(ready);
         Readiness {
             ready,
             broker,
             database,
             inventory,
+            statements,
         }
     }
 }
@@ -175,11 +182,19 @@ pub(crate) async fn refresh_readiness(health: Arc<Health>, shutdown: Shutdown) {
         let r = health.check().await;
         let first_check = std::mem::replace(&mut starting, false);
         if !r.ready {
-            let (broker, database, inventory) = (r.broker, r.database, r.inventory);
+            let (broker, database, inventory, statements) =
+                (r.broker, r.database, r.inventory, r.statements);
             if first_check {
-                tracing::debug!(broker, database, inventory, "not ready yet (starting)");
+                tracing::debug!(
+                    broker,
+                    database,
+                    inventory,
+                    statements,
+                    "not ready yet (starting)"
+                );
             } else {
-                tracing::warn!(broker, database, inventory, "not ready");
+                let failing = health.metrics.failing_timers().join(", ");
+                tracing::warn!(broker, database, inventory, statements, failing_timers = %failing, "not ready");
             }
         }
         tokio::select! {

@@ -176,6 +176,11 @@ struct TargetLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabel {
+    task: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabel {
     queue: &'static str,
 }
@@ -213,6 +218,10 @@ pub struct Metrics {
     outbox_given_up: Counter,
     outbox_deleted: Counter,
     ready: Gauge,
+    timer_failing: Family<TimerLabel, Gauge>,
+    sweep_last_success: Family<TimerLabel, Gauge>,
+    set_aside_rows: Family<TimerLabel, Gauge>,
+    task_panics: Family<TaskLabel, Counter>,
     queue_messages: Family<QueueLabel, Gauge>,
     /// What waits in the delay cascade (`observe/pending.rs`).
     pending: super::pending::PendingGauges,
@@ -369,6 +378,30 @@ impl Metrics {
                 "1 when broker, database and inventory are reachable, else 0",
                 Gauge::default(),
             ),
+            timer_failing: register(
+                &mut r,
+                "timer_failing",
+                "1 while a timer's statements fail for a reason of the environment (a privilege, a missing table or column, the database unreachable): its due orders wait, none is parked or set aside",
+                Family::default(),
+            ),
+            sweep_last_success: register(
+                &mut r,
+                "sweep_last_success_timestamp_seconds",
+                "When a sweep of the timer last completed (Unix seconds; the sweeper's start before its first sweep), by timer",
+                Family::default(),
+            ),
+            set_aside_rows: register(
+                &mut r,
+                "set_aside_rows",
+                "Rows whose flip failed for their own values, parked and set aside (tried again hourly, then daily), by timer, as the last sweep counted them",
+                Family::default(),
+            ),
+            task_panics: register(
+                &mut r,
+                "task_panics",
+                "Tasks that ended in a panic and were restarted (batch: its session too, so its deliveries return), by task",
+                Family::default(),
+            ),
             queue_messages: register(
                 &mut r,
                 "queue_messages",
@@ -409,6 +442,11 @@ impl Metrics {
                 });
             }
             let _ = self.watched.get_or_create(&label);
+            let _ = self.timer_failing.get_or_create(&label);
+            let _ = self.set_aside_rows.get_or_create(&label);
+        }
+        for task in ["batch", "sweeper", "watch"] {
+            let _ = self.task_panics.get_or_create(&TaskLabel { task });
         }
         for s in [Stage::Db, Stage::Inventory, Stage::Publish] {
             let _ = self.stage.get_or_create(&StageLabel { stage: s.as_str() });
@@ -620,6 +658,87 @@ impl Metrics {
         self.ready.set(i64::from(ready));
     }
 
+    /// Records whether `timer`'s statements fail for a reason of the
+    /// environment ([`crate::store::StoreError::is_row_fault`] says which
+    /// do not): readiness and an alert say so while they do.
+    pub fn set_timer_failing(&self, timer: &str, failing: bool) {
+        let label = TimerLabel {
+            timer: timer.to_owned(),
+        };
+        let gauge = self.timer_failing.get_or_create(&label);
+        let was = gauge.set(i64::from(failing)) == 1;
+        if was != failing {
+            if failing {
+                tracing::warn!(%timer, "the timer's statements fail for a reason of the environment: not ready until they run again");
+            } else {
+                tracing::info!(%timer, "the timer's statements run again");
+            }
+        }
+    }
+
+    /// The timers whose statements fail for a reason of the environment.
+    pub fn failing_timers(&self) -> Vec<String> {
+        self.timers
+            .iter()
+            .filter(|timer| {
+                self.timer_failing
+                    .get_or_create(&TimerLabel {
+                        timer: (*timer).clone(),
+                    })
+                    .get()
+                    == 1
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Records that a sweep of `timer` completed now (the sweeper also
+    /// calls it when it starts, so the series exists from then).
+    pub fn sweep_succeeded(&self, timer: &str) {
+        self.sweep_last_success
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .set(chrono::Utc::now().timestamp());
+    }
+
+    /// When a sweep of `timer` last completed (Unix seconds; 0: never).
+    pub fn sweep_last_success_of(&self, timer: &str) -> i64 {
+        self.sweep_last_success
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .get()
+    }
+
+    /// Sets how many rows of `timer` are set aside.
+    pub fn set_set_aside_rows(&self, timer: &str, rows: u64) {
+        self.set_aside_rows
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .set(i64::try_from(rows).unwrap_or(i64::MAX));
+    }
+
+    /// Rows of `timer` set aside, as last counted.
+    pub fn set_aside_rows_of(&self, timer: &str) -> i64 {
+        self.set_aside_rows
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .get()
+    }
+
+    /// Counts a task (`batch`, `sweeper`, `watch`) that ended in a panic.
+    pub fn task_panicked(&self, task: &'static str) {
+        self.task_panics.get_or_create(&TaskLabel { task }).inc();
+    }
+
+    /// Tasks named `task` that ended in a panic so far.
+    pub fn task_panics_of(&self, task: &'static str) -> u64 {
+        self.task_panics.get_or_create(&TaskLabel { task }).get()
+    }
+
     /// Sets a queue depth gauge.
     pub fn set_queue_depth(&self, queue: &'static str, messages: u32) {
         self.queue_messages
@@ -725,6 +844,9 @@ mod tests {
     fn every_metric_the_alert_rules_use_is_served() {
         let m = Metrics::new();
         m.set_queue_depth(crate::broker::topology::PARKED_QUEUE, 0);
+        // Served from the sweeper's start (none when it is disabled, so
+        // that its stall alert cannot fire then).
+        m.sweep_succeeded(crate::settings::DEFAULT_TIMER);
         let text = m.render();
         let rules = include_str!("../../deploy/prometheus-alerts.yml");
         let mut names: Vec<&str> = rules

@@ -8,15 +8,17 @@
 //! transaction, every order settled by its state), then
 //! [`super::finish::finish`] (stock release, event, outbox marks, ack).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::cancel;
 use super::finish;
 use super::job::Job;
-use super::worker::Worker;
+use super::worker::{Worker, panic_text};
 
 /// Runs until every sender of `due` is gone (the consumer has stopped and
 /// no held message is still waiting).
@@ -32,13 +34,26 @@ pub(crate) async fn run(worker: Worker, mut due: mpsc::Receiver<Job>) {
         };
         let batch = gather(first, &mut due, settings.batch_max, settings.batch_linger).await;
         let worker2 = worker.clone();
-        worker.tracker.spawn(async move {
+        let work = async move {
             let to_finish = cancel::cancel_batch(&worker2, batch).await;
             // The slot bounds concurrent cancel statements only: the outbox
             // work (inventory calls, events) runs after it is given back.
             drop(slot);
             for (store, pending) in to_finish {
                 finish::finish(&worker2, &store, pending).await;
+            }
+        };
+        let worker2 = worker.clone();
+        worker.tracker.spawn(async move {
+            // A batch that panics (a value no one foresaw) would leave its
+            // deliveries unacked, holding prefetch slots until the channel
+            // closes: it is logged and counted, and the session ends, so
+            // that the broker returns them and the next session (started
+            // at once) takes them again.
+            if let Err(panic) = AssertUnwindSafe(work).catch_unwind().await {
+                worker2.ctx.metrics.task_panicked("batch");
+                tracing::error!(panic = %panic_text(panic.as_ref()), "a batch ended in a panic; ending the broker session so that its messages are delivered again");
+                worker2.session.trigger();
             }
         });
     }

@@ -17,13 +17,17 @@
 //!    to the batcher, which hands them to [`super::finish`]: stock release,
 //!    event, outbox marks, ack.
 //!
-//! A statement that fails for one order (an `also` statement hitting a
-//! unique constraint for that order alone, a trigger refusing its row) is
-//! about that order, not the batch: the store runs such orders on their
-//! own ([`OrderState::Failed`]), only that order is parked
-//! (`permanent_failure`) and its row set aside for the sweeper (skipped
-//! until the row changes, so that it is parked once), and the others are
-//! cancelled on time.
+//! A statement that fails for one order's values (an `also` statement
+//! hitting a unique constraint for that order alone, a trigger refusing its
+//! row) is about that order, not the batch: the store runs such orders on
+//! their own ([`OrderState::Failed`]), only that order is parked
+//! (`permanent_failure`) and its row set aside for the sweeper (tried again
+//! hourly, then daily, and at once when the row changes, so that it is
+//! parked once), and the others are cancelled on time. A batch of one
+//! order fails the same way. A failure of the environment (a privilege, a
+//! missing table, the connection) is nobody's row: every order is retried
+//! with backoff for as long as it lasts, readiness says so
+//! ([`note_statements`]), and nothing is parked or set aside.
 //!
 //! A crash between any two steps redelivers the message, and the redelivery
 //! finds the order cancelled with its outbox row still pending and finishes
@@ -42,9 +46,9 @@ use super::park::{Parking, park};
 use super::retry::later;
 use super::worker::Worker;
 use crate::message::{OrderId, ParkReason};
-use crate::observe::metrics::{Outcome, Stage};
+use crate::observe::metrics::{Metrics, Outcome, Stage};
 use crate::settings::{TimerName, UnknownOrderPolicy};
-use crate::store::{IdRejected, OrderFailure, OrderState, Store};
+use crate::store::{IdRejected, OrderFailure, OrderState, Store, StoreError};
 
 /// How often a batch re-asks about orders another transaction was changing
 /// at the same moment, before treating it as a transient failure.
@@ -182,7 +186,28 @@ async fn cancel_statement(
     let started = std::time::Instant::now();
     let result = store.cancel_due(&ids, ctx.settings.outbox_lease).await;
     ctx.metrics.stage(Stage::Db, started.elapsed());
+    note_statements(&ctx.metrics, store, result.as_deref());
     Ok(result?)
+}
+
+/// Tells readiness (and `order_timeout_timer_failing`) whether the cancel
+/// transaction of `store`'s timer runs: it fails for a reason of the
+/// environment while the statement, or an order's own transaction, fails
+/// with an error that is not about a row ([`Failure::is_environment`]: a
+/// privilege revoked, a table missing, the connection), and runs again
+/// once a statement answers with no such failure.
+pub(crate) fn note_statements(
+    metrics: &Metrics,
+    store: &Store,
+    result: Result<&[(OrderId, OrderState)], &StoreError>,
+) {
+    let failing = match result {
+        Err(e) => !e.is_row_fault(),
+        Ok(states) => states
+            .iter()
+            .any(|(_, state)| matches!(state, OrderState::Failed(f) if !f.0.is_row_fault())),
+    };
+    metrics.set_timer_failing(store.timer().name.as_str(), failing);
 }
 
 /// Step 2: settles every order of `waiting` by its state. Cancelled orders
@@ -270,10 +295,10 @@ fn leased_look_again_at(until: DateTime<Utc>, db_now: DateTime<Utc>) -> DateTime
     later(until, Duration::from_millis(100)).min(later(db_now, Duration::from_secs(1)))
 }
 
-/// An order whose cancel transaction failed on its own: a failure waiting
-/// can fix is retried; one it cannot is parked (by the retry policy) and
-/// the row set aside, so that the sweeper skips it until it changes
-/// instead of failing on it (and parking it) again at every sweep.
+/// An order whose cancel transaction failed on its own: a failure of the
+/// environment is retried (never parked); one about the row's own values
+/// is parked (by the retry policy) and the row set aside, so that the
+/// sweeper does not fail on it (and park it) again at every sweep.
 async fn failed_order(
     worker: &Worker,
     store: &Store,
@@ -288,16 +313,26 @@ async fn failed_order(
     worker.retry_later(jobs, failure);
 }
 
-/// Sets the row of `id` aside after its flip failed for good (logged when
-/// that fails too: the sweeper then tries the row, and parks it, again).
-pub(crate) async fn set_aside(store: &Store, id: &OrderId, failure: &Failure) {
+/// Sets the row of `id` aside after its flip failed for its own values;
+/// the mark's attempts (1: the first failure of the row as it is), or
+/// `None` when the row is gone or the mark could not be written (logged:
+/// the sweeper then tries the row, and parks it, again).
+pub(crate) async fn set_aside(store: &Store, id: &OrderId, failure: &Failure) -> Option<u32> {
     let reason = failure.to_string();
+    let timer = &store.timer().name;
     match store.set_aside(id, &reason).await {
-        Ok(_) => {
-            tracing::warn!(order_id = %id, timer = %store.timer().name, error = %reason, "the order's flip fails for good: its row is set aside (the sweeper skips it until it changes; replaying the parked message tries it again)")
+        Ok(Some(1)) => {
+            tracing::warn!(order_id = %id, %timer, error = %reason, "the order's flip fails for its own values: its row is set aside (the sweeper tries it again in an hour, at once when the row changes; `order-timeout set-aside retry` or replaying the parked message tries it now)");
+            Some(1)
         }
+        Ok(Some(attempts)) => {
+            tracing::warn!(order_id = %id, %timer, attempts, error = %reason, "the order's flip still fails for its own values: its row stays set aside (tried again hourly, then daily)");
+            Some(attempts)
+        }
+        Ok(None) => None,
         Err(e) => {
-            tracing::warn!(order_id = %id, error = %e, "cannot set the row aside; the sweeper will try it again")
+            tracing::warn!(order_id = %id, error = %e, "cannot set the row aside; the sweeper will try it again");
+            None
         }
     }
 }

@@ -39,14 +39,32 @@ pub(crate) enum Failure {
 }
 
 impl Failure {
-    /// Whether waiting cannot fix it: retrying later would fail the same
-    /// way, so the message is parked at once.
+    /// Whether waiting cannot fix it and it is the order's own: retrying
+    /// later would fail the same way, so the message is parked at once. A
+    /// database failure counts only when it is about the row's values
+    /// ([`StoreError::is_row_fault`]); one of the environment (a privilege,
+    /// a missing table, a syntax error) is [`Failure::is_environment`].
     pub(crate) fn is_permanent(&self) -> bool {
         match self {
-            Self::Store(e) => e.is_permanent(),
+            Self::Store(e) => e.is_row_fault(),
             Self::Inventory(e) => inventory_is_permanent(e),
             Self::Publish(_) | Self::NoState(_) | Self::KeptChanging => false,
             Self::Several(all) => all.iter().any(Self::is_permanent),
+        }
+    }
+
+    /// Whether it is a database failure that is not the order's own (the
+    /// connection, a privilege, a missing table or column, a statement the
+    /// server refuses whatever the row): it would meet any order, so it is
+    /// retried with backoff for as long as it lasts, without counting
+    /// towards `retry.max_attempts`: it never parks an order.
+    pub(crate) fn is_environment(&self) -> bool {
+        match self {
+            Self::Store(e) => !e.is_row_fault(),
+            Self::Several(all) => {
+                !all.iter().any(Self::is_permanent) && all.iter().any(Self::is_environment)
+            }
+            _ => false,
         }
     }
 
@@ -192,16 +210,20 @@ mod tests {
             key: "[orders].also",
             problem: "no such table".into(),
         });
-        assert!(schema.is_permanent());
+        assert!(
+            !schema.is_permanent() && schema.is_environment(),
+            "the mapping is the world's, not the row's"
+        );
         let pool = Failure::from(StoreError::Sql(sqlx::Error::PoolTimedOut));
-        assert!(!pool.is_permanent());
+        assert!(!pool.is_permanent() && pool.is_environment());
         let io = Failure::from(StoreError::Sql(sqlx::Error::Io(std::io::Error::from(
             std::io::ErrorKind::ConnectionReset,
         ))));
         assert!(!io.is_permanent());
         let decode = Failure::from(StoreError::Sql(sqlx::Error::Decode("bad".into())));
-        assert!(decode.is_permanent());
+        assert!(decode.is_permanent() && !decode.is_environment());
         assert!(!Failure::KeptChanging.is_permanent());
+        assert!(!Failure::KeptChanging.is_environment());
         assert!(!Failure::NoState(OrderId::parse("a").unwrap()).is_permanent());
     }
 

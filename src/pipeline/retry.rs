@@ -11,8 +11,14 @@
 //! `max_attempts` failed attempts the message is parked with the last error
 //! (`retries_exhausted`).
 //!
-//! A failure that waiting cannot fix ([`Failure::is_permanent`]: a
-//! configuration or SQL error about the statement or the data, an inventory
+//! A failure of the environment ([`Failure::is_environment`]: the database
+//! down, a privilege revoked, a table or column missing, a statement the
+//! server refuses whatever the row) is retried at the backoff's pace for as
+//! long as it lasts and never parked: every other order waits for the same
+//! fix, and none of them is to blame.
+//!
+//! A failure that waiting cannot fix ([`Failure::is_permanent`]: an SQL
+//! error about the row's own values, an inventory
 //! answer such as `FAILED_PRECONDITION`) is not retried: it is parked at once
 //! (`permanent_failure`; `release_failed` when the inventory refused the
 //! stock release, whose outbox row `finish.rs` gives up), after one attempt.
@@ -92,10 +98,16 @@ impl RetryPolicy {
     }
 
     /// [`RetryPolicy::decide`], after `failure`: park at once when waiting
-    /// cannot fix it.
+    /// cannot fix it and it is the order's own; never park for a failure of
+    /// the environment ([`Failure::is_environment`]: the database down, a
+    /// privilege revoked, a table missing), which is retried at the
+    /// backoff's pace (up to `max_delay`) for as long as it lasts, since
+    /// every other order waits for the same fix.
     pub(crate) fn decide_after(&self, attempts: &Attempts, failure: &Failure) -> RetryDecision {
         if failure.is_permanent() {
             RetryDecision::ParkAtOnce
+        } else if failure.is_environment() {
+            RetryDecision::RetryIn(self.next_delay(attempts.count))
         } else {
             self.decide(attempts)
         }
@@ -191,10 +203,9 @@ mod tests {
     fn a_permanent_failure_parks_at_once_and_a_transient_one_is_retried() {
         let policy = RetryPolicy::new(RetrySettings::default());
         let first = Attempts::default().failed(Utc::now(), "x");
-        let permanent = Failure::from(crate::store::StoreError::Schema {
-            key: "[orders].also",
-            problem: "no such table".into(),
-        });
+        let permanent = Failure::from(crate::store::StoreError::Sql(sqlx::Error::Decode(
+            "a value of the row".into(),
+        )));
         assert_eq!(
             policy.decide_after(&first, &permanent),
             RetryDecision::ParkAtOnce
@@ -203,6 +214,38 @@ mod tests {
             policy.decide_after(&first, &Failure::KeptChanging),
             RetryDecision::RetryIn(_)
         ));
+    }
+
+    #[test]
+    fn a_failure_of_the_environment_is_retried_past_max_attempts_and_never_parked() {
+        let policy = RetryPolicy::new(RetrySettings {
+            max_attempts: 3,
+            ..Default::default()
+        });
+        let mut attempts = Attempts::default();
+        let world = Failure::from(crate::store::StoreError::Schema {
+            key: "[orders].also",
+            problem: "permission denied for table stock".into(),
+        });
+        for _ in 0..50 {
+            attempts = attempts.failed(Utc::now(), "permission denied");
+            match policy.decide_after(&attempts, &world) {
+                RetryDecision::RetryIn(delay) => {
+                    assert!(delay <= RetrySettings::default().max_delay * 2, "{delay:?}")
+                }
+                other => panic!("attempt {}: {other:?}", attempts.count),
+            }
+        }
+        // A failure of the inventory still runs out of attempts.
+        let inventory = Failure::from(crate::inventory::InventoryError::Call {
+            call: "ReleaseStock",
+            code: tonic::Code::Unavailable,
+            message: "down".into(),
+        });
+        assert_eq!(
+            policy.decide_after(&attempts, &inventory),
+            RetryDecision::Park
+        );
     }
 
     #[test]

@@ -41,14 +41,16 @@
 //! docs/benchmarks-log.md, "Broker crashes".
 
 use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
 
 use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
 
-use super::cancel::set_aside;
+use super::cancel::{note_statements, set_aside};
 use super::failure::Failure;
 use super::finish::{self, Pending};
 use super::park::park_row;
-use super::worker::Worker;
+use super::worker::{Worker, panic_text};
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::SweepResult;
 use crate::shutdown::Shutdown;
@@ -74,6 +76,21 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
         return;
     }
     let session_start = tokio::time::Instant::now();
+    for store in worker.ctx.stores.iter() {
+        // The series exists from the start: a sweeper that never completes
+        // a sweep is an alert too.
+        if worker
+            .ctx
+            .metrics
+            .sweep_last_success_of(store.timer().name.as_str())
+            == 0
+        {
+            worker
+                .ctx
+                .metrics
+                .sweep_succeeded(store.timer().name.as_str());
+        }
+    }
     loop {
         let catching_up = session_start.elapsed() < settings.catch_up_window;
         let (pause, grace) = if catching_up {
@@ -86,7 +103,15 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
             _ = stop.wait() => return,
         }
         for store in worker.ctx.stores.iter() {
-            sweep_timer(&worker, store, grace, catching_up, pause).await;
+            // A panic in a sweep (a value no one foresaw) ends that sweep,
+            // not the safety net: it is logged and counted, and the next
+            // interval sweeps again.
+            let sweep = sweep_timer(&worker, store, grace, catching_up, pause);
+            if let Err(panic) = AssertUnwindSafe(sweep).catch_unwind().await {
+                worker.ctx.metrics.task_panicked("sweeper");
+                let timer = &store.timer().name;
+                tracing::error!(%timer, panic = %panic_text(panic.as_ref()), "a sweep ended in a panic; the next one runs in {pause:?}");
+            }
         }
     }
 }
@@ -132,12 +157,20 @@ async fn sweep_timer(
     match sweep_once(worker, store, grace).await {
         Ok(swept) => {
             metrics.sweep(timer.as_str(), swept.result());
+            metrics.sweep_succeeded(timer.as_str());
             log_sweep(&swept, timer.as_str(), catching_up);
         }
         Err(e) => {
             metrics.sweep(timer.as_str(), SweepResult::Failed);
+            if !e.is_row_fault() {
+                metrics.set_timer_failing(timer.as_str(), true);
+            }
             tracing::warn!(error = %e, %timer, "sweep failed; next one in {pause:?}");
         }
+    }
+    match store.set_aside_count().await {
+        Ok(n) => metrics.set_set_aside_rows(timer.as_str(), n),
+        Err(e) => tracing::debug!(error = %e, %timer, "cannot count the rows set aside"),
     }
     if let Err(e) = delete_expired(worker, store).await {
         tracing::warn!(error = %e, %timer, "deleting finished outbox rows failed; next try in {pause:?}");
@@ -251,7 +284,9 @@ async fn settle_page(
 ) -> Result<(), StoreError> {
     let ctx = &worker.ctx;
     let ids: Vec<OrderId> = rows.iter().map(|(id, _)| id.clone()).collect();
-    let states = store.cancel_due(&ids, ctx.settings.outbox_lease).await?;
+    let result = store.cancel_due(&ids, ctx.settings.outbox_lease).await;
+    note_statements(&ctx.metrics, store, result.as_deref());
+    let states = result?;
     let mut to_finish = Vec::new();
     for (id, state) in states {
         match state {
@@ -264,7 +299,7 @@ async fn settle_page(
                 let failure = Failure::Store(failure.0);
                 let deadline = rows.iter().find(|(r, _)| *r == id).and_then(|(_, d)| *d);
                 if failure.is_permanent()
-                    && park_and_set_aside(worker, store, &id, deadline, &failure).await
+                    && set_aside_and_park(worker, store, &id, deadline, &failure).await
                 {
                     swept.set_aside += 1;
                 } else {
@@ -283,13 +318,14 @@ async fn settle_page(
     Ok(())
 }
 
-/// Parks a row whose flip fails for good (the timeout message its
-/// publisher would have sent, for its `deadline`) with the reason
-/// `permanent_failure`, then sets it aside so that later sweeps skip it
-/// until it changes: parked once, and visible. `false` when the broker
-/// refused the park (the row is then not set aside: the next sweep tries
-/// again).
-async fn park_and_set_aside(
+/// Sets aside a row whose flip fails for its own values, then parks it
+/// (the timeout message its publisher would have sent, for its
+/// `deadline`) with the reason `permanent_failure` the first time it fails
+/// as it is: parked once, and visible. A row tried again after its
+/// `retry_at` that still fails stays set aside, without a second parked
+/// copy. `false` when nothing could be recorded (the mark, or the park the
+/// broker refused: the next sweep tries again).
+async fn set_aside_and_park(
     worker: &Worker,
     store: &Store,
     id: &OrderId,
@@ -300,6 +336,11 @@ async fn park_and_set_aside(
     let reason = failure.to_string();
     let deadline = deadline.unwrap_or_else(Utc::now);
     let timer = &store.timer().name;
+    match set_aside(store, id, failure).await {
+        Some(1) => {}
+        Some(_) => return true,
+        None => return false,
+    }
     if let Err(e) = park_row(
         ctx,
         timer,
@@ -310,9 +351,12 @@ async fn park_and_set_aside(
     )
     .await
     {
-        tracing::error!(order_id = %id, error = %e, "cannot park an order whose flip fails for good; the next sweep tries it again");
+        tracing::error!(order_id = %id, error = %e, "cannot park an order whose flip fails for its own values; the next sweep tries it again");
+        // Not parked: the next sweep must find it, and park it, again.
+        if let Err(e) = store.forget_set_aside(id).await {
+            tracing::warn!(order_id = %id, error = %e, "cannot forget the row's mark; the sweeper tries it again in an hour");
+        }
         return false;
     }
-    set_aside(store, id, failure).await;
     true
 }

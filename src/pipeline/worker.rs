@@ -13,6 +13,7 @@ use super::context::Context;
 use super::failure::Failure;
 use super::job::{Job, ack_all};
 use crate::observe::metrics::Outcome;
+use crate::shutdown::Shutdown;
 
 /// What a step that settles jobs needs besides the jobs: the shared
 /// context, the way back into the batcher for jobs that must wait again,
@@ -27,6 +28,18 @@ pub(crate) struct Worker {
     pub(crate) due: mpsc::WeakSender<Job>,
     /// Tasks of this session.
     pub(crate) tracker: TaskTracker,
+    /// Ends the broker session: what a batch that panicked does, so that
+    /// its unacked deliveries are returned and delivered again.
+    pub(crate) session: Shutdown,
+}
+
+/// What a panic said, for the log.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(not a message)".into())
 }
 
 impl Worker {

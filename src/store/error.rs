@@ -43,6 +43,20 @@ pub enum StoreError {
     /// Applying migrations failed.
     #[error("migrations: {0}")]
     Migrate(sqlx::migrate::MigrateError),
+    /// A failure about a row's values (see [`StoreError::is_row_fault`])
+    /// that every order of a batch met the same way, each on its own: a
+    /// `set` value too long for its column, a trigger refusing every
+    /// cancellation. Not one row's fault, so the world's: retried, never
+    /// parked or set aside.
+    #[error(
+        "{error} (every one of the {orders} orders of the batch failed the same way: not a fault of one row)"
+    )]
+    Widespread {
+        /// The failure of one of them.
+        error: std::sync::Arc<StoreError>,
+        /// How many orders failed so.
+        orders: usize,
+    },
     /// The configured mapping does not fit the shop's schema: a
     /// configuration error, not transient.
     #[error("config {key}: {problem}")]

@@ -58,7 +58,7 @@ pub(crate) use tls::{mysql_options, pg_options};
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use values::{
     Cancellation, NextAttempt, OrderFailure, OrderItem, OrderState, OutboxFailure, Page, RowCursor,
-    WatchMark,
+    SetAsideRow, WatchMark,
 };
 
 use mysql::MySqlStore;
@@ -142,11 +142,33 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Page<String>, StoreError>;
 
     /// Sets the row of order `id` aside for the sweeper, with the `reason`
-    /// its flip failed for good: later sweeps skip it as long as the row
-    /// is unchanged (its digest is recorded), so that one row that can
-    /// never flip is parked once instead of failing every sweep. A message
-    /// for the order (a replay) still tries it. `false`: no such row.
-    async fn set_aside(&self, id: &OrderId, reason: &str) -> Result<bool, StoreError>;
+    /// its flip failed for its own values: later sweeps skip it while the
+    /// row is unchanged (its digest is recorded) until the mark's
+    /// `retry_at`, an hour after each of the first
+    /// [`SET_ASIDE_HOURLY_TRIES`] failures and a day after later ones, so
+    /// that a row that cannot flip is parked once, not at every sweep, and
+    /// is still tried again when nothing changes it. A message for the
+    /// order (a replay) still tries it at once. Returns the mark's
+    /// attempts: 1 the first time (or the first time since the row
+    /// changed); `None`: no such row.
+    async fn set_aside(&self, id: &OrderId, reason: &str) -> Result<Option<u32>, StoreError>;
+
+    /// The rows set aside (the oldest first, at most `limit`), with why,
+    /// since when, how often they failed and when the sweeper tries them
+    /// again: for `order-timeout set-aside list` and the console.
+    async fn set_aside_rows(&self, limit: u32) -> Result<Vec<SetAsideRow>, StoreError>;
+
+    /// Forgets the mark of the row `id` set aside (its park failed: the
+    /// next sweep must find it as new).
+    async fn forget_set_aside(&self, id: &OrderId) -> Result<(), StoreError>;
+
+    /// How many rows of the timer are set aside (the gauge).
+    async fn set_aside_count(&self) -> Result<u64, StoreError>;
+
+    /// Has the next sweep try the rows set aside of `ids` (canonical;
+    /// `None`: every one of the timer's) again, instead of at their
+    /// `retry_at`; returns how many marks it moved.
+    async fn retry_set_aside(&self, ids: Option<&[&str]>) -> Result<u64, StoreError>;
 
     /// Forgets the rows set aside that have left the `from` status
     /// (flipped by a replayed message, paid, deleted); returns how many.
@@ -508,6 +530,10 @@ impl Dialect {
     }
 }
 
+/// Failures of a row set aside after each of which the sweeper tries it
+/// again an hour later; after more, a day later.
+pub(crate) const SET_ASIDE_HOURLY_TRIES: u32 = 24;
+
 /// How often a cancel transaction that the database chose as a deadlock
 /// victim is run again at once, before the failure goes to the retry
 /// policy (which would cost the batch a second or more).
@@ -597,7 +623,7 @@ impl StoreError {
         ];
         fn database(e: &dyn sqlx::error::DatabaseError) -> bool {
             match mysql::error_class(e) {
-                Some(mysql::ErrorClass::Permanent) => return true,
+                Some(mysql::ErrorClass::Row | mysql::ErrorClass::Statement) => return true,
                 Some(mysql::ErrorClass::Transient | mysql::ErrorClass::LockTimeout) => {
                     return false;
                 }
@@ -633,11 +659,62 @@ impl StoreError {
         match self {
             Self::Sql(e) => sql(e),
             Self::Migrate(e) => migrate(e),
+            Self::Widespread { error, .. } => error.is_permanent(),
             Self::Url { .. }
             | Self::Tls(_)
             | Self::TlsWithoutMode { .. }
             | Self::Scheme { .. }
             | Self::Schema { .. } => true,
+        }
+    }
+
+    /// Whether the error is about the row's own values, so that another
+    /// order would not fail the same way: only then is an order parked
+    /// and its row set aside. SQLSTATE classes 22 (a value out of range,
+    /// invalid text, division by zero), 23 (a constraint: unique, not
+    /// null, foreign key, CHECK), 21 (a subquery of more than one row),
+    /// 27 and 44 (triggered data change, `WITH CHECK OPTION`), P0 (a
+    /// trigger's `RAISE`), 45 (MySQL's `SIGNAL`), 2F/38/39 (a routine
+    /// failing), the MySQL numbers of the same under `HY000`, and a value
+    /// the driver cannot decode.
+    ///
+    /// Everything else is **the world's**: a missing privilege, table,
+    /// column or function, a syntax error, a statement the server refuses
+    /// whatever the row, a lost connection, a timeout, the mapping (a
+    /// [`StoreError::Schema`]). Such a failure would hit any order: it is
+    /// retried with backoff for as long as it lasts, and readiness and an
+    /// alert say so, but it never parks or sets aside an order, so that
+    /// fixing the environment (a `GRANT`, the table back) is all it takes.
+    pub fn is_row_fault(&self) -> bool {
+        /// SQLSTATE classes of errors about the row's values.
+        const ROW_CLASSES: [&str; 10] =
+            ["22", "23", "21", "27", "44", "P0", "45", "2F", "38", "39"];
+        match self {
+            Self::Sql(sqlx::Error::Database(e)) => match mysql::error_class(e.as_ref()) {
+                Some(class) => class == mysql::ErrorClass::Row,
+                None => {
+                    let code = e.code();
+                    let class = code.as_deref().and_then(|c| c.get(..2)).unwrap_or("");
+                    ROW_CLASSES.contains(&class)
+                }
+            },
+            Self::Sql(sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)) => true,
+            _ => false,
+        }
+    }
+
+    /// The SQLSTATE (or MySQL error number) of a database error, to tell
+    /// whether several orders failed the same way.
+    pub(crate) fn code(&self) -> Option<String> {
+        match self {
+            Self::Sql(sqlx::Error::Database(e)) => {
+                match e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                    Some(my) => Some(my.number().to_string()),
+                    None => e.code().map(|c| c.into_owned()),
+                }
+            }
+            Self::Widespread { error, .. } => error.code(),
+            _ => None,
         }
     }
 

@@ -284,6 +284,28 @@ UPDATE order_timeout_watch SET scanned_until = greatest(scanned_until, {until}) 
 const WATCH_RELEASE: &str = "\
 UPDATE order_timeout_watch SET lease_until = NULL WHERE timer = {timer} AND holder = {holder}";
 
+/// The rows set aside, the oldest first.
+const SET_ASIDE_ROWS: &str = "\
+SELECT {order_id} AS order_id, reason, set_aside_at, attempts, retry_at \
+  FROM order_timeout_set_aside WHERE timer = {timer} \
+ ORDER BY set_aside_at, order_id LIMIT {limit}";
+
+/// How many rows are set aside.
+const SET_ASIDE_COUNT: &str = "SELECT count(*) FROM order_timeout_set_aside WHERE timer = {timer}";
+
+/// The next sweep tries every row set aside again.
+const RETRY_SET_ASIDE_ALL: &str = "\
+UPDATE order_timeout_set_aside SET retry_at = {now} WHERE timer = {timer} AND retry_at > {now}";
+
+/// The next sweep tries the rows set aside `ids` again.
+const RETRY_SET_ASIDE: &str = "\
+UPDATE order_timeout_set_aside SET retry_at = {now} \
+ WHERE timer = {timer} AND order_id {ids} AND retry_at > {now}";
+
+/// Forgets the marks of the rows `ids`.
+const FORGET_SET_ASIDE: &str = "\
+DELETE FROM order_timeout_set_aside WHERE timer = {timer} AND order_id {ids}";
+
 /// The timer's name, the value every statement here is scoped by.
 fn timer<S: OwnTables>(store: &S) -> Value<'_> {
     Value::Text(store.timer_name())
@@ -486,6 +508,53 @@ pub(crate) async fn watch_release<S: OwnTables>(store: &S, holder: &str) -> Resu
     store.execute(statement).await.map(drop)
 }
 
+/// The rows set aside, the oldest first, at most `limit`.
+pub(crate) async fn set_aside_rows<S: OwnTables>(
+    store: &S,
+    limit: u32,
+) -> Result<Vec<super::SetAsideRow>, StoreError> {
+    let statement = render::<S::Words>(
+        SET_ASIDE_ROWS,
+        &[("timer", timer(store)), ("limit", int(limit))],
+    );
+    store.fetch(statement).await
+}
+
+/// How many rows are set aside.
+pub(crate) async fn set_aside_count<S: OwnTables>(store: &S) -> Result<u64, StoreError> {
+    let statement = render::<S::Words>(SET_ASIDE_COUNT, &[("timer", timer(store))]);
+    let rows: Vec<(i64,)> = store.fetch(statement).await?;
+    Ok(rows
+        .first()
+        .map_or(0, |(n,)| u64::try_from(*n).unwrap_or(0)))
+}
+
+/// Forgets the mark of the row set aside `id`.
+pub(crate) async fn forget_set_aside<S: OwnTables>(store: &S, id: &str) -> Result<(), StoreError> {
+    let ids = [id];
+    let statement = render::<S::Words>(
+        FORGET_SET_ASIDE,
+        &[("timer", timer(store)), ("ids", Value::Ids(&ids))],
+    );
+    store.execute(statement).await.map(drop)
+}
+
+/// Has the next sweep try the rows set aside `ids` (all: `None`) again.
+pub(crate) async fn retry_set_aside<S: OwnTables>(
+    store: &S,
+    ids: Option<&[&str]>,
+) -> Result<u64, StoreError> {
+    let statement = match ids {
+        None => render::<S::Words>(RETRY_SET_ASIDE_ALL, &[("timer", timer(store))]),
+        Some([]) => return Ok(0),
+        Some(ids) => render::<S::Words>(
+            RETRY_SET_ASIDE,
+            &[("timer", timer(store)), ("ids", Value::Ids(ids))],
+        ),
+    };
+    store.execute(statement).await
+}
+
 /// `(key, id)` pairs grouped by key, in the order keys first appear.
 fn grouped<'a, K: PartialEq>(pairs: impl Iterator<Item = (K, &'a str)>) -> Vec<(K, Vec<&'a str>)> {
     let mut groups: Vec<(K, Vec<&'a str>)> = Vec::new();
@@ -548,7 +617,7 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
 /// Every template, for the tests that render them on each dialect
 /// (`store/mod.rs`).
 #[cfg(test)]
-pub(super) const TEMPLATES: [&str; 16] = [
+pub(super) const TEMPLATES: [&str; 21] = [
     STALE,
     COUNT_FAILURE,
     ATTEMPTS,
@@ -565,6 +634,11 @@ pub(super) const TEMPLATES: [&str; 16] = [
     WATCH_READ,
     WATCH_ADVANCE,
     WATCH_RELEASE,
+    SET_ASIDE_ROWS,
+    SET_ASIDE_COUNT,
+    RETRY_SET_ASIDE_ALL,
+    RETRY_SET_ASIDE,
+    FORGET_SET_ASIDE,
 ];
 
 #[cfg(test)]

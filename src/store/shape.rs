@@ -104,6 +104,18 @@ pub(crate) fn deadline_sql(dialect: Dialect, timer: &Timer) -> String {
     }
 }
 
+/// Whether the deadline `deadline` (SQL) holds a time the service works
+/// with: from the year 1000 to the end of 9999. A value outside (PostgreSQL's
+/// `'infinity'` and `'-infinity'`, which shops use for "never"; MariaDB's
+/// zero date `0000-00-00`, which its default `sql_mode` accepts; a year
+/// typed wrong) is no deadline, as NULL is: never due, never swept, never
+/// decoded (the driver cannot represent some of them, and panicked on
+/// them), and a message naming such an order leaves it alone with a
+/// warning. A range on the column itself, so an index on it still serves.
+pub(crate) fn usable_deadline_sql(deadline: &str) -> String {
+    format!("({deadline} >= '1000-01-01' AND {deadline} <= '9999-12-31 23:59:59')")
+}
+
 /// The guard as SQL (`TRUE` when none is configured).
 pub(crate) fn guard_sql(timer: &Timer) -> String {
     if timer.guard.trim().is_empty() {
@@ -271,6 +283,18 @@ pub(crate) fn check_set_aside(columns: &Columns) -> Result<(), StoreError> {
             key: "DATABASE_URL",
             problem: format!(
                 "the database has no table {SET_ASIDE} (it was made by an older version): \
+                 run `order-timeout migrate` against this database first"
+            ),
+        });
+    }
+    if let Some(missing) = ["attempts", "retry_at"]
+        .into_iter()
+        .find(|column| !columns.contains_key(*column))
+    {
+        return Err(StoreError::Schema {
+            key: "DATABASE_URL",
+            problem: format!(
+                "the table {SET_ASIDE} has no column {missing} (it was made by an older version): \
                  run `order-timeout migrate` against this database first"
             ),
         });

@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -29,7 +30,7 @@ use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
     NextAttempt, OrderFailure, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
-    PoolSettings, RowCursor, StoreError, WatchMark,
+    PoolSettings, RowCursor, SetAsideRow, StoreError, WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::{SecretUrl, StatusValue, Timer};
@@ -172,13 +173,13 @@ pub(crate) trait SqlDialect:
     ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
 
     /// Records the row of `id` (canonical) as set aside with `reason`,
-    /// with its digest; `false`: no such row.
+    /// with its digest; the mark's attempts (`None`: no such row).
     fn set_aside(
         store: &SqlStore<Self>,
         prepared: &Prepared<Self>,
         id: &str,
         reason: &str,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send;
 
     /// Deletes the set-aside marks of the timer whose row is no longer in
     /// the `from` status (or gone).
@@ -380,13 +381,16 @@ impl<D: SqlDialect> SqlStore<D> {
     /// The cancel transaction for `ids` in batches (more ids than one
     /// transaction can carry go in several, one after the other: the
     /// settings refuse such a batch size, and a MySQL statement over its
-    /// placeholder limit never answers). A batch that fails in a way
-    /// waiting cannot fix (a trigger, a CHECK constraint or a `set` value
-    /// failing for one row), or that waited in vain for a row lock it could
-    /// not skip (MySQL before 8.0.1 / MariaDB 10.6), is run again order by
-    /// order ([`SqlStore::cancel_each`]), so that the failure stays with
-    /// the orders it belongs to and the others are cancelled now. Any other
-    /// failure (the connection) is the batch's.
+    /// placeholder limit never answers). A batch that fails because of a
+    /// row's values (a trigger, a CHECK constraint or a `set` value failing
+    /// for one row: [`StoreError::is_row_fault`]), or that waited in vain
+    /// for a row lock it could not skip (MySQL before 8.0.1 / MariaDB
+    /// 10.6), is run again order by order ([`SqlStore::cancel_each`]), so
+    /// that the failure stays with the orders it belongs to and the others
+    /// are cancelled now. A batch of one order is no exception: its order
+    /// fails as it would among many ([`OrderState::Failed`]). Any other
+    /// failure (the connection, a privilege, a missing table) is the
+    /// world's, and the batch's.
     async fn cancel_batch(
         &self,
         prepared: &Prepared<D>,
@@ -401,7 +405,7 @@ impl<D: SqlDialect> SqlStore<D> {
                     let state = r.state();
                     (r.id, state)
                 })),
-                Err(e) if chunk.len() > 1 && (e.is_permanent() || e.is_lock_timeout()) => {
+                Err(e) if e.is_row_fault() || e.is_lock_timeout() => {
                     tracing::warn!(orders = chunk.len(), timer = %self.timer.name, error = %e, "the cancel transaction failed for a batch; running it order by order to find the orders the failure belongs to");
                     states.extend(self.cancel_each(prepared, chunk, lease).await);
                 }
@@ -431,12 +435,13 @@ impl<D: SqlDialect> SqlStore<D> {
         // once leave connections for the rest of the service.
         let at_once = (self.pool.options().get_max_connections() / 4).max(1) as usize;
         let ids: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
-        stream::iter(ids)
+        let states: HashMap<String, OrderState> = stream::iter(ids)
             .map(|id| self.cancel_one(prepared, id, lease))
             .buffer_unordered(at_once)
             .filter_map(std::future::ready)
             .collect()
-            .await
+            .await;
+        widespread(states)
     }
 
     /// The cancel transaction for the order `id` alone (see
@@ -463,6 +468,35 @@ impl<D: SqlDialect> SqlStore<D> {
         };
         Some((id, state))
     }
+}
+
+/// `states` as they are, unless every one of two or more orders failed
+/// for a row's values with the same error code: a failure that meets every
+/// order is not one row's fault (a `set` value too long for its column, a
+/// trigger refusing every cancellation), so each becomes a
+/// [`StoreError::Widespread`], which is retried and never sets a row aside.
+fn widespread(mut states: HashMap<String, OrderState>) -> HashMap<String, OrderState> {
+    let codes: Vec<Option<String>> = states
+        .values()
+        .map(|state| match state {
+            OrderState::Failed(f) if f.0.is_row_fault() => f.0.code().or(Some(String::new())),
+            _ => None,
+        })
+        .collect();
+    let same = codes.len() > 1 && codes[0].is_some() && codes.iter().all(|code| *code == codes[0]);
+    if !same {
+        return states;
+    }
+    let orders = states.len();
+    for state in states.values_mut() {
+        if let OrderState::Failed(f) = state {
+            *state = OrderState::Failed(OrderFailure(Arc::new(StoreError::Widespread {
+                error: f.0.clone(),
+                orders,
+            })));
+        }
+    }
+    states
 }
 
 impl<D: SqlDialect> Prepared<D> {
@@ -614,9 +648,29 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
-    async fn set_aside(&self, id: &OrderId, reason: &str) -> Result<bool, StoreError> {
+    async fn set_aside(&self, id: &OrderId, reason: &str) -> Result<Option<u32>, StoreError> {
         let prepared = self.prepared().await?;
         D::set_aside(self, prepared, id.as_str(), reason).await
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn set_aside_rows(&self, limit: u32) -> Result<Vec<SetAsideRow>, StoreError> {
+        outbox::set_aside_rows(self, limit).await
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn forget_set_aside(&self, id: &OrderId) -> Result<(), StoreError> {
+        outbox::forget_set_aside(self, id.as_str()).await
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn set_aside_count(&self) -> Result<u64, StoreError> {
+        outbox::set_aside_count(self).await
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn retry_set_aside(&self, ids: Option<&[&str]>) -> Result<u64, StoreError> {
+        outbox::retry_set_aside(self, ids).await
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]

@@ -67,7 +67,12 @@ impl StateRow {
         }
         match self.expires_at {
             Some(_) if !self.is_unpaid || !self.guard_ok => OrderState::LeftAlone,
-            None => OrderState::LeftAlone,
+            None => {
+                if self.is_unpaid && self.guard_ok {
+                    tracing::warn!(order_id = %self.id, "the order's deadline is NULL or no usable time (infinity, a zero date, a year before 1000 or after 9999): it is never due, left alone");
+                }
+                OrderState::LeftAlone
+            }
             Some(expires_at) if expires_at > self.db_now => OrderState::NotYetDue {
                 expires_at,
                 db_now: self.db_now,

@@ -21,6 +21,22 @@ pub struct WatchMark {
     pub db_now: DateTime<Utc>,
 }
 
+/// A row set aside ([`OrderStore::set_aside`]): what `order-timeout
+/// set-aside list` and the console show.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct SetAsideRow {
+    /// The order id, as the table spells it.
+    pub order_id: String,
+    /// Why its flip failed: the database's error.
+    pub reason: String,
+    /// When it was first set aside (as the row is now).
+    pub set_aside_at: DateTime<Utc>,
+    /// How often its flip failed (as the row is now).
+    pub attempts: i32,
+    /// When the sweeper tries it again.
+    pub retry_at: DateTime<Utc>,
+}
+
 /// Where a scan in (deadline, id) order goes on from: a watch's
 /// ([`OrderStore::due_between`]) or a sweep's ([`OrderStore::overdue`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! shop's orders on PostgreSQL or MariaDB: [`common::TestEnv`]) and talks
 //! to the real servers.
 
+mod abandon;
 mod acks;
 mod adopt;
 mod alerts;

@@ -629,15 +629,31 @@ async fn header_values_at_the_edges_neither_panic_nor_reset_the_attempts(dialect
     service.stop().await.unwrap();
 }
 
-/// Asserts how [`StoreError::is_permanent`] files a real database error.
-fn assert_filed(result: Result<impl std::fmt::Debug, sqlx::Error>, permanent: bool, what: &str) {
+/// How a real database error must be filed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Filed {
+    /// About the row's values: permanent, and the row's fault (its order
+    /// is parked and set aside).
+    Row,
+    /// About the statement or the schema, whatever the row: permanent
+    /// (a mapping mistake at `schema check`), but the world's (retried,
+    /// never parked).
+    World,
+    /// Waiting fixes it.
+    Transient,
+}
+
+/// Asserts how [`StoreError::is_permanent`] and
+/// [`StoreError::is_row_fault`] file a real database error.
+fn assert_filed(result: Result<impl std::fmt::Debug, sqlx::Error>, expected: Filed, what: &str) {
     let error = StoreError::from(result.expect_err(what));
-    assert_eq!(
-        error.is_permanent(),
-        permanent,
-        "{what}: {error} should be {}",
-        if permanent { "permanent" } else { "transient" }
-    );
+    let filed = match (error.is_permanent(), error.is_row_fault()) {
+        (true, true) => Filed::Row,
+        (true, false) => Filed::World,
+        (false, false) => Filed::Transient,
+        (false, true) => panic!("{what}: {error} is the row's but not permanent"),
+    };
+    assert_eq!(filed, expected, "{what}: {error}");
 }
 
 // PostgreSQL's errors; MariaDB's are `mysql_errors_are_filed_permanent_or_transient`.
@@ -654,6 +670,14 @@ async fn postgres_errors_are_filed_permanent_or_transient() {
         ("SELEC 1", "syntax error"),
         ("SELECT * FROM no_such_table", "undefined table"),
         ("SELECT no_such_column FROM filed", "undefined column"),
+        (
+            "SELECT no_such_function(n) FROM filed",
+            "undefined function",
+        ),
+    ] {
+        assert_filed(run(sql).await, Filed::World, what);
+    }
+    for (sql, what) in [
         ("SELECT 1 / (n - 1) FROM filed", "division by zero"),
         ("SELECT '3000000000'::int4", "out of range"),
         ("SELECT 'abc'::int", "invalid text"),
@@ -664,12 +688,12 @@ async fn postgres_errors_are_filed_permanent_or_transient() {
             "more than one row",
         ),
     ] {
-        assert_filed(run(sql).await, true, what);
+        assert_filed(run(sql).await, Filed::Row, what);
     }
     let decode: Result<i32, sqlx::Error> = sqlx::query_scalar("SELECT 'text'::text")
         .fetch_one(pool)
         .await;
-    assert_filed(decode, true, "a value that does not decode");
+    assert_filed(decode, Filed::Row, "a value that does not decode");
 
     // A statement that runs too long, and a lock held by another session.
     let mut conn = pool.acquire().await.unwrap();
@@ -679,7 +703,7 @@ async fn postgres_errors_are_filed_permanent_or_transient() {
         .unwrap();
     assert_filed(
         sqlx::query("SELECT pg_sleep(2)").execute(&mut *conn).await,
-        false,
+        Filed::Transient,
         "statement timeout",
     );
     let mut holder = pool.begin().await.unwrap();
@@ -699,7 +723,7 @@ async fn postgres_errors_are_filed_permanent_or_transient() {
         sqlx::query("UPDATE filed SET n = 3 WHERE id = 1")
             .execute(&mut *conn)
             .await,
-        false,
+        Filed::Transient,
         "lock wait",
     );
     holder.rollback().await.unwrap();
@@ -709,7 +733,7 @@ async fn postgres_errors_are_filed_permanent_or_transient() {
         .acquire_timeout(Duration::from_secs(2))
         .connect("postgres://postgres@127.0.0.1:1/none")
         .await;
-    assert_filed(nowhere.map(|_| ()), false, "connection refused");
+    assert_filed(nowhere.map(|_| ()), Filed::Transient, "connection refused");
     let one = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_millis(200))
@@ -719,7 +743,7 @@ async fn postgres_errors_are_filed_permanent_or_transient() {
     let held = one.acquire().await.unwrap();
     assert_filed(
         sqlx::query("SELECT 1").execute(&one).await,
-        false,
+        Filed::Transient,
         "pool timed out",
     );
     drop(held);
@@ -750,6 +774,14 @@ async fn mysql_cases(pool: &sqlx::MySqlPool, url: &SecretUrl) {
         ("SELECT * FROM no_such_table", "1146 no such table"),
         ("SELECT no_such_column FROM filed", "1054 unknown column"),
         (
+            "SELECT no_such_function(n) FROM filed",
+            "1305 no such function",
+        ),
+    ] {
+        assert_filed(run(sql).await, Filed::World, what);
+    }
+    for (sql, what) in [
+        (
             "INSERT INTO filed VALUES (2, 3000000000)",
             "1264 out of range",
         ),
@@ -768,7 +800,7 @@ async fn mysql_cases(pool: &sqlx::MySqlPool, url: &SecretUrl) {
             "1242 more than one row",
         ),
     ] {
-        assert_filed(run(sql).await, true, what);
+        assert_filed(run(sql).await, Filed::Row, what);
     }
 
     let mut conn = pool.acquire().await.unwrap();
@@ -778,7 +810,7 @@ async fn mysql_cases(pool: &sqlx::MySqlPool, url: &SecretUrl) {
         .unwrap();
     assert_filed(
         sqlx::query("SELECT SLEEP(2)").fetch_all(&mut *conn).await,
-        false,
+        Filed::Transient,
         "1969 statement time",
     );
     sqlx::query("SET max_statement_time = 0")
@@ -798,7 +830,7 @@ async fn mysql_cases(pool: &sqlx::MySqlPool, url: &SecretUrl) {
         sqlx::query("UPDATE filed SET n = 3 WHERE id = 1")
             .execute(&mut *conn)
             .await,
-        false,
+        Filed::Transient,
         "1205 lock wait",
     );
     holder.rollback().await.unwrap();
@@ -807,7 +839,7 @@ async fn mysql_cases(pool: &sqlx::MySqlPool, url: &SecretUrl) {
         .acquire_timeout(Duration::from_secs(2))
         .connect("mysql://root@127.0.0.1:1/none")
         .await;
-    assert_filed(nowhere.map(|_| ()), false, "connection refused");
+    assert_filed(nowhere.map(|_| ()), Filed::Transient, "connection refused");
     let one = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(1)
         .acquire_timeout(Duration::from_millis(200))
@@ -817,7 +849,7 @@ async fn mysql_cases(pool: &sqlx::MySqlPool, url: &SecretUrl) {
     let held = one.acquire().await.unwrap();
     assert_filed(
         sqlx::query("SELECT 1").execute(&one).await,
-        false,
+        Filed::Transient,
         "pool timed out",
     );
     drop(held);

@@ -25,6 +25,7 @@ use sqlx::MySqlPool;
 
 use crate::common::{ShopTx, on_shop};
 
+mod abandon;
 mod bindings;
 mod effects;
 mod failures;
@@ -575,8 +576,11 @@ mod cases {
             .await;
             says_migrate(store.prepare().await.unwrap_err(), "no column pending");
         }
-        f.exec("DROP TABLE order_timeout_cancel_outbox; DROP TABLE order_timeout_migrations")
-            .await;
+        f.exec(
+            "DROP TABLE order_timeout_cancel_outbox; DROP TABLE order_timeout_set_aside; \
+             DROP TABLE order_timeout_migrations",
+        )
+        .await;
         says_migrate(
             store.prepare().await.unwrap_err(),
             "no table order_timeout_cancel_outbox",
@@ -754,6 +758,13 @@ macro_rules! store_suite {
             );
             store_suite!(@in failures $dialect;
                 a_flip_failing_for_one_row_fails_only_that_order,
+            );
+            store_suite!(@in abandon $dialect;
+                a_missing_table_is_no_rows_fault,
+                a_lone_order_failing_for_its_row_fails_alone,
+                a_failure_meeting_every_order_is_no_rows_fault,
+                deadlines_that_are_no_time_are_never_due_and_never_panic,
+                rows_set_aside_are_tried_again_later_and_when_asked,
             );
             store_suite!(@in scans $dialect;
                 scans_read_past_rows_that_are_no_orders,

@@ -58,11 +58,12 @@ pub(super) async fn overview(State(console): State<Arc<Console>>, headers: Heade
     lateness_table(&mut body, &five);
     let _ = write!(
         body,
-        "<h2>Readiness</h2><table><tr><th>broker</th><th>database</th><th>inventory</th></tr>\
-         <tr>{}{}{}</tr></table>",
+        "<h2>Readiness</h2><table><tr><th>broker</th><th>database</th><th>inventory</th>\
+         <th>statements</th></tr><tr>{}{}{}{}</tr></table>",
         up(readiness.broker),
         up(readiness.database),
-        up(readiness.inventory)
+        up(readiness.inventory),
+        up(readiness.statements)
     );
     waiting_summary(&mut body, console.board.latest().as_ref());
     timers_table(&mut body, &five);

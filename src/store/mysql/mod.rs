@@ -79,7 +79,8 @@ fn migrator() -> sqlx::migrate::Migrator {
 
 /// What a MySQL error number means to the store, where the generic SQLSTATE
 /// `HY000` hides it ([`StoreError::is_permanent`],
-/// [`StoreError::is_lock_timeout`] say why each matters).
+/// [`StoreError::is_row_fault`], [`StoreError::is_lock_timeout`] say why
+/// each matters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum ErrorClass {
     /// A lock waited for in vain: 1205 (`innodb_lock_wait_timeout`), 3572
@@ -91,10 +92,16 @@ pub(super) enum ErrorClass {
     /// a timeout or a killed query (1317, 1969, 3024), 1637 (too many active
     /// transactions).
     Transient,
-    /// Waiting cannot fix it: 1366 incorrect value, 1292 truncated value,
+    /// The row's own values: 1366 incorrect value, 1292 truncated value,
     /// 1364 no default, 1411 incorrect value for a function, 3819 check
-    /// constraint, 1093/1442 statements MySQL refuses.
-    Permanent,
+    /// constraint, 1048 NULL in a NOT NULL column, 1062 duplicate key,
+    /// 1264/1690 out of range, 1406 too long, 1242 a subquery of more than
+    /// one row, 1451/1452 foreign keys, 1644 a `SIGNAL` of a trigger.
+    Row,
+    /// The statement itself, whatever the row: 1093/1442 statements MySQL
+    /// refuses (a table both updated and read, a trigger updating the
+    /// table of its statement). Permanent, but the world's.
+    Statement,
 }
 
 /// The [`ErrorClass`] of a MySQL/MariaDB error; `None` for another
@@ -122,7 +129,9 @@ pub(super) fn error_class(e: &dyn sqlx::error::DatabaseError) -> Option<ErrorCla
         | 2006
         | 2013
         | 3024 => Some(ErrorClass::Transient),
-        1093 | 1292 | 1364 | 1366 | 1411 | 1442 | 3819 => Some(ErrorClass::Permanent),
+        1048 | 1062 | 1242 | 1264 | 1292 | 1364 | 1366 | 1406 | 1411 | 1451 | 1452 | 1644
+        | 1690 | 3819 => Some(ErrorClass::Row),
+        1093 | 1442 => Some(ErrorClass::Statement),
         _ => None,
     }
 }
@@ -451,16 +460,26 @@ impl SqlDialect for MySql {
         prepared: &Prepared<Self>,
         id: &str,
         reason: &str,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<u32>, StoreError> {
         let value = prepared.id_value(id)?;
+        let timer = Arg::Text(store.timer.name.as_str());
         let values = [
-            Arg::Text(store.timer.name.as_str()),
+            timer,
             Arg::Text(reason),
             id_arg(&value, &prepared.sql),
             Arg::Text(id),
         ];
         let done = run!(prepared.sql.set_aside.clone(), values, &store.pool).await?;
-        Ok(done.rows_affected() > 0)
+        if done.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let attempts: Option<i32> = sqlx::query_scalar_with(
+            statements::SET_ASIDE_ATTEMPTS,
+            args([timer, Arg::Text(id)])?,
+        )
+        .fetch_optional(&store.pool)
+        .await?;
+        Ok(attempts.map(|n| u32::try_from(n).unwrap_or(1)))
     }
 
     /// The marks, then which of their rows are still waiting (ids bound

@@ -215,6 +215,18 @@ pub(super) fn row_digest(columns: &[String]) -> String {
     format!("MD5(CONCAT_WS(',', {}))", quoted.join(", "))
 }
 
+/// The deadline `deadline` (SQL, in the session's zone) as UTC
+/// microseconds since the epoch: what the service reads of it, NULL when
+/// it is no usable time ([`shape::usable_deadline_sql`]: a zero date, a
+/// year out of range), never a value the driver cannot represent.
+pub(super) fn deadline_us(deadline: &str) -> String {
+    format!(
+        "CASE WHEN {usable} THEN TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', \
+             CONVERT_TZ({deadline}, @@session.time_zone, '+00:00')) END",
+        usable = shape::usable_deadline_sql(deadline)
+    )
+}
+
 impl Sql {
     pub(super) fn render(
         timer: &Timer,
@@ -228,9 +240,11 @@ impl Sql {
         let (table, id, status) = (q(&o.table), q(&o.id), q(&o.status));
         let deadline = shape::deadline_sql(Dialect::MySql, o);
         let guard = shape::guard_sql(o);
-        let deadline_us = format!(
-            "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', \
-             CONVERT_TZ({deadline}, @@session.time_zone, '+00:00'))"
+        let deadline_us = deadline_us(&deadline);
+        // Due: a usable time (`shape::usable_deadline_sql`), and passed.
+        let due = format!(
+            "({deadline} <= NOW(6) AND {})",
+            shape::usable_deadline_sql(&deadline)
         );
         let set: String = o
             .set
@@ -241,7 +255,7 @@ impl Sql {
             "SELECT CAST({id} AS CHAR) AS id, {status} = ? AS is_cancelled, \
                     {status} = ? AS is_paid, {status} = ? AS is_unpaid, \
                     {deadline_us} AS expires_us, COALESCE({guard}, FALSE) AS guard_ok, \
-                    {deadline} <= NOW(6) AS due \
+                    {due} AS due \
                FROM {table} WHERE {id} IN ({{ids}})"
         );
         let skip = if skip_locked { " SKIP LOCKED" } else { "" };
@@ -251,10 +265,10 @@ impl Sql {
             skip_locked,
             update: format!(
                 "UPDATE {table} SET {status} = ?{set} \
-                  WHERE {id} IN ({{ids}}) AND {status} = ? AND {deadline} <= NOW(6) AND {guard}"
+                  WHERE {id} IN ({{ids}}) AND {status} = ? AND {due} AND {guard}"
             ),
             count: format!(
-                "SELECT COUNT(*), CAST(COALESCE(SUM({deadline} <= NOW(6)), 0) AS SIGNED) \
+                "SELECT COUNT(*), CAST(COALESCE(SUM({due}), 0) AS SIGNED) \
                    FROM {table} WHERE {status} = ? AND {guard}"
             ),
             overdue: overdue_statement(o, &orders.all, &deadline_us),
@@ -296,10 +310,11 @@ pub(super) fn overdue_statement(timer: &Timer, columns: &[String], deadline_us: 
     let guard = shape::guard_sql(timer);
     let utc = "CONVERT_TZ(?, '+00:00', @@session.time_zone)";
     let digest = row_digest(columns);
+    let usable = shape::usable_deadline_sql(&deadline);
     format!(
         "SELECT CAST(o.{id} AS CHAR), {deadline_us} FROM {table} AS o \
           WHERE o.{status} = ? AND {deadline} < NOW(6) - INTERVAL ? MICROSECOND \
-            AND {guard} \
+            AND {usable} AND {guard} \
             AND (? IS NULL \
                  OR ({deadline} >= {utc} \
                      AND ({deadline} > {utc} OR (? IS NOT NULL AND o.{id} > ?)))) \
@@ -307,26 +322,41 @@ pub(super) fn overdue_statement(timer: &Timer, columns: &[String], deadline_us: 
                              WHERE x.timer = ? AND x.order_id = CAST(o.{id} AS CHAR)) \
             AND NOT EXISTS (SELECT 1 FROM order_timeout_set_aside AS s \
                              WHERE s.timer = ? AND s.order_id = CAST(o.{id} AS CHAR) \
-                               AND s.row_digest = {digest}) \
+                               AND s.row_digest = {digest} AND s.retry_at > UTC_TIMESTAMP(6)) \
           ORDER BY {deadline}, o.{id} LIMIT ?"
     )
 }
 
-/// Records the row as set aside, with its digest (replacing an older mark
-/// of the same order): the row whose id is exactly the one asked about.
+/// Records the row as set aside, with its digest, and when to try it
+/// again: the row whose id is exactly the one asked about. The `UPDATE`
+/// part's assignments run left to right, each seeing the ones before:
+/// `attempts` and `set_aside_at` compare the old digest, so the digest
+/// comes last. The mark's attempts are read back by
+/// [`SET_ASIDE_ATTEMPTS`].
 pub(super) fn set_aside_statement(timer: &Timer, columns: &[String]) -> String {
     let q = |s: &str| shape::quote(Dialect::MySql, s);
     let (table, id) = (q(&timer.table), q(&timer.id));
     let digest = row_digest(columns);
+    let same = "row_digest = VALUES(row_digest)";
     format!(
         "INSERT INTO order_timeout_set_aside \
-                (timer, order_id, row_digest, reason, set_aside_at) \
-         SELECT ?, CAST(o.{id} AS CHAR), {digest}, ?, UTC_TIMESTAMP(6) FROM {table} AS o \
+                (timer, order_id, row_digest, reason, set_aside_at, attempts, retry_at) \
+         SELECT ?, CAST(o.{id} AS CHAR), {digest}, ?, UTC_TIMESTAMP(6), 1, \
+                UTC_TIMESTAMP(6) + INTERVAL 1 HOUR FROM {table} AS o \
           WHERE o.{id} = ? AND BINARY CAST(o.{id} AS CHAR) = ? \
-         ON DUPLICATE KEY UPDATE row_digest = VALUES(row_digest), \
-            reason = VALUES(reason), set_aside_at = VALUES(set_aside_at)"
+         ON DUPLICATE KEY UPDATE \
+            attempts = IF({same}, attempts + 1, 1), \
+            retry_at = UTC_TIMESTAMP(6) + INTERVAL IF(attempts > {hourly}, 24, 1) HOUR, \
+            set_aside_at = IF({same}, set_aside_at, VALUES(set_aside_at)), \
+            reason = VALUES(reason), row_digest = VALUES(row_digest)",
+        hourly = crate::store::SET_ASIDE_HOURLY_TRIES,
     )
 }
+
+/// The attempts of a mark [`set_aside_statement`] just wrote: binds the
+/// timer, the id.
+pub(super) const SET_ASIDE_ATTEMPTS: &str =
+    "SELECT attempts FROM order_timeout_set_aside WHERE timer = ? AND order_id = ?";
 
 pub(super) fn items_statement(timer: &Timer) -> String {
     let i = &timer.items;

@@ -102,7 +102,8 @@ pub(super) fn cancel_changes(p: &Parts, timer: &Timer) -> String {
         table,
         id,
         status,
-        deadline,
+        due,
+        expires,
         guard,
         ..
     } = p;
@@ -118,7 +119,7 @@ pub(super) fn cancel_changes(p: &Parts, timer: &Timer) -> String {
             SELECT o.{id} AS key, o.{id}::text AS id
               FROM {table} AS o
              WHERE {matches} AND o.{status} = {unpaid}
-               AND {deadline} <= now() AND {guard}
+               AND {due} AND {guard}
                AND NOT EXISTS (SELECT 1 FROM order_timeout_cancel_outbox AS x
                                 WHERE x.timer = $7 AND x.order_id = o.{id}::text)
                FOR UPDATE OF o SKIP LOCKED
@@ -127,8 +128,8 @@ pub(super) fn cancel_changes(p: &Parts, timer: &Timer) -> String {
                SET {status} = {cancelled}{set}
              WHERE {matches} AND o.{id} = ANY(ARRAY(SELECT key FROM mine))
                AND o.{status} = {unpaid}
-               AND {deadline} <= now() AND {guard}
-            RETURNING o.{id}::text AS id, ({deadline})::timestamptz AS expires_at,
+               AND {due} AND {guard}
+            RETURNING o.{id}::text AS id, {expires} AS expires_at,
                       clock_timestamp() AS cancelled_at
         ), outbox AS (
             INSERT INTO order_timeout_cancel_outbox
@@ -156,7 +157,8 @@ pub(super) fn cancel_report(p: &Parts) -> String {
         table,
         id,
         status,
-        deadline,
+        due,
+        expires,
         guard,
         ..
     } = p;
@@ -167,9 +169,9 @@ pub(super) fn cancel_report(p: &Parts) -> String {
                    o.{status} = {cancelled} AS is_cancelled,
                    coalesce(o.{status} = {paid}, false) AS is_paid,
                    o.{status} = {unpaid} AS is_unpaid,
-                   ({deadline})::timestamptz AS expires_at,
+                   {expires} AS expires_at,
                    coalesce({guard}, false) AS guard_ok,
-                   coalesce({deadline} <= now(), false) AS due
+                   coalesce({due}, false) AS due
               FROM {table} AS o
              WHERE {matches}
         )

@@ -387,14 +387,15 @@ impl SqlDialect for Postgres {
         prepared: &Prepared<Self>,
         id: &str,
         reason: &str,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(AssertSqlSafe(prepared.sql.set_aside.clone()))
-            .bind(&[id][..])
-            .bind(store.timer.name.as_str())
-            .bind(reason)
-            .execute(&store.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+    ) -> Result<Option<u32>, StoreError> {
+        let attempts: Option<i32> =
+            sqlx::query_scalar(AssertSqlSafe(prepared.sql.set_aside.clone()))
+                .bind(&[id][..])
+                .bind(store.timer.name.as_str())
+                .bind(reason)
+                .fetch_optional(&store.pool)
+                .await?;
+        Ok(attempts.map(|n| u32::try_from(n).unwrap_or(1)))
     }
 
     async fn prune_set_aside(

@@ -11,6 +11,13 @@ pub(super) struct Parts {
     pub(super) id: String,
     pub(super) status: String,
     pub(super) deadline: String,
+    /// The deadline as the service reads it: a `timestamptz`, NULL when it
+    /// is no usable time ([`shape::usable_deadline_sql`]).
+    pub(super) expires: String,
+    /// The row is due: its deadline is a usable time, and passed.
+    pub(super) due: String,
+    /// Its deadline is a usable time.
+    pub(super) usable: String,
     pub(super) guard: String,
     /// The id column's type without length or precision.
     pub(super) id_base: String,
@@ -21,11 +28,16 @@ impl Parts {
     pub(super) fn of(timer: &Timer, orders: &OrdersColumns) -> Self {
         let o = timer;
         let q = |s: &str| shape::quote(Dialect::Postgres, s);
+        let deadline = shape::deadline_sql(Dialect::Postgres, o);
+        let usable = shape::usable_deadline_sql(&deadline);
         Self {
             table: q(&o.table),
             id: q(&o.id),
             status: q(&o.status),
-            deadline: shape::deadline_sql(Dialect::Postgres, o),
+            expires: format!("CASE WHEN {usable} THEN ({deadline})::timestamptz END"),
+            due: format!("({deadline} <= now() AND {usable})"),
+            usable,
+            deadline,
             guard: shape::guard_sql(o),
             id_base: orders.id_base.clone(),
             status_type: orders.status_type.clone(),
@@ -54,13 +66,13 @@ pub(super) fn count_statement(p: &Parts) -> String {
     let Parts {
         table,
         status,
-        deadline,
+        due,
         guard,
         ..
     } = p;
     let unpaid = p.code(1);
     format!(
-        "SELECT count(*), count(*) FILTER (WHERE {deadline} <= now()) \
+        "SELECT count(*), count(*) FILTER (WHERE {due}) \
            FROM {table} WHERE {status} = {unpaid} AND {guard}"
     )
 }
@@ -79,14 +91,17 @@ pub(super) fn overdue_statement(p: &Parts) -> String {
         id,
         status,
         deadline,
+        expires,
+        usable,
         guard,
         id_base,
         ..
     } = p;
     let unpaid = p.code(1);
     format!(
-        "SELECT o.{id}::text, ({deadline})::timestamptz FROM {table} AS o \
-          WHERE o.{status} = {unpaid} AND {deadline} < now() - $2::interval AND {guard} \
+        "SELECT o.{id}::text, {expires} FROM {table} AS o \
+          WHERE o.{status} = {unpaid} AND {deadline} < now() - $2::interval AND {usable} \
+            AND {guard} \
             AND ($4::timestamptz IS NULL \
                  OR ({deadline} >= $4::timestamptz \
                      AND ({deadline} > $4::timestamptz \
@@ -95,22 +110,32 @@ pub(super) fn overdue_statement(p: &Parts) -> String {
                              WHERE x.timer = $6 AND x.order_id = o.{id}::text) \
             AND NOT EXISTS (SELECT 1 FROM order_timeout_set_aside AS s \
                              WHERE s.timer = $6 AND s.order_id = o.{id}::text \
-                               AND s.row_digest = {ROW_DIGEST}) \
+                               AND s.row_digest = {ROW_DIGEST} AND s.retry_at > now()) \
           ORDER BY {deadline}, o.{id} LIMIT $3"
     )
 }
 
-/// Records the row as set aside, with its digest (replacing an older
-/// mark of the same order).
+/// Records the row as set aside, with its digest, and when to try it
+/// again ([`super::super::set_aside_retry_sql`]); returns the mark's
+/// attempts: 1 the first time (or when the row changed since), one more on
+/// each later failure of the row as it is.
 pub(super) fn set_aside_statement(p: &Parts) -> String {
     let Parts { table, id, .. } = p;
     let matches = p.matches();
+    let same = "s.row_digest = EXCLUDED.row_digest";
     format!(
-        "INSERT INTO order_timeout_set_aside (timer, order_id, row_digest, reason) \
-         SELECT $2, o.{id}::text, {ROW_DIGEST}, $3 FROM {table} AS o WHERE {matches} \
+        "INSERT INTO order_timeout_set_aside AS s \
+                (timer, order_id, row_digest, reason, attempts, retry_at) \
+         SELECT $2, o.{id}::text, {ROW_DIGEST}, $3, 1, now() + interval '1 hour' \
+           FROM {table} AS o WHERE {matches} \
          ON CONFLICT (timer, order_id) DO UPDATE \
-            SET row_digest = EXCLUDED.row_digest, reason = EXCLUDED.reason, \
-                set_aside_at = EXCLUDED.set_aside_at"
+            SET attempts = CASE WHEN {same} THEN s.attempts + 1 ELSE 1 END, \
+                retry_at = now() + CASE WHEN {same} AND s.attempts >= {hourly} \
+                                        THEN interval '1 day' ELSE interval '1 hour' END, \
+                set_aside_at = CASE WHEN {same} THEN s.set_aside_at ELSE EXCLUDED.set_aside_at END, \
+                row_digest = EXCLUDED.row_digest, reason = EXCLUDED.reason \
+         RETURNING attempts",
+        hourly = crate::store::SET_ASIDE_HOURLY_TRIES,
     )
 }
 
@@ -147,13 +172,14 @@ pub(super) fn due_statement(p: &Parts) -> String {
         id,
         status,
         deadline,
+        expires,
         guard,
         id_base,
         ..
     } = p;
     let from = p.code(1);
     format!(
-        "SELECT o.{id}::text, ({deadline})::timestamptz FROM {table} AS o \
+        "SELECT o.{id}::text, {expires} FROM {table} AS o \
           WHERE o.{status} = {from} AND {guard} \
             AND {deadline} >= $2::timestamptz AND {deadline} <= $4::timestamptz \
             AND ({deadline} > $2::timestamptz \
@@ -168,14 +194,14 @@ pub(super) fn waiting_page_statement(p: &Parts) -> String {
         table,
         id,
         status,
-        deadline,
+        expires,
         guard,
         id_base,
         ..
     } = p;
     let unpaid = p.code(1);
     format!(
-        "SELECT {id}::text, ({deadline})::timestamptz FROM {table} \
+        "SELECT {id}::text, {expires} FROM {table} \
           WHERE {status} = {unpaid} AND {guard} \
             AND ($2::text IS NULL OR {id} > CAST($2::text AS {id_base})) \
           ORDER BY {id} LIMIT $3"

@@ -136,19 +136,26 @@ pub(super) async fn the_sweepers_scan_leaves_out_reopened_and_set_aside_rows(f: 
         .await
     };
     assert_eq!(found(store.clone()).await, ["sa-poison", "sa-order"]);
-    assert!(store.set_aside(&id("sa-poison"), "it fails").await.unwrap());
-    assert!(!store.set_aside(&id("sa-ghost"), "no row").await.unwrap());
+    assert_eq!(
+        store.set_aside(&id("sa-poison"), "it fails").await.unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        store.set_aside(&id("sa-ghost"), "no row").await.unwrap(),
+        None
+    );
     assert_eq!(
         found(store.clone()).await,
         ["sa-order"],
         "set aside: skipped"
     );
     // Set aside again (a second failure): still one mark, still skipped.
-    assert!(
+    assert_eq!(
         store
             .set_aside(&id("sa-poison"), "it fails again")
             .await
-            .unwrap()
+            .unwrap(),
+        Some(2)
     );
     assert_eq!(found(store.clone()).await, ["sa-order"]);
     assert_eq!(

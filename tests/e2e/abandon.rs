@@ -1,0 +1,290 @@
+//! No order abandoned, through the running service: a failure of the
+//! environment (the table an `also` statement writes gone for a while)
+//! parks and sets aside nothing, says so in readiness, and every order
+//! goes through once it is back, past `retry.max_attempts`; a lone row
+//! that fails for its own values is parked once and set aside by the
+//! sweeper, whose sweeps go on; deadlines that are no time (PostgreSQL's
+//! `infinity`, MariaDB's zero date) kill no task, and the orders around
+//! them are cancelled.
+
+use std::time::Duration;
+
+use order_timeout::observe::metrics::{Outcome, SweepResult};
+use order_timeout::settings::{DEFAULT_TIMER, Release, Settings};
+
+use crate::common::{Dialect, TestEnv, on_both_dialects, ready};
+
+/// The service's settings for these tests: stock given back by an `also`
+/// statement writing `aside_stock`, a sweeper every second.
+fn settings(env: &TestEnv) -> Settings {
+    let mut settings = env.settings.clone();
+    settings.orders.also = vec![
+        env.sql(
+            "INSERT INTO aside_stock (order_id) VALUES ($1)",
+            "INSERT INTO aside_stock (order_id) VALUES (?)",
+        )
+        .into(),
+    ];
+    settings.inventory.release = Release::None;
+    settings.sweeper.interval = Duration::from_secs(1);
+    settings.sweeper.grace = Duration::from_secs(3);
+    settings.sweeper.catch_up_window = Duration::ZERO;
+    settings
+}
+
+const STOCK_TABLE: &str = "CREATE TABLE aside_stock (order_id VARCHAR(128) NOT NULL PRIMARY KEY)";
+
+/// Rows of the table of rows set aside.
+async fn set_aside_rows(env: &TestEnv) -> i64 {
+    env.shop_rows::<(i64,)>("SELECT COUNT(*) FROM order_timeout_set_aside")
+        .await[0]
+        .0
+}
+
+async fn an_environment_failure_parks_nothing_and_every_order_goes_through_once_fixed(
+    dialect: Dialect,
+) {
+    let env = TestEnv::on(dialect).await;
+    env.stock_skus(1).await;
+    env.shop_exec(STOCK_TABLE).await;
+    let mut settings = settings(&env);
+    settings.retry.max_attempts = 2;
+    let service = env.service_with(settings).await;
+    env.eventually(Duration::from_secs(20), "the service ready", || {
+        ready(service.http_addr)
+    })
+    .await;
+    // The shop's migration drops the table (and recreates it later).
+    env.shop_exec("DROP TABLE aside_stock").await;
+    let ids: Vec<String> = (0..5).map(|i| format!("env-{i}")).collect();
+    for id in &ids {
+        let order = env
+            .create_order(id, Duration::from_millis(500), &[(0, 1)])
+            .await;
+        env.publish_timeout(&order).await;
+    }
+    env.eventually(Duration::from_secs(15), "the timer failing", || async {
+        service.metrics.failing_timers() == [DEFAULT_TIMER]
+    })
+    .await;
+    env.eventually(Duration::from_secs(10), "readiness saying so", || async {
+        !ready(service.http_addr).await
+    })
+    .await;
+    // Long enough for more failed attempts than `max_attempts`.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(env.parked_count().await, 0, "nothing parked");
+    assert_eq!(set_aside_rows(&env).await, 0, "nothing set aside");
+    assert_eq!(env.count("env-", "UNPAID").await, 5);
+    assert!(service.metrics.count(Outcome::Retried) >= 5);
+
+    env.shop_exec(STOCK_TABLE).await;
+    env.eventually(
+        Duration::from_secs(60),
+        "every order cancelled once the table is back",
+        || async { env.count("env-", "CANCELLED").await == 5 },
+    )
+    .await;
+    env.eventually(
+        Duration::from_secs(10),
+        "the timer running again",
+        || async { service.metrics.failing_timers().is_empty() },
+    )
+    .await;
+    env.eventually(Duration::from_secs(10), "ready again", || {
+        ready(service.http_addr)
+    })
+    .await;
+    let stock: Vec<(i64,)> = env.shop_rows("SELECT COUNT(*) FROM aside_stock").await;
+    assert_eq!(stock[0].0, 5, "each order's effect once");
+    assert_eq!(env.parked_count().await, 0);
+    assert_eq!(set_aside_rows(&env).await, 0);
+    assert_eq!(env.cancelled_early().await, 0);
+    service.stop().await.unwrap();
+}
+
+/// A trigger refusing the cancellation of `order` alone, with a CHECK
+/// violation (PostgreSQL) or a `SIGNAL` (MariaDB).
+fn refuse_one(env: &TestEnv, order: &str) -> String {
+    env.sql(
+        &format!(
+            r#"
+            CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.id = '{order}' AND NEW.status = 'CANCELLED' THEN
+                    RAISE EXCEPTION 'order {order} may not be cancelled'
+                        USING ERRCODE = 'check_violation';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_one BEFORE UPDATE ON orders
+                FOR EACH ROW EXECUTE FUNCTION refuse_one();
+            "#
+        ),
+        &format!(
+            "CREATE TRIGGER refuse_one BEFORE UPDATE ON orders FOR EACH ROW \
+             BEGIN \
+               IF NEW.id = '{order}' AND NEW.status = 'CANCELLED' THEN \
+                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order {order} may not be cancelled'; \
+               END IF; \
+             END"
+        ),
+    )
+    .to_owned()
+}
+
+async fn a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweeper(
+    dialect: Dialect,
+) {
+    let env = TestEnv::on(dialect).await;
+    env.stock_skus(1).await;
+    env.shop_exec(STOCK_TABLE).await;
+    env.shop_exec(&refuse_one(&env, "lone-p1")).await;
+    // Overdue and never published: the sweeper meets it alone.
+    env.create_order("lone-p1", Duration::from_millis(1), &[(0, 1)])
+        .await;
+    env.shop_exec(env.sql(
+        "UPDATE orders SET expires_at = now() - interval '1 minute' WHERE id = 'lone-p1'",
+        "UPDATE orders SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE WHERE id = 'lone-p1'",
+    ))
+    .await;
+    let service = env.service_with(settings(&env)).await;
+    env.eventually(Duration::from_secs(20), "the row parked", || async {
+        env.parked_count().await == 1
+    })
+    .await;
+    let ok = || service.metrics.sweeps_of(DEFAULT_TIMER, SweepResult::Ok);
+    let after = ok();
+    env.eventually(Duration::from_secs(20), "three more sweeps", || async {
+        ok() >= after + 3
+    })
+    .await;
+    assert_eq!(env.parked_count().await, 1, "parked once");
+    assert_eq!(set_aside_rows(&env).await, 1, "set aside");
+    assert_eq!(
+        service.metrics.set_aside_rows_of(DEFAULT_TIMER),
+        1,
+        "the gauge"
+    );
+    assert_eq!(
+        service
+            .metrics
+            .sweeps_of(DEFAULT_TIMER, SweepResult::Failed),
+        0,
+        "no sweep failed"
+    );
+    assert!(
+        service.metrics.failing_timers().is_empty(),
+        "the row's fault only"
+    );
+    let listed = env.cli(&["set-aside", "list", "--json"]).await;
+    assert_eq!(listed.code, Some(0), "{listed:?}");
+    let row: serde_json::Value = serde_json::from_str(listed.stdout.trim()).unwrap();
+    assert_eq!(row["order_id"], "lone-p1");
+    assert_eq!(row["timer"], DEFAULT_TIMER);
+    assert_eq!(row["attempts"], 1);
+    assert!(
+        row["reason"]
+            .as_str()
+            .unwrap()
+            .contains("may not be cancelled"),
+        "{row}"
+    );
+
+    // Fixed, and retried on the operator's word: cancelled by the next
+    // sweep, without a replay.
+    env.shop_exec(env.sql(
+        "DROP TRIGGER refuse_one ON orders",
+        "DROP TRIGGER refuse_one",
+    ))
+    .await;
+    let retried = env.cli(&["set-aside", "retry", "--all"]).await;
+    assert_eq!(retried.code, Some(0), "{retried:?}");
+    assert!(retried.stdout.contains("1 row(s)"), "{retried:?}");
+    env.eventually(Duration::from_secs(20), "the row cancelled", || async {
+        env.count("lone-p1", "CANCELLED").await == 1
+    })
+    .await;
+    env.eventually(Duration::from_secs(10), "the mark forgotten", || async {
+        set_aside_rows(&env).await == 0
+    })
+    .await;
+    service.stop().await.unwrap();
+}
+
+async fn deadlines_that_are_no_time_kill_no_task(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
+    env.stock_skus(1).await;
+    env.shop_exec(STOCK_TABLE).await;
+    // Rows whose deadline is no time, published and not, sorting first.
+    let (values, mode) = match dialect {
+        Dialect::Postgres => (vec!["'-infinity'", "'infinity'"], ""),
+        Dialect::MySql => (
+            vec!["'0000-00-00 00:00:00'"],
+            "SET SESSION sql_mode = 'NO_ENGINE_SUBSTITUTION'; ",
+        ),
+    };
+    let strange: Vec<String> = (0..30).map(|i| format!("never-{i:02}")).collect();
+    let rows: Vec<String> = strange
+        .iter()
+        .enumerate()
+        .map(|(i, id)| format!("('{id}', 'UNPAID', {})", values[i % values.len()]))
+        .collect();
+    env.shop_exec(&format!(
+        "{mode}INSERT INTO orders (id, status, expires_at) VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+    let mut settings = settings(&env);
+    settings.sweeper.batch = 10;
+    let service = env.service_with(settings).await;
+    for id in strange.iter().take(3) {
+        env.publish_raw(serde_json::json!({ "order_id": id }).to_string().as_bytes())
+            .await;
+    }
+    // Ten published orders, and five never published and overdue.
+    for i in 0..10 {
+        let order = env
+            .create_order(&format!("ok-{i}"), Duration::from_millis(300), &[(0, 1)])
+            .await;
+        env.publish_timeout(&order).await;
+    }
+    for i in 0..5 {
+        env.create_order(&format!("lost-{i}"), Duration::from_millis(1), &[(0, 1)])
+            .await;
+    }
+    env.shop_exec(env.sql(
+        "UPDATE orders SET expires_at = now() - interval '1 minute' WHERE id LIKE 'lost-%'",
+        "UPDATE orders SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE WHERE id LIKE 'lost-%'",
+    ))
+    .await;
+    env.eventually(Duration::from_secs(30), "the ten cancelled", || async {
+        env.count("ok-", "CANCELLED").await == 10
+    })
+    .await;
+    env.eventually(
+        Duration::from_secs(30),
+        "the five never published swept",
+        || async { env.count("lost-", "CANCELLED").await == 5 },
+    )
+    .await;
+    assert_eq!(env.count("never-", "UNPAID").await, 30, "never due");
+    for task in ["batch", "sweeper", "watch"] {
+        assert_eq!(service.metrics.task_panics_of(task), 0, "{task}");
+    }
+    assert_eq!(
+        service
+            .metrics
+            .sweeps_of(DEFAULT_TIMER, SweepResult::Failed),
+        0
+    );
+    env.acked_exactly(&service, Outcome::LeftAlone, 3).await;
+    assert_eq!(env.parked_count().await, 0);
+    service.stop().await.unwrap();
+}
+
+on_both_dialects!(
+    an_environment_failure_parks_nothing_and_every_order_goes_through_once_fixed,
+    a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweeper,
+    deadlines_that_are_no_time_kill_no_task,
+);

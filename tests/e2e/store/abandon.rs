@@ -1,0 +1,289 @@
+//! No order abandoned, at the store: a failure is the row's only when it
+//! is about the row's own values, and then it is the row's whether the
+//! batch held one order or many; a failure of the environment (a table the
+//! `also` statement writes gone, a trigger refusing every cancellation) is
+//! nobody's row; a deadline that is no time (PostgreSQL's `infinity`,
+//! MariaDB's zero date) is never due and never kills the reader; and a row
+//! set aside is tried again on a schedule, and whenever the operator asks.
+
+use order_timeout::settings::{OrdersMapping, Release};
+use order_timeout::store::{Page, RowCursor, StoreError};
+
+use super::*;
+
+/// A mapping whose `also` statement writes `aside_stock`, one row per
+/// cancelled order.
+fn also_schema(f: &Fixture) -> ShopSchema {
+    let mark = match f.dialect() {
+        Dialect::MySql => "?",
+        Dialect::Postgres => "$1",
+    };
+    ShopSchema {
+        orders: OrdersMapping {
+            also: vec![format!(
+                "INSERT INTO aside_stock (order_id) VALUES ({mark})"
+            )],
+            ..OrdersMapping::default()
+        },
+        release: Release::None,
+        ..ShopSchema::default()
+    }
+}
+
+const STOCK_TABLE: &str = "CREATE TABLE aside_stock (order_id VARCHAR(128) NOT NULL PRIMARY KEY)";
+
+fn failed(state: &OrderState) -> &StoreError {
+    match state {
+        OrderState::Failed(failure) => &failure.0,
+        other => panic!("expected a failed order, got {other:?}"),
+    }
+}
+
+/// The table an `also` statement writes disappears (a shop migration
+/// recreating it): every order fails, none of them for its row; once the
+/// table is back, every one is cancelled.
+pub(super) async fn a_missing_table_is_no_rows_fault(f: &Fixture) {
+    f.exec(STOCK_TABLE).await;
+    let orders = ["mt-1", "mt-2", "mt-3"];
+    for order in orders {
+        f.insert(order, "UNPAID", secs(-1)).await;
+    }
+    let store = f.store_with(&also_schema(f));
+    store.prepare().await.unwrap();
+    f.exec("DROP TABLE aside_stock").await;
+    for asked in [&orders[..], &orders[..1]] {
+        let ids: Vec<OrderId> = asked.iter().map(|o| id(o)).collect();
+        let states = store.cancel_due(&ids, LEASE).await.unwrap();
+        assert_eq!(states.len(), asked.len(), "{states:?}");
+        for (order, state) in &states {
+            let error = failed(state);
+            assert!(!error.is_row_fault(), "{order}: {error} is the world's");
+        }
+    }
+    for order in orders {
+        assert_eq!(f.row(order).await.0, "UNPAID", "{order}");
+        assert_eq!(f.outbox_rows(order).await, 0, "{order}");
+    }
+    f.exec(STOCK_TABLE).await;
+    let ids: Vec<OrderId> = orders.iter().map(|o| id(o)).collect();
+    for (order, state) in store.cancel_due(&ids, LEASE).await.unwrap() {
+        assert!(
+            matches!(&state, OrderState::Cancelled(c) if c.just_now),
+            "{order}: {state:?}"
+        );
+    }
+}
+
+/// A trigger of the shop's refusing the cancellation of `refused` (or of
+/// every order: `None`), with a CHECK-violation error.
+async fn refuse(f: &Fixture, refused: Option<&str>) {
+    let (pg_when, my_when) = match refused {
+        Some(order) => (
+            format!("NEW.id = '{order}' AND "),
+            format!("NEW.id = '{order}' AND "),
+        ),
+        None => (String::new(), String::new()),
+    };
+    match f.dialect() {
+        Dialect::Postgres => {
+            f.exec(&format!(
+                r#"
+                CREATE FUNCTION refuse_some() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF {pg_when}NEW.status = 'CANCELLED' THEN
+                        RAISE EXCEPTION 'order % may not be cancelled', NEW.id
+                            USING ERRCODE = 'check_violation';
+                    END IF;
+                    RETURN NEW;
+                END $$;
+                CREATE TRIGGER refuse_some BEFORE UPDATE ON orders
+                    FOR EACH ROW EXECUTE FUNCTION refuse_some();
+                "#
+            ))
+            .await
+        }
+        Dialect::MySql => {
+            f.exec(&format!(
+                "CREATE TRIGGER refuse_some BEFORE UPDATE ON orders FOR EACH ROW \
+                 BEGIN \
+                   IF {my_when}NEW.status = 'CANCELLED' THEN \
+                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'this order may not be cancelled'; \
+                   END IF; \
+                 END"
+            ))
+            .await
+        }
+    }
+}
+
+/// One order alone whose row the shop refuses fails as it would among
+/// many: reported failed for its row, not as an error of the batch.
+pub(super) async fn a_lone_order_failing_for_its_row_fails_alone(f: &Fixture) {
+    refuse(f, Some("lone-refused")).await;
+    f.insert("lone-refused", "UNPAID", secs(-1)).await;
+    let states = f
+        .store()
+        .cancel_due(&[id("lone-refused")], LEASE)
+        .await
+        .expect("one order's failure is the order's, not the batch's");
+    assert_eq!(states.len(), 1, "{states:?}");
+    let error = failed(&states[0].1);
+    assert!(error.is_row_fault(), "{error}");
+    assert!(
+        error.to_string().contains("may not be cancelled"),
+        "{error}"
+    );
+    assert_eq!(f.row("lone-refused").await.0, "UNPAID");
+}
+
+/// A failure that meets every order of a batch the same way (a trigger
+/// refusing every cancellation) is no one row's: not a row fault, so
+/// nothing is set aside for it.
+pub(super) async fn a_failure_meeting_every_order_is_no_rows_fault(f: &Fixture) {
+    refuse(f, None).await;
+    let orders = ["all-1", "all-2", "all-3"];
+    for order in orders {
+        f.insert(order, "UNPAID", secs(-1)).await;
+    }
+    let ids: Vec<OrderId> = orders.iter().map(|o| id(o)).collect();
+    let states = f.store().cancel_due(&ids, LEASE).await.unwrap();
+    assert_eq!(states.len(), 3, "{states:?}");
+    for (order, state) in &states {
+        let error = failed(state);
+        assert!(!error.is_row_fault(), "{order}: {error}");
+        assert!(
+            error.to_string().contains("every one of the 3 orders"),
+            "{order}: {error}"
+        );
+    }
+}
+
+/// Inserts unpaid rows whose deadlines are no time the service can use:
+/// PostgreSQL's `infinity` and `-infinity` and a year past what the driver
+/// represents; MariaDB's zero date. More of them than a page, all sorting
+/// before the real orders.
+async fn no_time_rows(f: &Fixture) -> Vec<String> {
+    let (values, prefix): (Vec<&str>, &str) = match f.dialect() {
+        Dialect::Postgres => (
+            vec!["'-infinity'", "'infinity'", "'200000-01-01 00:00:00+00'"],
+            "",
+        ),
+        // Accepted under MariaDB's default sql_mode without NO_ZERO_DATE;
+        // made sure of here.
+        Dialect::MySql => (
+            vec!["'0000-00-00 00:00:00'"],
+            "SET SESSION sql_mode = 'NO_ENGINE_SUBSTITUTION'; ",
+        ),
+    };
+    let mut ids = Vec::new();
+    let mut rows = Vec::new();
+    for n in 0..7 {
+        let value = values[n % values.len()];
+        let order = format!("nt-{n:02}");
+        rows.push(format!("('{order}', 'UNPAID', {value})"));
+        ids.push(order);
+    }
+    f.exec(&format!(
+        "{prefix}INSERT INTO orders (id, status, expires_at) VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+    ids
+}
+
+/// Rows whose deadline is no time are never due, never swept, never read
+/// as a time (the driver panicked on them), and never hide the overdue
+/// orders behind them from a sweep: every scan reads past them.
+pub(super) async fn deadlines_that_are_no_time_are_never_due_and_never_panic(f: &Fixture) {
+    let strange = no_time_rows(f).await;
+    let orders = ["nt-real-1", "nt-real-2", "nt-real-3"];
+    for order in orders {
+        f.insert(order, "UNPAID", secs(-120)).await;
+    }
+    let store = f.store();
+    let mut found = Vec::new();
+    let mut cursor: Option<RowCursor> = None;
+    for _ in 0..10 {
+        let page: Page<RowCursor> = store
+            .overdue(Duration::from_secs(1), cursor.as_ref(), 2)
+            .await
+            .unwrap();
+        found.extend(page.rows.iter().map(|(id, _)| id.to_string()));
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    found.sort();
+    assert_eq!(
+        found, orders,
+        "the sweeper's scan finds the real orders only"
+    );
+
+    let mut ids: Vec<OrderId> = strange.iter().map(|o| id(o)).collect();
+    ids.push(id("nt-real-1"));
+    let states = store.cancel_due(&ids, LEASE).await.unwrap();
+    assert_eq!(states.len(), ids.len(), "{states:?}");
+    for (order, state) in states {
+        if order.as_str() == "nt-real-1" {
+            assert!(matches!(state, OrderState::Cancelled(_)), "{state:?}");
+        } else {
+            assert_eq!(state, OrderState::LeftAlone, "{order}");
+        }
+    }
+    for order in &strange {
+        assert_eq!(f.row(order).await.0, "UNPAID", "{order}");
+    }
+    // `backfill`'s scan reads them too, and leaves them out.
+    let page = store.waiting_page(None, 100).await.unwrap();
+    let waiting: Vec<String> = page.rows.iter().map(|(id, _)| id.to_string()).collect();
+    assert_eq!(waiting, ["nt-real-2", "nt-real-3"]);
+}
+
+/// A row set aside is skipped by the sweeper until its next try (an hour
+/// later at first), counted, listed with its failures, and tried again at
+/// once when the operator asks; a mark forgotten is gone.
+pub(super) async fn rows_set_aside_are_tried_again_later_and_when_asked(f: &Fixture) {
+    f.insert("sa-1", "UNPAID", secs(-120)).await;
+    let store = f.store();
+    store.prepare().await.unwrap();
+    assert_eq!(store.set_aside(&id("sa-1"), "why").await.unwrap(), Some(1));
+    assert_eq!(store.set_aside(&id("sa-1"), "why").await.unwrap(), Some(2));
+    assert_eq!(
+        store.set_aside(&id("sa-none"), "no row").await.unwrap(),
+        None
+    );
+    assert_eq!(store.set_aside_count().await.unwrap(), 1);
+    let rows = store.set_aside_rows(10).await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!((rows[0].order_id.as_str(), rows[0].attempts), ("sa-1", 2));
+    assert_eq!(rows[0].reason, "why");
+    let next_try = rows[0].retry_at - Utc::now();
+    assert!(
+        next_try > secs(3_000) && next_try <= secs(3_600),
+        "tried again in an hour: {next_try}"
+    );
+    let swept = |store: &Store| {
+        let store = store.clone();
+        async move {
+            let page = store
+                .overdue(Duration::from_secs(1), None, 10)
+                .await
+                .unwrap();
+            page.rows
+                .iter()
+                .map(|(id, _)| id.to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert!(swept(store).await.is_empty(), "skipped until its next try");
+    assert_eq!(store.retry_set_aside(Some(&["sa-other"])).await.unwrap(), 0);
+    assert_eq!(store.retry_set_aside(None).await.unwrap(), 1);
+    assert_eq!(swept(store).await, ["sa-1"], "tried again when asked");
+    // A row that changed since starts over: its first failure again.
+    f.exec("UPDATE orders SET cancel_reason = 'looked at' WHERE id = 'sa-1'")
+        .await;
+    assert_eq!(store.set_aside(&id("sa-1"), "why").await.unwrap(), Some(1));
+    store.forget_set_aside(&id("sa-1")).await.unwrap();
+    assert_eq!(store.set_aside_count().await.unwrap(), 0);
+}
