@@ -113,7 +113,20 @@ async fn by_timer(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Job>)> {
 /// Cancels (flips) the orders of `jobs`, all of `store`'s timer; returns
 /// what is left for the outbox.
 async fn cancel_timer_batch(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pending> {
-    let (waiting, impossible) = group_by_order(store, jobs);
+    let (mut waiting, mut impossible) = group_by_order(store, jobs);
+    if !impossible.is_empty() && store.reread_shape().await {
+        // The shop changed the table (a widened id column): ask about
+        // these ids in its new shape before calling them unknown.
+        if let Err(e) = store.prepare().await {
+            tracing::warn!(error = %e, timer = %store.timer().name, "checking the mapping against the changed table failed");
+        }
+        let jobs: Vec<Job> = impossible.into_values().flat_map(|(_, jobs)| jobs).collect();
+        let (more, still) = group_by_order(store, jobs);
+        for (id, jobs) in more {
+            waiting.entry(id).or_default().extend(jobs);
+        }
+        impossible = still;
+    }
     for (id, (why, jobs)) in impossible {
         unknown_order(worker, store, &id, Some(&why), jobs).await;
     }

@@ -23,7 +23,8 @@ mod timers;
 mod validate;
 pub use lanes::{DEFAULT_LANE_SHARDS, Lane};
 pub use schema::{
-    InventorySettings, ItemsMapping, OrdersMapping, Release, StatusValue, is_identifier,
+    DeadlineUnit, InventorySettings, ItemsMapping, OrdersMapping, Release, StatusValue,
+    is_identifier,
 };
 pub use secret::{AdminToken, SecretUrl, is_secret_param, redact_url};
 pub use timers::{

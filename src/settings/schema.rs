@@ -64,6 +64,10 @@ pub struct OrdersMapping {
     /// The deadline: a column, or an SQL expression over the row in the
     /// database's dialect (`create_time + INTERVAL 30 MINUTE`).
     pub deadline: String,
+    /// What `deadline` is: `time` (a timestamp or datetime, with or without
+    /// a zone, or a date), or a number of seconds (`s`) or milliseconds
+    /// (`ms`) since the epoch (shops with integer Unix-time columns).
+    pub deadline_unit: DeadlineUnit,
     /// An extra SQL condition an order must meet to be cancelled
     /// (`delete_status = 0`); empty for none.
     pub guard: String,
@@ -90,6 +94,7 @@ impl Default for OrdersMapping {
             paid: Some(StatusValue::Text("PAID".into())),
             cancelled: StatusValue::Text("CANCELLED".into()),
             deadline: "expires_at".into(),
+            deadline_unit: DeadlineUnit::Time,
             guard: String::new(),
             time_zone: "UTC".into(),
             set: BTreeMap::from([
@@ -97,6 +102,33 @@ impl Default for OrdersMapping {
                 ("cancel_reason".to_owned(), "'payment timeout'".to_owned()),
             ]),
             also: Vec::new(),
+        }
+    }
+}
+
+/// What a timer's `deadline` evaluates to (`deadline_unit`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum DeadlineUnit {
+    /// A timestamp, datetime or date (with or without a zone), or an
+    /// expression of them.
+    #[default]
+    #[serde(rename = "time")]
+    Time,
+    /// Whole (or fractional) seconds since the Unix epoch.
+    #[serde(rename = "s")]
+    Seconds,
+    /// Milliseconds since the Unix epoch.
+    #[serde(rename = "ms")]
+    Milliseconds,
+}
+
+impl DeadlineUnit {
+    /// As written in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Time => "time",
+            Self::Seconds => "s",
+            Self::Milliseconds => "ms",
         }
     }
 }

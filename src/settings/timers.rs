@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::schema::{ItemsMapping, OrdersMapping, Release, StatusValue};
+use super::schema::{DeadlineUnit, ItemsMapping, OrdersMapping, Release, StatusValue};
 use super::{ConfigError, Settings};
 
 /// The default timer's name: cancel unpaid orders (`[orders]`).
@@ -86,6 +86,9 @@ pub struct TimerMapping {
     pub to: StatusValue,
     /// Required: a column, or an SQL expression over the row.
     pub deadline: String,
+    /// `time` (default), `s` or `ms`: what `deadline` is.
+    #[serde(default)]
+    pub deadline_unit: DeadlineUnit,
     /// Optional extra condition.
     #[serde(default)]
     pub guard: String,
@@ -133,6 +136,9 @@ pub struct Timer {
     pub paid: Option<StatusValue>,
     /// The deadline: a column or an SQL expression.
     pub deadline: String,
+    /// What the deadline is: a time, or seconds or milliseconds since the
+    /// epoch.
+    pub deadline_unit: DeadlineUnit,
     /// An extra SQL condition (empty: none).
     pub guard: String,
     /// Session time zone for zone-less columns.
@@ -166,6 +172,7 @@ impl Timer {
             to: o.cancelled.clone(),
             paid: o.paid.clone(),
             deadline: o.deadline.clone(),
+            deadline_unit: o.deadline_unit,
             guard: o.guard.clone(),
             time_zone: o.time_zone.clone(),
             set: o.set.clone(),
@@ -196,6 +203,7 @@ impl Timer {
                 K::To => "[orders].cancelled",
                 K::Paid => "[orders].paid",
                 K::Deadline => "[orders].deadline",
+                K::DeadlineUnit => "[orders].deadline_unit",
                 K::Guard => "[orders].guard",
                 K::DeadlineGuard => "[orders].deadline / [orders].guard",
                 K::Set => "[orders].set",
@@ -211,6 +219,7 @@ impl Timer {
                 K::To => "[[timers]].to",
                 K::Paid => "[[timers]].from",
                 K::Deadline => "[[timers]].deadline",
+                K::DeadlineUnit => "[[timers]].deadline_unit",
                 K::Guard => "[[timers]].guard",
                 K::DeadlineGuard => "[[timers]].deadline / [[timers]].guard",
                 K::Set => "[[timers]].set",
@@ -251,6 +260,8 @@ pub enum TimerKey {
     Paid,
     /// The deadline.
     Deadline,
+    /// What the deadline is (`deadline_unit`).
+    DeadlineUnit,
     /// The guard.
     Guard,
     /// The deadline or the guard (evaluated together).
@@ -307,6 +318,7 @@ impl Settings {
             to: t.to.clone(),
             paid: None,
             deadline: t.deadline.clone(),
+            deadline_unit: t.deadline_unit,
             guard: t.guard.clone(),
             time_zone: t.time_zone.clone().unwrap_or_else(|| o.time_zone.clone()),
             set: t.set.clone(),

@@ -30,6 +30,7 @@ impl<D: SqlDialect> SqlStore<D> {
             });
         }
         let orders = shape::check_orders_columns(t, &D::columns(self, &t.table).await?)?;
+        self.check_deadline_type().await?;
         self.check_codes_differ(&orders).await?;
         let items = match t.release {
             Release::Grpc => Some(self.check_items().await?),
@@ -41,13 +42,41 @@ impl<D: SqlDialect> SqlStore<D> {
         let also_params = self.check_statements(&sql).await?;
         let unpaid = self.count_waiting(&sql).await?;
         let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
+        let shape = self.shape().await?;
         Ok(Prepared {
+            shape,
             sql,
             id: orders.id.clone(),
             id_key: self.timer.key(TimerKey::Id),
             items_id: items.map(|(column, _)| column),
             also_params,
             report: SchemaReport::new(D::DIALECT, &self.timer, orders, unpaid, unvacuumed),
+        })
+    }
+
+    /// The deadline is a time, or a number when `deadline_unit` says it
+    /// counts since the epoch ([`shape::check_deadline_type`]); the type is
+    /// the server's description of the expression, read without running it.
+    async fn check_deadline_type(&self) -> Result<(), StoreError> {
+        let t = &self.timer;
+        let query = format!(
+            "SELECT {} FROM {} AS o WHERE 1 = 0",
+            shape::raw_deadline_sql(D::DIALECT, t),
+            shape::quote(D::DIALECT, &t.table)
+        );
+        let type_name = D::result_type(self, query).await.map_err(|e| match StoreError::Sql(e) {
+            error if !error.is_permanent() => error,
+            error => StoreError::Schema {
+                key: t.key(TimerKey::Deadline),
+                problem: t.problem(format!("{:?} does not evaluate: {error}", t.deadline)),
+            },
+        })?;
+        shape::check_deadline_type(t, &type_name).map_err(|e| match e {
+            StoreError::Schema { key, problem } => StoreError::Schema {
+                key,
+                problem: t.problem(problem),
+            },
+            other => other,
         })
     }
 

@@ -98,6 +98,12 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// [`OrderStore::prepare`]; before, every id is text.
     fn canonical(&self, id: &OrderId) -> Result<OrderId, IdRejected>;
 
+    /// Looks whether the tables' shape changed since the last check (the
+    /// shop widened the id column while the service runs); if so, the
+    /// next statement checks the mapping again. `true` when it changed:
+    /// an id [`OrderStore::canonical`] refused may fit now.
+    async fn reread_shape(&self) -> bool;
+
     /// **The cancel transaction**, for a batch of distinct canonical order
     /// ids (any other id is reported [`OrderState::Unknown`] without being
     /// sent): cancel every order that is unpaid, overdue and passes the

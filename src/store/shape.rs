@@ -10,7 +10,9 @@ use super::catalog::{Columns, TypeClass};
 use super::ids::IdColumn;
 use super::{Dialect, Page, RowCursor, StoreError};
 use crate::message::OrderId;
-use crate::settings::{ItemsMapping, Release, StatusValue, Timer, TimerKey, is_identifier};
+use crate::settings::{
+    DeadlineUnit, ItemsMapping, Release, StatusValue, Timer, TimerKey, is_identifier,
+};
 
 /// The type of the shop's order id column, which decides what an order id
 /// from a message can be.
@@ -97,11 +99,101 @@ pub(crate) fn quote(dialect: Dialect, path: &str) -> String {
 
 /// The deadline as SQL: a quoted column, or the operator's expression.
 pub(crate) fn deadline_sql(dialect: Dialect, timer: &Timer) -> String {
+    let raw = raw_deadline_sql(dialect, timer);
+    // Seconds since the epoch a timestamp can hold (years 1 to 9999):
+    // PostgreSQL's `to_timestamp` fails past them, for the whole
+    // statement; MySQL's `FROM_UNIXTIME` answers NULL.
+    let (min, max) = (-62_135_596_800_i64, 253_402_300_799_i64);
+    match (dialect, timer.deadline_unit) {
+        (_, DeadlineUnit::Time) => raw,
+        (Dialect::Postgres, DeadlineUnit::Seconds) => format!(
+            "(CASE WHEN {raw} BETWEEN {min} AND {max} THEN to_timestamp({raw}) END)"
+        ),
+        (Dialect::Postgres, DeadlineUnit::Milliseconds) => format!(
+            "(CASE WHEN {raw} BETWEEN {min}000 AND {max}000 THEN to_timestamp({raw} / 1000.0) END)"
+        ),
+        (Dialect::MySql, DeadlineUnit::Seconds) => format!("FROM_UNIXTIME({raw})"),
+        (Dialect::MySql, DeadlineUnit::Milliseconds) => format!("FROM_UNIXTIME({raw} / 1000)"),
+    }
+}
+
+/// The deadline as configured (a quoted column, or the expression in
+/// parentheses), before `deadline_unit` makes a time of it.
+pub(crate) fn raw_deadline_sql(dialect: Dialect, timer: &Timer) -> String {
     if is_identifier(&timer.deadline) {
         quote(dialect, &timer.deadline)
     } else {
         format!("({})", timer.deadline)
     }
+}
+
+/// What the database's type name `type_name` of a deadline expression
+/// (as the driver describes it) is: a time, a number, or something else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeadlineType {
+    /// A timestamp, datetime or date.
+    Time,
+    /// An integer, decimal or floating-point number.
+    Number,
+    /// Text, a boolean, or anything else that is no time.
+    Other,
+    /// A type the driver does not name (an untyped NULL): not refused.
+    Unknown,
+}
+
+impl DeadlineType {
+    /// The class of a type name as sqlx names it on either dialect
+    /// (`TIMESTAMPTZ`, `DATETIME`, `INT8`, `BIGINT UNSIGNED`, `NUMERIC`…).
+    pub(crate) fn of(type_name: &str) -> Self {
+        let name = type_name.to_ascii_uppercase();
+        let base = name.split([' ', '(']).next().unwrap_or("");
+        match base {
+            "TIMESTAMPTZ" | "TIMESTAMP" | "DATETIME" | "DATE" => Self::Time,
+            "INT2" | "INT4" | "INT8" | "SMALLINT" | "INT" | "INTEGER" | "BIGINT" | "TINYINT"
+            | "MEDIUMINT" | "NUMERIC" | "DECIMAL" | "FLOAT4" | "FLOAT8" | "FLOAT" | "DOUBLE"
+            | "REAL" => Self::Number,
+            "" | "NULL" | "UNKNOWN" | "VOID" => Self::Unknown,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// Refuses a deadline whose type does not fit `deadline_unit`: a number
+/// taken for a time (`UNIX_TIMESTAMP(create_time) + 1800` passed the
+/// check, then every order failed with "Truncated incorrect datetime
+/// value"), a time taken for a number, or text.
+pub(crate) fn check_deadline_type(timer: &Timer, type_name: &str) -> Result<(), StoreError> {
+    let unit = timer.deadline_unit;
+    let problem = match (DeadlineType::of(type_name), unit) {
+        (DeadlineType::Unknown, _)
+        | (DeadlineType::Time, DeadlineUnit::Time)
+        | (DeadlineType::Number, DeadlineUnit::Seconds | DeadlineUnit::Milliseconds) => {
+            return Ok(());
+        }
+        (DeadlineType::Number, DeadlineUnit::Time) => format!(
+            "{:?} evaluates to a number ({type_name}), not a time: if it counts seconds (or \
+             milliseconds) since the Unix epoch, set {} = \"s\" (or \"ms\")",
+            timer.deadline,
+            timer.key(TimerKey::DeadlineUnit)
+        ),
+        (DeadlineType::Time, _) => format!(
+            "{:?} evaluates to a time ({type_name}), but {} = {:?} says it counts since the \
+             epoch: remove {}",
+            timer.deadline,
+            timer.key(TimerKey::DeadlineUnit),
+            unit.as_str(),
+            timer.key(TimerKey::DeadlineUnit)
+        ),
+        (DeadlineType::Other, _) => format!(
+            "{:?} evaluates to {type_name}, which is neither a time (timestamp, datetime, date) \
+             nor a number of seconds or milliseconds since the epoch",
+            timer.deadline
+        ),
+    };
+    Err(StoreError::Schema {
+        key: timer.key(TimerKey::Deadline),
+        problem,
+    })
 }
 
 /// Whether the deadline `deadline` (SQL) holds a time the service works
@@ -480,6 +572,40 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("[orders].unpaid"), "{err}");
         assert!(check_status("k", &int, "s", TypeClass::Text, "varchar").is_err());
+    }
+
+    #[test]
+    fn a_deadline_must_be_a_time_or_a_number_of_its_unit() {
+        let mut timer = Timer::cancel_unpaid(
+            &crate::settings::OrdersMapping::default(),
+            &ItemsMapping::default(),
+            Release::Grpc,
+        );
+        for time in ["TIMESTAMPTZ", "timestamp", "DATETIME", "DATE", "NULL"] {
+            assert!(check_deadline_type(&timer, time).is_ok(), "{time}");
+        }
+        timer.deadline = "UNIX_TIMESTAMP(create_time) + 1800".into();
+        for number in ["BIGINT", "INT8", "DECIMAL", "BIGINT UNSIGNED", "NUMERIC"] {
+            let err = check_deadline_type(&timer, number).unwrap_err().to_string();
+            assert!(
+                err.starts_with("config [orders].deadline: ")
+                    && err.contains("[orders].deadline_unit = \"s\""),
+                "{err}"
+            );
+        }
+        let err = check_deadline_type(&timer, "VARCHAR").unwrap_err().to_string();
+        assert!(err.contains("neither a time"), "{err}");
+        timer.deadline_unit = DeadlineUnit::Seconds;
+        assert!(check_deadline_type(&timer, "BIGINT").is_ok());
+        let err = check_deadline_type(&timer, "DATETIME").unwrap_err().to_string();
+        assert!(err.contains("remove [orders].deadline_unit"), "{err}");
+        assert_eq!(
+            deadline_sql(Dialect::MySql, &timer),
+            "FROM_UNIXTIME((UNIX_TIMESTAMP(create_time) + 1800))"
+        );
+        timer.deadline = "add_time".into();
+        timer.deadline_unit = DeadlineUnit::Milliseconds;
+        assert!(deadline_sql(Dialect::Postgres, &timer).contains("to_timestamp(\"add_time\" / 1000.0)"));
     }
 
     #[test]

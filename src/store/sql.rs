@@ -15,12 +15,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures_util::{StreamExt, stream};
 use sqlx::{Connection, Pool};
-use tokio::sync::OnceCell;
 
 use super::catalog::Columns;
 use super::ids::{IdColumn, IdRejected, IdValue};
@@ -124,6 +123,13 @@ pub(crate) trait SqlDialect:
         a: &StatusValue,
         b: &StatusValue,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The type name of the one column `query` returns, as the server
+    /// describes it when preparing it (nothing is run).
+    fn result_type(
+        store: &SqlStore<Self>,
+        query: String,
+    ) -> impl Future<Output = Result<String, sqlx::Error>> + Send;
 
     /// Rows in the `from` status passing the guard, and how many of them
     /// are overdue.
@@ -274,8 +280,19 @@ pub(crate) struct ItemRow {
 pub(crate) struct SqlStore<D: SqlDialect> {
     pub(super) pool: Pool<D::Db>,
     pub(super) timer: Timer,
-    prepared: OnceCell<Prepared<D>>,
+    /// The statements and the tables' shape of the last check; `None`
+    /// before the first, or once the shape changed ([`SqlStore::reread_shape`]).
+    prepared: std::sync::RwLock<Option<Arc<Prepared<D>>>>,
+    /// Held while a check runs, so that one runs at a time.
+    checking: tokio::sync::Mutex<()>,
+    /// When the tables' shape was last compared with the check's.
+    shape_read_at: std::sync::Mutex<Option<Instant>>,
 }
+
+/// The least time between two looks at whether the tables' shape changed
+/// (one `information_schema` query per table): ids that do not fit the
+/// id column, or a statement failing with a shape error, ask for one.
+const SHAPE_LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// The statements rendered from the mapping, and what the check found.
 #[derive(Debug)]
@@ -292,6 +309,9 @@ pub(crate) struct Prepared<D: SqlDialect> {
     pub(crate) also_params: Vec<D::AlsoParams>,
     /// What `schema check` prints.
     pub(crate) report: SchemaReport,
+    /// The columns (name and type) of the orders table and of the items
+    /// table (when read) as the check saw them: what tells a changed shape.
+    pub(crate) shape: Vec<(String, String)>,
 }
 
 impl<D: SqlDialect> SqlStore<D> {
@@ -314,7 +334,9 @@ impl<D: SqlDialect> SqlStore<D> {
         Self {
             pool,
             timer: timer.clone(),
-            prepared: OnceCell::new(),
+            prepared: std::sync::RwLock::new(None),
+            checking: tokio::sync::Mutex::new(()),
+            shape_read_at: std::sync::Mutex::new(None),
         }
     }
 
@@ -341,21 +363,106 @@ impl<D: SqlDialect> SqlStore<D> {
         D::contract(url).await
     }
 
-    async fn prepared(&self) -> Result<&Prepared<D>, StoreError> {
-        self.prepared
-            .get_or_try_init(|| async {
-                // A mapping error of another timer than the default one
-                // says which: its keys (`[[timers]].deadline`) do not.
-                self.check().await.map_err(|e| match e {
-                    StoreError::Schema { key, problem } => StoreError::Schema {
-                        key,
-                        problem: self.timer.problem(problem),
-                    },
-                    other => other,
-                })
-            })
-            .await
+    /// The statements and shape of the last check, checking first if
+    /// there is none.
+    async fn prepared(&self) -> Result<Arc<Prepared<D>>, StoreError> {
+        if let Some(prepared) = self.current() {
+            return Ok(prepared);
+        }
+        let _one = self.checking.lock().await;
+        if let Some(prepared) = self.current() {
+            return Ok(prepared);
+        }
+        // A mapping error of another timer than the default one says
+        // which: its keys (`[[timers]].deadline`) do not.
+        let prepared = Arc::new(self.check().await.map_err(|e| match e {
+            StoreError::Schema { key, problem } => StoreError::Schema {
+                key,
+                problem: self.timer.problem(problem),
+            },
+            other => other,
+        })?);
+        *self.prepared.write().unwrap_or_else(|e| e.into_inner()) = Some(prepared.clone());
+        *self.shape_read_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        Ok(prepared)
     }
+
+    fn current(&self) -> Option<Arc<Prepared<D>>> {
+        self.prepared
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Looks whether the tables' shape changed since the last check (a
+    /// column widened from `varchar(16)` to `varchar(32)` or `int` to
+    /// `bigint`, a column renamed or dropped, the items table's order id
+    /// widened) while the service runs, and if it did, forgets the check,
+    /// so that the next statement checks again and renders its statements
+    /// for the new shape. At most every [`SHAPE_LOOK_EVERY`]; `true` when
+    /// the shape changed.
+    pub(crate) async fn reread_shape(&self) -> bool {
+        let Some(prepared) = self.current() else {
+            return false;
+        };
+        {
+            let mut read_at = self.shape_read_at.lock().unwrap_or_else(|e| e.into_inner());
+            if read_at.is_some_and(|at| at.elapsed() < SHAPE_LOOK_EVERY) {
+                return false;
+            }
+            *read_at = Some(Instant::now());
+        }
+        let shape = match self.shape().await {
+            Ok(shape) => shape,
+            Err(e) => {
+                tracing::debug!(error = %e, timer = %self.timer.name, "cannot read the tables' shape");
+                return false;
+            }
+        };
+        if shape == prepared.shape {
+            return false;
+        }
+        tracing::warn!(timer = %self.timer.name, table = %self.timer.table, "the tables' shape changed since the last check: checking the mapping again");
+        let mut current = self.prepared.write().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().is_some_and(|p| Arc::ptr_eq(p, &prepared)) {
+            *current = None;
+        }
+        true
+    }
+
+    /// The columns of the orders table and, when read, the items table,
+    /// by name: what [`Prepared::shape`] holds.
+    pub(super) async fn shape(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let mut shape = columns_shape("", &D::columns(self, &self.timer.table).await?);
+        if self.timer.release == crate::settings::Release::Grpc {
+            let items = &self.timer.items.table;
+            shape.extend(columns_shape(items, &D::columns(self, items).await?));
+        }
+        Ok(shape)
+    }
+
+    /// `result`, after looking whether the tables' shape changed when it is
+    /// an error about the statement (a column or table missing, a type
+    /// mismatch), so that the next try runs statements for the new shape.
+    async fn after<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &result
+            && e.is_permanent()
+            && !e.is_row_fault()
+        {
+            self.reread_shape().await;
+        }
+        result
+    }
+}
+
+/// `columns` as sorted `(table.column, type)` pairs.
+fn columns_shape(table: &str, columns: &Columns) -> Vec<(String, String)> {
+    let mut shape: Vec<(String, String)> = columns
+        .values()
+        .map(|c| (format!("{table}.{}", c.name), c.shown.clone()))
+        .collect();
+    shape.sort();
+    shape
 }
 
 /// Commits `tx` when `result` is a success, else rolls it back at once (not
@@ -548,10 +655,14 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     }
 
     fn canonical(&self, id: &OrderId) -> Result<OrderId, IdRejected> {
-        match self.prepared.get() {
+        match self.current() {
             Some(prepared) => prepared.id.canonical(id),
             None => Ok(id.clone()),
         }
+    }
+
+    async fn reread_shape(&self) -> bool {
+        SqlStore::reread_shape(self).await
     }
 
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]
@@ -560,20 +671,30 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         ids: &[OrderId],
         lease: Duration,
     ) -> Result<Vec<(OrderId, OrderState)>, StoreError> {
-        let prepared = self.prepared().await?;
+        let mut prepared = self.prepared().await?;
         // An id that is not its own canonical form names no row: unknown,
-        // without asking (no statement could bind it in the column's type).
-        let (asked, impossible): (Vec<&OrderId>, Vec<&OrderId>) = ids
-            .iter()
-            .partition(|id| prepared.id.canonical(id).as_ref() == Ok(*id));
+        // without asking (no statement could bind it in the column's type)
+        // — once the column's type is known to be the one the check read
+        // (the shop may have widened it meanwhile).
+        let fits = |prepared: &Prepared<D>, id: &&OrderId| prepared.id.canonical(id).as_ref() == Ok(*id);
+        if !ids.iter().all(|id| fits(&prepared, &id)) && self.reread_shape().await {
+            prepared = self.prepared().await?;
+        }
+        let (asked, impossible): (Vec<&OrderId>, Vec<&OrderId>) =
+            ids.iter().partition(|id| fits(&prepared, id));
         // In id order, so concurrent batches lock rows in the same order
         // (fewer deadlocks).
         let mut sorted: Vec<&str> = asked.iter().map(|id| id.as_str()).collect();
         sorted.sort_unstable();
         let states = if self.timer.also.is_empty() {
-            self.cancel_batch(prepared, &sorted, lease).await?
+            let result = self.cancel_batch(&prepared, &sorted, lease).await;
+            self.after(result).await?
         } else {
-            self.cancel_each(prepared, &sorted, lease).await
+            let states = self.cancel_each(&prepared, &sorted, lease).await;
+            if states.values().any(|s| matches!(s, OrderState::Failed(f) if f.0.is_permanent() && !f.0.is_row_fault())) {
+                self.reread_shape().await;
+            }
+            states
         };
         let reported = asked
             .into_iter()
@@ -586,7 +707,17 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
 
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]
     async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError> {
-        let prepared = self.prepared().await?;
+        let mut prepared = self.prepared().await?;
+        // An id the items table's column cannot hold has no items there —
+        // once its type is known to be the one the check read (a widened
+        // column would otherwise release an order with no items).
+        let fit = |prepared: &Prepared<D>| match &prepared.items_id {
+            Some(items_id) => ids.iter().all(|id| items_id.canonical(id).is_ok()),
+            None => true,
+        };
+        if !fit(&prepared) && self.reread_shape().await {
+            prepared = self.prepared().await?;
+        }
         let Some(items_id) = &prepared.items_id else {
             return Ok(HashMap::new());
         };
@@ -603,7 +734,8 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         keys.sort_unstable();
         let mut rows = Vec::new();
         for chunk in keys.chunks(D::MAX_BATCH_IDS) {
-            rows.extend(D::items(self, prepared, chunk).await?);
+            let result = D::items(self, &prepared, chunk).await;
+            rows.extend(self.after(result).await?);
         }
         let mut map: HashMap<String, Vec<OrderItem>> = HashMap::new();
         for row in rows {
@@ -632,7 +764,8 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     ) -> Result<Page<RowCursor>, StoreError> {
         let prepared = self.prepared().await?;
         let after = after.map(|c| (c.deadline, c.id.as_deref()));
-        let rows = D::overdue(self, prepared, grace, after, limit).await?;
+        let result = D::overdue(self, &prepared, grace, after, limit).await;
+        let rows = self.after(result).await?;
         Ok(shape::due_page(rows, limit))
     }
 
@@ -643,14 +776,14 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         limit: u32,
     ) -> Result<Page<String>, StoreError> {
         let prepared = self.prepared().await?;
-        let rows = D::waiting_page(self, prepared, after, limit).await?;
+        let rows = D::waiting_page(self, &prepared, after, limit).await?;
         Ok(shape::page(rows, limit, |(id, _)| Some(id.clone())))
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn set_aside(&self, id: &OrderId, reason: &str) -> Result<Option<u32>, StoreError> {
         let prepared = self.prepared().await?;
-        D::set_aside(self, prepared, id.as_str(), reason).await
+        D::set_aside(self, &prepared, id.as_str(), reason).await
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
@@ -676,7 +809,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn prune_set_aside(&self) -> Result<u64, StoreError> {
         let prepared = self.prepared().await?;
-        D::prune_set_aside(self, prepared).await
+        D::prune_set_aside(self, &prepared).await
     }
 
     #[tracing::instrument(skip(self))]
@@ -752,7 +885,8 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     ) -> Result<Page<RowCursor>, StoreError> {
         let prepared = self.prepared().await?;
         let after = (after.deadline, after.id.as_deref());
-        let rows = D::due_between(self, prepared, after, until, limit).await?;
+        let result = D::due_between(self, &prepared, after, until, limit).await;
+        let rows = self.after(result).await?;
         Ok(shape::due_page(rows, limit))
     }
 

@@ -765,6 +765,8 @@ macro_rules! store_suite {
                 a_failure_meeting_every_order_is_no_rows_fault,
                 deadlines_that_are_no_time_are_never_due_and_never_panic,
                 rows_set_aside_are_tried_again_later_and_when_asked,
+                integer_deadlines_are_refused_as_times_and_work_with_their_unit,
+                a_widened_id_column_is_read_again_without_a_restart,
             );
             store_suite!(@in scans $dialect;
                 scans_read_past_rows_that_are_no_orders,

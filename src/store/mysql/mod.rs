@@ -344,6 +344,15 @@ impl SqlDialect for MySql {
         Ok(Self::parameters(store, statement).await?)
     }
 
+    async fn result_type(store: &MySqlStore, query: String) -> Result<String, sqlx::Error> {
+        let mut conn = store.pool.acquire().await?;
+        let prepared = conn.prepare(AssertSqlSafe(query).into_sql_str()).await?;
+        Ok(sqlx::Statement::columns(&prepared)
+            .first()
+            .map(|column| sqlx::TypeInfo::name(sqlx::Column::type_info(column)).to_owned())
+            .unwrap_or_default())
+    }
+
     async fn unvacuumed(_: &MySqlStore, _: &[&str]) -> Result<Vec<String>, sqlx::Error> {
         Ok(Vec::new())
     }

@@ -288,6 +288,16 @@ impl SqlDialect for Postgres {
         Ok(params)
     }
 
+    async fn result_type(store: &PgStore, query: String) -> Result<String, sqlx::Error> {
+        use sqlx::SqlSafeStr as _;
+        let mut conn = store.pool.acquire().await?;
+        let prepared = conn.prepare(AssertSqlSafe(query).into_sql_str()).await?;
+        Ok(sqlx::Statement::columns(&prepared)
+            .first()
+            .map(|column| sqlx::TypeInfo::name(sqlx::Column::type_info(column)).to_owned())
+            .unwrap_or_default())
+    }
+
     async fn unvacuumed(store: &PgStore, tables: &[&str]) -> Result<Vec<String>, sqlx::Error> {
         let quoted: Vec<String> = tables
             .iter()

@@ -287,3 +287,110 @@ pub(super) async fn rows_set_aside_are_tried_again_later_and_when_asked(f: &Fixt
     store.forget_set_aside(&id("sa-1")).await.unwrap();
     assert_eq!(store.set_aside_count().await.unwrap(), 0);
 }
+
+/// A deadline kept as Unix seconds in an integer column (CRMEB's
+/// `add_time`) is refused as a time, naming the key and the type found;
+/// declared with `deadline_unit = "s"` (or `"ms"`), it is a deadline like
+/// any other: due when it passes, never before.
+pub(super) async fn integer_deadlines_are_refused_as_times_and_work_with_their_unit(f: &Fixture) {
+    f.exec("ALTER TABLE orders ADD COLUMN add_time BIGINT NULL")
+        .await;
+    f.insert("unix-due", "UNPAID", secs(-10)).await;
+    f.insert("unix-later", "UNPAID", secs(3_600)).await;
+    f.exec(match f.dialect() {
+        Dialect::Postgres => {
+            "UPDATE orders SET add_time = floor(extract(epoch FROM expires_at))::bigint - 1800"
+        }
+        Dialect::MySql => "UPDATE orders SET add_time = FLOOR(UNIX_TIMESTAMP(expires_at)) - 1800",
+    })
+    .await;
+    let mut schema = ShopSchema::default();
+    schema.orders.deadline = "add_time + 1800".into();
+    let err = f.store_with(&schema).prepare().await.unwrap_err();
+    let text = err.to_string();
+    assert!(err.is_config(), "{text}");
+    assert!(
+        text.starts_with("config [orders].deadline: ")
+            && text.contains("a number")
+            && text.contains("[orders].deadline_unit = \"s\""),
+        "{text}"
+    );
+    schema.orders.deadline = "created_at".into();
+    schema.orders.deadline_unit = settings::DeadlineUnit::Seconds;
+    let err = f.store_with(&schema).prepare().await.unwrap_err().to_string();
+    assert!(err.contains("remove [orders].deadline_unit"), "{err}");
+
+    schema.orders.deadline = "add_time + 1800".into();
+    let store = f.store_with(&schema);
+    store.prepare().await.unwrap();
+    let states = store
+        .cancel_due(&[id("unix-due"), id("unix-later")], LEASE)
+        .await
+        .unwrap();
+    for (order, state) in states {
+        match order.as_str() {
+            "unix-due" => assert!(
+                matches!(&state, OrderState::Cancelled(c) if c.just_now),
+                "{state:?}"
+            ),
+            _ => match state {
+                OrderState::NotYetDue { expires_at, .. } => {
+                    let wait = expires_at - Utc::now();
+                    assert!(wait > secs(3_500) && wait <= secs(3_600), "{wait}");
+                }
+                other => panic!("{order}: {other:?}"),
+            },
+        }
+    }
+    schema.orders.deadline = "add_time * 1000 + 1800000".into();
+    schema.orders.deadline_unit = settings::DeadlineUnit::Milliseconds;
+    let store = f.store_with(&schema);
+    store.prepare().await.unwrap();
+    let page = store.waiting_page(None, 10).await.unwrap();
+    let (order, at) = &page.rows[0];
+    assert_eq!(order.as_str(), "unix-later");
+    let wait = *at - Utc::now();
+    assert!(wait > secs(3_500) && wait <= secs(3_600), "{wait}");
+}
+
+/// The shop widens the id columns while the service runs (`varchar(16)`
+/// to `varchar(32)`): an id that fits only the new type is asked about and
+/// cancelled, never called unknown, and its items are read, never dropped
+/// (a release with no items would be marked done).
+pub(super) async fn a_widened_id_column_is_read_again_without_a_restart(f: &Fixture) {
+    let alter = |width: u32| match f.dialect() {
+        Dialect::Postgres => format!(
+            "ALTER TABLE orders ALTER COLUMN id TYPE VARCHAR({width}); \
+             ALTER TABLE order_items ALTER COLUMN order_id TYPE VARCHAR({width})"
+        ),
+        Dialect::MySql => format!(
+            "ALTER TABLE orders MODIFY id VARCHAR({width}) NOT NULL; \
+             ALTER TABLE order_items MODIFY order_id VARCHAR({width}) NOT NULL"
+        ),
+    };
+    f.exec(&alter(16)).await;
+    let store = f.store();
+    store.prepare().await.unwrap();
+    let long = "widened-order-0001";
+    assert!(
+        store.canonical(&id(long)).is_err(),
+        "18 characters do not fit varchar(16)"
+    );
+    f.exec(&alter(32)).await;
+    f.insert(long, "UNPAID", secs(-1)).await;
+    f.add_item(long, "sku-w", 2).await;
+    // Past the least time between two looks at the shape.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let states = store.cancel_due(&[id(long)], LEASE).await.unwrap();
+    assert_eq!(states.len(), 1, "{states:?}");
+    assert!(
+        matches!(&states[0].1, OrderState::Cancelled(c) if c.just_now),
+        "{states:?}"
+    );
+    let items = store.items(&[&id(long)]).await.unwrap();
+    let lines: Vec<(String, i64)> = items[long]
+        .iter()
+        .map(|i| (i.sku.clone(), i.quantity))
+        .collect();
+    assert_eq!(lines, [("sku-w".to_owned(), 2)]);
+}
