@@ -18,8 +18,7 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -x ${HOME:-/nonexistent}/.cargo/bin/
 fi
 
 # The releases in CHANGELOG.md, newest first: "## [X.Y.Z] - DATE" headings,
-# each followed by a "Commit: <sha>" line (the newest release's commit is
-# the one that carries its entry, so it has none).
+# each followed by a "Commit: <sha>" line.
 releases=$(awk '/^## \[[0-9]+\.[0-9]+\.[0-9]+\]/ { v = $2; gsub(/[\[\]]/, "", v); print v }' CHANGELOG.md)
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 version=${1:-$(printf '%s\n' "$releases" | grep -vx "$current" | head -1)}

@@ -12,8 +12,10 @@
 // follows is README.md's "Publishing a timeout"; clients/README.md has the
 // command-line form the tests drive.
 //
-// Build and run: javac -cp /usr/share/java/amqp-client.jar OrderTimeoutPublisher.java
-//   java -cp .:/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar \
+// Build and run (Debian: librabbitmq-client-java, libslf4j-java; slf4j-nop.jar is
+// SLF4J's no-op binding: without a binding SLF4J prints three warnings):
+//   javac -cp /usr/share/java/amqp-client.jar OrderTimeoutPublisher.java
+//   java -cp .:/usr/share/java/amqp-client.jar:/usr/share/java/slf4j-api.jar:/usr/share/java/slf4j-nop.jar \
 //     OrderTimeoutPublisher amqp://guest:guest@127.0.0.1:5672/%2f 202611210001@2026-11-21T10:30:00Z
 
 import com.rabbitmq.client.AMQP;
@@ -77,6 +79,26 @@ public final class OrderTimeoutPublisher implements AutoCloseable {
     /** {"order_id": …}: the service reads the deadline from the order row. */
     public void publishTimeout(String orderId) throws PublishFailedException {
         publish(orderId, "{\"order_id\":" + json(orderId) + "}");
+    }
+
+    // The same three for an integer id (a Long or long order.getId()): the id
+    // is published as a JSON integer, {"order_id": 202611210001, …}, which
+    // the contract accepts as it does the string "202611210001".
+
+    /** {"order_id": 123, "cancel_at": …}: the deadline the order row holds (its expires_at). */
+    public void publishTimeout(long orderId, Instant cancelAt) throws PublishFailedException {
+        publish(Long.toString(orderId), "{\"order_id\":" + orderId + ",\"cancel_at\":\"" + cancelAt + "\"}");
+    }
+
+    /** {"order_id": 123, "created_at": …, "timeout_ms": …}: a creation time and a window. */
+    public void publishTimeout(long orderId, Instant createdAt, long timeoutMs) throws PublishFailedException {
+        publish(Long.toString(orderId), "{\"order_id\":" + orderId + ",\"created_at\":\"" + createdAt
+                + "\",\"timeout_ms\":" + timeoutMs + "}");
+    }
+
+    /** {"order_id": 123}: the service reads the deadline from the order row. */
+    public void publishTimeout(long orderId) throws PublishFailedException {
+        publish(Long.toString(orderId), "{\"order_id\":" + orderId + "}");
     }
 
     /**

@@ -82,11 +82,13 @@ pub enum Command {
 impl Command {
     /// The log filter when `RUST_LOG` is unset: operator commands print
     /// their results, so they log warnings only; the expected channel
-    /// errors of `topology check` (404/406) are results, not log noise.
+    /// errors of `topology check` and `pending` (404/406: a missing queue,
+    /// and one per queue of an earlier layout probed for leftovers) are
+    /// results, not log noise.
     pub fn default_log_filter(&self) -> &'static str {
         match self {
-            Command::Parked(_) | Command::Pending(_) => "warn",
-            Command::Topology(_) => "warn,lapin=off",
+            Command::Parked(_) => "warn",
+            Command::Pending(_) | Command::Topology(_) => "warn,lapin=off",
             Command::Schema(_) | Command::Backfill(_) | Command::SetAside(_) => "warn",
             _ => "info",
         }
@@ -136,4 +138,69 @@ async fn connect(settings: &Settings, name: &str) -> anyhow::Result<Connection> 
     connect_amqp(&settings.amqp_url, name)
         .await
         .with_context(|| format!("connecting to {}", settings.amqp_url))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use clap::Parser as _;
+
+    use super::Cli;
+
+    /// What a subscriber with `filter` writes for lapin's error on a
+    /// channel the broker closed (a queue probed that is not there) and for
+    /// a warning of the service's own.
+    fn logged_with(filter: &str) -> String {
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl Write for Captured {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(
+                target: "lapin::channel",
+                channel = 3,
+                "Channel closed"
+            );
+            tracing::warn!(target: "order_timeout::ops", "a warning of its own");
+        });
+        String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn pending_and_topology_check_keep_lapins_channel_errors_off_stderr() {
+        for args in [
+            &["order-timeout", "pending"][..],
+            &["order-timeout", "pending", "--json"],
+            &["order-timeout", "topology", "check"],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let logged = logged_with(cli.command.default_log_filter());
+            assert!(!logged.contains("Channel closed"), "{args:?}: {logged}");
+            assert!(
+                logged.contains("a warning of its own"),
+                "{args:?}: {logged}"
+            );
+        }
+        // Elsewhere lapin's errors are logged.
+        let cli = Cli::try_parse_from(["order-timeout", "serve"]).unwrap();
+        let logged = logged_with(cli.command.default_log_filter());
+        assert!(logged.contains("Channel closed"), "{logged}");
+    }
 }
