@@ -120,7 +120,10 @@ async fn cancel_timer_batch(worker: &Worker, store: &Store, jobs: Vec<Job>) -> V
         if let Err(e) = store.prepare().await {
             tracing::warn!(error = %e, timer = %store.timer().name, "checking the mapping against the changed table failed");
         }
-        let jobs: Vec<Job> = impossible.into_values().flat_map(|(_, jobs)| jobs).collect();
+        let jobs: Vec<Job> = impossible
+            .into_values()
+            .flat_map(|(_, jobs)| jobs)
+            .collect();
         let (more, still) = group_by_order(store, jobs);
         for (id, jobs) in more {
             waiting.entry(id).or_default().extend(jobs);

@@ -64,13 +64,16 @@ impl<D: SqlDialect> SqlStore<D> {
             shape::raw_deadline_sql(D::DIALECT, t),
             shape::quote(D::DIALECT, &t.table)
         );
-        let type_name = D::result_type(self, query).await.map_err(|e| match StoreError::Sql(e) {
-            error if !error.is_permanent() => error,
-            error => StoreError::Schema {
-                key: t.key(TimerKey::Deadline),
-                problem: t.problem(format!("{:?} does not evaluate: {error}", t.deadline)),
-            },
-        })?;
+        let type_name =
+            D::result_type(self, query)
+                .await
+                .map_err(|e| match StoreError::Sql(e) {
+                    error if !error.is_permanent() => error,
+                    error => StoreError::Schema {
+                        key: t.key(TimerKey::Deadline),
+                        problem: t.problem(format!("{:?} does not evaluate: {error}", t.deadline)),
+                    },
+                })?;
         shape::check_deadline_type(t, &type_name).map_err(|e| match e {
             StoreError::Schema { key, problem } => StoreError::Schema {
                 key,

@@ -106,9 +106,9 @@ pub(crate) fn deadline_sql(dialect: Dialect, timer: &Timer) -> String {
     let (min, max) = (-62_135_596_800_i64, 253_402_300_799_i64);
     match (dialect, timer.deadline_unit) {
         (_, DeadlineUnit::Time) => raw,
-        (Dialect::Postgres, DeadlineUnit::Seconds) => format!(
-            "(CASE WHEN {raw} BETWEEN {min} AND {max} THEN to_timestamp({raw}) END)"
-        ),
+        (Dialect::Postgres, DeadlineUnit::Seconds) => {
+            format!("(CASE WHEN {raw} BETWEEN {min} AND {max} THEN to_timestamp({raw}) END)")
+        }
         (Dialect::Postgres, DeadlineUnit::Milliseconds) => format!(
             "(CASE WHEN {raw} BETWEEN {min}000 AND {max}000 THEN to_timestamp({raw} / 1000.0) END)"
         ),
@@ -593,11 +593,15 @@ mod tests {
                 "{err}"
             );
         }
-        let err = check_deadline_type(&timer, "VARCHAR").unwrap_err().to_string();
+        let err = check_deadline_type(&timer, "VARCHAR")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("neither a time"), "{err}");
         timer.deadline_unit = DeadlineUnit::Seconds;
         assert!(check_deadline_type(&timer, "BIGINT").is_ok());
-        let err = check_deadline_type(&timer, "DATETIME").unwrap_err().to_string();
+        let err = check_deadline_type(&timer, "DATETIME")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("remove [orders].deadline_unit"), "{err}");
         assert_eq!(
             deadline_sql(Dialect::MySql, &timer),
@@ -605,7 +609,9 @@ mod tests {
         );
         timer.deadline = "add_time".into();
         timer.deadline_unit = DeadlineUnit::Milliseconds;
-        assert!(deadline_sql(Dialect::Postgres, &timer).contains("to_timestamp(\"add_time\" / 1000.0)"));
+        assert!(
+            deadline_sql(Dialect::Postgres, &timer).contains("to_timestamp(\"add_time\" / 1000.0)")
+        );
     }
 
     #[test]

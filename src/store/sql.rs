@@ -676,7 +676,8 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         // without asking (no statement could bind it in the column's type)
         // — once the column's type is known to be the one the check read
         // (the shop may have widened it meanwhile).
-        let fits = |prepared: &Prepared<D>, id: &&OrderId| prepared.id.canonical(id).as_ref() == Ok(*id);
+        let fits =
+            |prepared: &Prepared<D>, id: &&OrderId| prepared.id.canonical(id).as_ref() == Ok(*id);
         if !ids.iter().all(|id| fits(&prepared, &id)) && self.reread_shape().await {
             prepared = self.prepared().await?;
         }
@@ -691,7 +692,9 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
             self.after(result).await?
         } else {
             let states = self.cancel_each(&prepared, &sorted, lease).await;
-            if states.values().any(|s| matches!(s, OrderState::Failed(f) if f.0.is_permanent() && !f.0.is_row_fault())) {
+            if states.values().any(
+                |s| matches!(s, OrderState::Failed(f) if f.0.is_permanent() && !f.0.is_row_fault()),
+            ) {
                 self.reread_shape().await;
             }
             states

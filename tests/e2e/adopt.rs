@@ -166,6 +166,7 @@ fn mall_mapping() -> (OrdersMapping, InventorySettings) {
         paid: Some(StatusValue::Int(1)),
         cancelled: StatusValue::Int(4),
         deadline: "create_time + INTERVAL (SELECT normal_order_overtime FROM oms_order_setting WHERE id = 1) MINUTE".into(),
+        deadline_unit: order_timeout::settings::DeadlineUnit::Time,
         guard: "delete_status = 0".into(),
         time_zone: "+08:00".into(),
         set: BTreeMap::from([("modify_time".to_owned(), "NOW()".to_owned())]),

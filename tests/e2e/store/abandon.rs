@@ -317,7 +317,12 @@ pub(super) async fn integer_deadlines_are_refused_as_times_and_work_with_their_u
     );
     schema.orders.deadline = "created_at".into();
     schema.orders.deadline_unit = settings::DeadlineUnit::Seconds;
-    let err = f.store_with(&schema).prepare().await.unwrap_err().to_string();
+    let err = f
+        .store_with(&schema)
+        .prepare()
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("remove [orders].deadline_unit"), "{err}");
 
     schema.orders.deadline = "add_time + 1800".into();
