@@ -420,19 +420,23 @@ pub(crate) fn connect_timers(
     where
         sql::SqlStore<D>: OrderStore,
     {
-        let mut pools: HashMap<&str, sqlx::Pool<D::Db>> = HashMap::new();
+        type Pools<D> = (
+            sqlx::Pool<<D as sql::SqlDialect>::Db>,
+            sqlx::Pool<<D as sql::SqlDialect>::Db>,
+        );
+        let mut pools: HashMap<&str, Pools<D>> = HashMap::new();
         let mut stores: Vec<Store> = Vec::with_capacity(timers.len());
         for timer in timers {
             let zone = timer.time_zone.as_str();
-            let on = match pools.get(zone) {
+            let (on, own) = match pools.get(zone) {
                 Some(p) => p.clone(),
                 None => {
-                    let p = sql::SqlStore::<D>::pool(url, pool, zone)?;
+                    let p = sql::SqlStore::<D>::pools(url, pool, zone)?;
                     pools.insert(zone, p.clone());
                     p
                 }
             };
-            let store = sql::SqlStore::<D>::on_pool(on, timer);
+            let store = sql::SqlStore::<D>::on_pool(on, own, timer);
             stores.push(Arc::new(store));
         }
         Ok(stores)

@@ -278,7 +278,13 @@ pub(crate) struct ItemRow {
 /// mapping, and what the schema check found (once).
 #[derive(Debug)]
 pub(crate) struct SqlStore<D: SqlDialect> {
+    /// The shop's tables: the cancel transaction, the scans, the items.
     pub(super) pool: Pool<D::Db>,
+    /// The service's own tables (outbox marks, leases, the watch, the rows
+    /// set aside) and readiness' ping, on connections of their own
+    /// ([`OWN_CONNECTIONS`]): work that must not wait behind orders whose
+    /// rows the shop holds.
+    pub(super) own: Pool<D::Db>,
     pub(super) timer: Timer,
     /// The statements and the tables' shape of the last check; `None`
     /// before the first, or once the shape changed ([`SqlStore::reread_shape`]).
@@ -288,6 +294,19 @@ pub(crate) struct SqlStore<D: SqlDialect> {
     /// When the tables' shape was last compared with the check's.
     shape_read_at: std::sync::Mutex<Option<Instant>>,
 }
+
+/// Connections kept for the service's own tables and readiness, beside
+/// `db_max_connections` for the shop's: however many orders wait for rows
+/// the shop holds, `mark_done`, the leases and readiness get one.
+pub(crate) const OWN_CONNECTIONS: u32 = 2;
+
+/// How long an `also` statement waits for a row the shop holds (a stock
+/// row a checkout has locked) before its order is asked about again a
+/// second or more later ([`super::OrderState::Locked`]), instead of holding
+/// a connection for `db_lock_timeout` while the other orders of its batch
+/// wait. PostgreSQL takes it as it is (`SET LOCAL lock_timeout`); MariaDB
+/// counts whole seconds (`SET STATEMENT innodb_lock_wait_timeout = 1`).
+pub(crate) const ALSO_LOCK_WAIT: Duration = Duration::from_millis(200);
 
 /// The least time between two looks at whether the tables' shape changed
 /// (one `information_schema` query per table): ids that do not fit the
@@ -324,15 +343,17 @@ impl<D: SqlDialect> SqlStore<D> {
         pool: PoolSettings,
         timer: &Timer,
     ) -> Result<Self, StoreError> {
-        let pool = D::pool(url, pool, &timer.time_zone)?;
-        Ok(Self::on_pool(pool, timer))
+        let (pool, own) = Self::pools(url, pool, &timer.time_zone)?;
+        Ok(Self::on_pool(pool, own, timer))
     }
 
-    /// The store of `timer` on an existing pool (whose sessions read
-    /// zone-less times in the timer's time zone).
-    pub(crate) fn on_pool(pool: Pool<D::Db>, timer: &Timer) -> Self {
+    /// The store of `timer` on existing pools (whose sessions read
+    /// zone-less times in the timer's time zone): `pool` for the shop's
+    /// tables, `own` for the service's.
+    pub(crate) fn on_pool(pool: Pool<D::Db>, own: Pool<D::Db>, timer: &Timer) -> Self {
         Self {
             pool,
+            own,
             timer: timer.clone(),
             prepared: std::sync::RwLock::new(None),
             checking: tokio::sync::Mutex::new(()),
@@ -340,13 +361,22 @@ impl<D: SqlDialect> SqlStore<D> {
         }
     }
 
-    /// A pool on `url` for the timers of `time_zone`.
-    pub(crate) fn pool(
+    /// The pools on `url` for the timers of `time_zone`: the shop's
+    /// tables' of `pool`'s size, and the service's own tables' of
+    /// [`OWN_CONNECTIONS`].
+    pub(crate) fn pools(
         url: &SecretUrl,
         pool: PoolSettings,
         time_zone: &str,
-    ) -> Result<Pool<D::Db>, StoreError> {
-        D::pool(url, pool, time_zone)
+    ) -> Result<(Pool<D::Db>, Pool<D::Db>), StoreError> {
+        let own = PoolSettings {
+            max_connections: OWN_CONNECTIONS,
+            ..pool
+        };
+        Ok((
+            D::pool(url, pool, time_zone)?,
+            D::pool(url, own, time_zone)?,
+        ))
     }
 
     /// Creates the database if it does not exist, then applies the
@@ -538,9 +568,12 @@ impl<D: SqlDialect> SqlStore<D> {
         ids: &[&str],
         lease: Duration,
     ) -> HashMap<String, OrderState> {
-        // A share of the pool per batch, so that the batches running at
-        // once leave connections for the rest of the service.
-        let at_once = (self.pool.options().get_max_connections() / 4).max(1) as usize;
+        // Half the shop's pool per batch: two batches at once keep it
+        // busy, and an order whose `also` statement waits for a row the
+        // shop holds (a short wait: `ALSO_LOCK_WAIT`) leaves the others of
+        // its batch connections to go on with. The service's own tables
+        // have connections of their own.
+        let at_once = (self.pool.options().get_max_connections() / 2).max(1) as usize;
         let ids: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
         let states: HashMap<String, OrderState> = stream::iter(ids)
             .map(|id| self.cancel_one(prepared, id, lease))
@@ -866,7 +899,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.pool.acquire().await?.ping().await?;
+        self.own.acquire().await?.ping().await?;
         Ok(())
     }
 

@@ -287,7 +287,107 @@ async fn deadlines_that_are_no_time_kill_no_task(dialect: Dialect) {
     service.stop().await.unwrap();
 }
 
+async fn held_stock_rows_delay_only_their_own_orders(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
+    env.stock_skus(1).await;
+    env.shop_exec(
+        "CREATE TABLE hot_stock (k VARCHAR(128) NOT NULL PRIMARY KEY, n INT NOT NULL); \
+         INSERT INTO hot_stock (k, n) VALUES ('hot', 0)",
+    )
+    .await;
+    let mut settings = settings(&env);
+    // Every order takes a stock row of its own, but the `held-` ones all
+    // take the one row the shop will hold.
+    settings.orders.also = vec![
+        env.sql(
+            "INSERT INTO hot_stock (k, n) VALUES (CASE WHEN $1 LIKE 'held-%' THEN 'hot' ELSE $1 END, 1) \
+             ON CONFLICT (k) DO UPDATE SET n = hot_stock.n + 1",
+            "INSERT INTO hot_stock (k, n) VALUES (IF(? LIKE 'held-%', 'hot', ?), 1) \
+             ON DUPLICATE KEY UPDATE n = n + 1",
+        )
+        .into(),
+    ];
+    let service = env.service_with(settings).await;
+    env.eventually(Duration::from_secs(20), "the service ready", || {
+        ready(service.http_addr)
+    })
+    .await;
+    // A checkout holds the hot stock row for longer than db_lock_timeout
+    // (5 s): every `held-` order's statement waits for it.
+    let mut hold = crate::common::ShopTx::begin(&env.shop).await;
+    hold.raw("UPDATE hot_stock SET n = n WHERE k = 'hot'")
+        .await
+        .unwrap();
+    let mut orders = Vec::new();
+    for i in 0..4 {
+        orders.push(format!("held-{i}"));
+    }
+    for i in 0..40 {
+        orders.push(format!("ok-{i:02}"));
+    }
+    // One deadline for all: they come due together, in one batch, the
+    // held ones first (ids in order).
+    for id in &orders {
+        env.create_order(id, Duration::from_secs(60), &[(0, 1)])
+            .await;
+    }
+    let due = chrono::Utc::now() + chrono::Duration::seconds(3);
+    for id in &orders {
+        env.set_deadline(id, due).await;
+        env.publish_raw(serde_json::json!({ "order_id": id }).to_string().as_bytes())
+            .await;
+    }
+    env.eventually(
+        Duration::from_secs(15),
+        "the forty other orders cancelled",
+        || async { env.count("ok-", "CANCELLED").await == 40 },
+    )
+    .await;
+    let mut worst = chrono::Duration::zero();
+    for id in orders.iter().filter(|id| id.starts_with("ok-")) {
+        let (_, expires_at, cancelled_at) = env.order_state(id).await;
+        worst = worst.max(cancelled_at.unwrap() - expires_at);
+    }
+    assert!(
+        worst < chrono::Duration::milliseconds(2_500),
+        "the other orders waited for the held row: {worst}"
+    );
+    // The service's own work goes on meanwhile: their events published
+    // and marked, readiness up.
+    env.eventually(Duration::from_secs(10), "the events marked", || async {
+        let marked: Vec<(i64,)> = env
+            .shop_rows(
+                "SELECT COUNT(*) FROM order_timeout_cancel_outbox \
+                  WHERE order_id LIKE 'ok-%' AND event_published_at IS NOT NULL",
+            )
+            .await;
+        marked[0].0 == 40
+    })
+    .await;
+    assert!(
+        ready(service.http_addr).await,
+        "ready while the row is held"
+    );
+    assert_eq!(env.count("held-", "UNPAID").await, 4, "held: not yet");
+    assert_eq!(env.parked_count().await, 0);
+
+    hold.rollback().await;
+    env.eventually(
+        Duration::from_secs(20),
+        "the held orders cancelled once the row is free",
+        || async { env.count("held-", "CANCELLED").await == 4 },
+    )
+    .await;
+    let hot: Vec<(i32,)> = env
+        .shop_rows("SELECT n FROM hot_stock WHERE k = 'hot'")
+        .await;
+    assert_eq!(hot[0].0, 4, "each held order's effect once");
+    assert_eq!(env.cancelled_early().await, 0);
+    service.stop().await.unwrap();
+}
+
 on_both_dialects!(
+    held_stock_rows_delay_only_their_own_orders,
     an_environment_failure_parks_nothing_and_every_order_goes_through_once_fixed,
     a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweeper,
     deadlines_that_are_no_time_kill_no_task,

@@ -358,7 +358,9 @@ async fn record_effects(
         let id = prepared.id_value(id)?;
         for (statement, params) in o.also.iter().zip(&prepared.also_params) {
             let values = std::iter::repeat_n(id_arg(&id, sql), *params);
-            run!(statement.clone(), values, &mut **tx).await?;
+            // A row the shop holds delays only this order, and briefly.
+            let statement = format!("{}{statement}", sql.also_prefix);
+            run!(statement, values, &mut **tx).await?;
         }
     }
     // PLACEHOLDERS_PER_ID per row: the statement with the most per id.

@@ -301,6 +301,7 @@ impl SqlDialect for MySql {
             items.is_some(),
             decimal,
             skip_locked,
+            version.to_ascii_lowercase().contains("mariadb"),
         ))
     }
 
@@ -585,7 +586,7 @@ impl SqlDialect for MySql {
 
     async fn execute(store: &MySqlStore, statement: Statement<'_>) -> Result<u64, StoreError> {
         let values = statement.values.iter().flat_map(arg);
-        Ok(run!(statement.sql, values, &store.pool)
+        Ok(run!(statement.sql, values, &store.own)
             .await?
             .rows_affected())
     }
@@ -596,7 +597,7 @@ impl SqlDialect for MySql {
     ) -> Result<Vec<T>, StoreError> {
         let values = statement.values.iter().flat_map(arg);
         let query = sqlx::query_as_with(AssertSqlSafe(statement.sql), args(values)?);
-        Ok(query.fetch_all(&store.pool).await?)
+        Ok(query.fetch_all(&store.own).await?)
     }
 }
 

@@ -181,6 +181,11 @@ pub(crate) struct Sql {
     pub(super) read_orders: String,
     /// The server skips locked rows (`FOR UPDATE SKIP LOCKED`).
     pub(super) skip_locked: bool,
+    /// What goes before each `also` statement: on MariaDB a lock wait of
+    /// [`crate::store::sql::ALSO_LOCK_WAIT`] (rounded up to its whole
+    /// second) for that statement alone; on MySQL nothing (its statements
+    /// wait `db_lock_timeout`).
+    pub(super) also_prefix: &'static str,
     /// Binds cancelled, the ids, then unpaid.
     pub(super) update: String,
     /// Binds unpaid.
@@ -234,6 +239,7 @@ impl Sql {
         with_items: bool,
         decimal: MySqlTypeInfo,
         skip_locked: bool,
+        mariadb: bool,
     ) -> Self {
         let o = timer;
         let q = |s: &str| shape::quote(Dialect::MySql, s);
@@ -263,6 +269,11 @@ impl Sql {
             lock_orders: format!("{read_orders} FOR UPDATE{skip}"),
             read_orders,
             skip_locked,
+            also_prefix: if mariadb {
+                "SET STATEMENT innodb_lock_wait_timeout = 1 FOR "
+            } else {
+                ""
+            },
             update: format!(
                 "UPDATE {table} SET {status} = ?{set} \
                   WHERE {id} IN ({{ids}}) AND {status} = ? AND {due} AND {guard}"

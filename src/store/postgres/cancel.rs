@@ -11,7 +11,7 @@ use super::statements::Parts;
 use super::{PgStore, Postgres, text};
 use crate::settings::{Release, Timer, TimerKey};
 use crate::store::shape::{self};
-use crate::store::sql::{Prepared, commit_or_roll_back};
+use crate::store::sql::{ALSO_LOCK_WAIT, Prepared, commit_or_roll_back};
 use crate::store::state::StateRow;
 use crate::store::{Dialect, StoreError};
 
@@ -64,6 +64,11 @@ pub(super) async fn cancel_with_also(
 ) -> Result<Vec<StateRow>, StoreError> {
     let o = &store.timer;
     let rows = query.fetch_all(&mut **tx).await?;
+    if rows.iter().any(|r| r.just_cancelled) {
+        // A row the shop holds delays only this order, and briefly.
+        let wait = format!("SET LOCAL lock_timeout = {}", ALSO_LOCK_WAIT.as_millis());
+        sqlx::query(AssertSqlSafe(wait)).execute(&mut **tx).await?;
+    }
     for row in rows.iter().filter(|r| r.just_cancelled) {
         for (statement, params) in o.also.iter().zip(&prepared.also_params) {
             let mut also = sqlx::query(AssertSqlSafe(statement.clone()));

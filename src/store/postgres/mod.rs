@@ -458,7 +458,7 @@ impl SqlDialect for Postgres {
 
     async fn execute(store: &PgStore, statement: Statement<'_>) -> Result<u64, StoreError> {
         let query = sqlx::query_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
-        Ok(query.execute(&store.pool).await?.rows_affected())
+        Ok(query.execute(&store.own).await?.rows_affected())
     }
 
     async fn fetch<T: OwnRow>(
@@ -467,7 +467,7 @@ impl SqlDialect for Postgres {
     ) -> Result<Vec<T>, StoreError> {
         let query =
             sqlx::query_as_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
-        Ok(query.fetch_all(&store.pool).await?)
+        Ok(query.fetch_all(&store.own).await?)
     }
 }
 
