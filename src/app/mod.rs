@@ -119,7 +119,9 @@ impl Service {
             cascade_shards = settings.cascade_shards.get(),
             "starting order-timeout"
         );
-        let http_task = serve_http(&settings, listener, &health, &metrics, &board, &shutdown);
+        let http_task = serve_http(
+            &settings, listener, &health, &metrics, &board, &stores, &shutdown,
+        );
         if !prepare_stores(&stores, &shutdown).await? {
             return Ok(());
         }
@@ -296,17 +298,21 @@ fn serve_http(
     health: &Arc<Health>,
     metrics: &Arc<Metrics>,
     board: &Arc<PendingBoard>,
+    stores: &Stores,
     shutdown: &Shutdown,
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
     let recent = Arc::new(Recent::default());
     tokio::spawn(recent.clone().record(metrics.clone(), shutdown.clone()));
-    let console = console::router(Console::new(
-        settings,
-        health.clone(),
-        metrics.clone(),
-        recent,
-        board.clone(),
-    ));
+    let console = console::router(
+        Console::new(
+            settings,
+            health.clone(),
+            metrics.clone(),
+            recent,
+            board.clone(),
+        )
+        .with_stores(stores.clone()),
+    );
     let http_task = tokio::spawn(http::serve(
         listener,
         health.clone(),

@@ -295,6 +295,9 @@ pub(crate) struct SqlStore<D: SqlDialect> {
     shape_read_at: std::sync::Mutex<Option<Instant>>,
 }
 
+/// A timer's pools: the shop's tables', the service's own.
+pub(crate) type Pools<D> = (Pool<<D as SqlDialect>::Db>, Pool<<D as SqlDialect>::Db>);
+
 /// Connections kept for the service's own tables and readiness, beside
 /// `db_max_connections` for the shop's: however many orders wait for rows
 /// the shop holds, `mark_done`, the leases and readiness get one.
@@ -368,7 +371,7 @@ impl<D: SqlDialect> SqlStore<D> {
         url: &SecretUrl,
         pool: PoolSettings,
         time_zone: &str,
-    ) -> Result<(Pool<D::Db>, Pool<D::Db>), StoreError> {
+    ) -> Result<Pools<D>, StoreError> {
         let own = PoolSettings {
             max_connections: OWN_CONNECTIONS,
             ..pool

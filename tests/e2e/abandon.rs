@@ -12,7 +12,7 @@ use std::time::Duration;
 use order_timeout::observe::metrics::{Outcome, SweepResult};
 use order_timeout::settings::{DEFAULT_TIMER, Release, Settings};
 
-use crate::common::{Dialect, TestEnv, on_both_dialects, ready};
+use crate::common::{Dialect, TestEnv, http_get, on_both_dialects, ready};
 
 /// The service's settings for these tests: stock given back by an `also`
 /// statement writing `aside_stock`, a sweeper every second.
@@ -193,6 +193,13 @@ async fn a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweep
             .unwrap()
             .contains("may not be cancelled"),
         "{row}"
+    );
+
+    let (status, page) = http_get(service.http_addr, "/console/set-aside").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(
+        page.contains("<td>lone-p1</td>") && page.contains("may not be cancelled"),
+        "the console lists the row with its reason: {page}"
     );
 
     // Fixed, and retried on the operator's word: cancelled by the next

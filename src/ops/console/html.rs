@@ -98,7 +98,8 @@ impl Page<'_> {
              <meta name=\"viewport\" content=\"width=device-width\">\
              <title>{} · order-timeout</title>{}<style>{STYLE}</style></head><body>\
              <header><b>order-timeout</b><nav><a href=\"/console\">Overview</a>\
-             <a href=\"/console/pending\">Pending</a><a href=\"/console/parked\">Parked</a></nav>\
+             <a href=\"/console/pending\">Pending</a><a href=\"/console/parked\">Parked</a>\
+             <a href=\"/console/set-aside\">Set aside</a></nav>\
              <span class=\"who\">{}</span></header><main><h1>{}</h1>{}</main></body></html>",
             esc(self.title),
             if self.refresh {

@@ -1,6 +1,7 @@
 //! The web console on `HTTP_ADDR`, beside `/metrics`: what waits, what
-//! happened in the last minutes, and the parked queue with replay and purge
-//! (`/console`, `/console/pending`, `/console/parked`).
+//! happened in the last minutes, the parked queue with replay and purge,
+//! and the rows set aside (`/console`, `/console/pending`,
+//! `/console/parked`, `/console/set-aside`).
 //!
 //! Server-rendered HTML, no script, no external resource ([`html`]). Pages
 //! read what the service already knows (its metrics, readiness and the
@@ -30,6 +31,7 @@ use crate::observe::http::Health;
 use crate::observe::metrics::Metrics;
 use crate::observe::recent::Recent;
 use crate::settings::{SecretUrl, Settings};
+use crate::store::{SetAsideRow, Stores};
 
 mod auth;
 mod charts;
@@ -45,6 +47,12 @@ pub struct Console {
     metrics: Arc<Metrics>,
     recent: Arc<Recent>,
     board: Arc<PendingBoard>,
+    /// The timers' stores: the rows set aside are read from them.
+    stores: Stores,
+    /// The rows set aside per timer as last read, and when: one read per
+    /// [`SET_ASIDE_FRESH`] whatever the traffic, so that page views cannot
+    /// take the connections the service's own tables need.
+    set_aside: tokio::sync::Mutex<SetAsideCache>,
     /// One pass over the parked queue at a time from this console: two
     /// tabs listing at once would each see only what the other is not
     /// holding.
@@ -68,8 +76,34 @@ impl Console {
             metrics,
             recent,
             board,
+            stores: Stores::new(Vec::new()),
+            set_aside: tokio::sync::Mutex::new(None),
             passes: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// This console, reading the rows set aside of the timers of `stores`.
+    pub(crate) fn with_stores(mut self, stores: Stores) -> Self {
+        self.stores = stores;
+        self
+    }
+
+    /// The rows set aside of every timer (the oldest `limit` each), read
+    /// at most once per [`SET_ASIDE_FRESH`].
+    async fn set_aside_rows(&self, limit: u32) -> Vec<(String, Result<Vec<SetAsideRow>, String>)> {
+        let mut cache = self.set_aside.lock().await;
+        if let Some((at, rows)) = cache.as_ref()
+            && at.elapsed() < SET_ASIDE_FRESH
+        {
+            return rows.clone();
+        }
+        let mut rows = Vec::new();
+        for store in self.stores.iter() {
+            let read = store.set_aside_rows(limit).await.map_err(|e| e.to_string());
+            rows.push((store.timer().name.to_string(), read));
+        }
+        *cache = Some((std::time::Instant::now(), rows.clone()));
+        rows
     }
 
     fn access(&self, headers: &HeaderMap) -> Access {
@@ -98,6 +132,16 @@ impl Console {
     }
 }
 
+/// How long the console shows the rows set aside as read before reading
+/// them again.
+const SET_ASIDE_FRESH: Duration = Duration::from_secs(5);
+
+/// The rows set aside per timer, and when they were read.
+type SetAsideCache = Option<(
+    std::time::Instant,
+    Vec<(String, Result<Vec<SetAsideRow>, String>)>,
+)>;
+
 /// The console's routes, to merge into the HTTP server's.
 pub fn router(console: Console) -> Router {
     Router::new()
@@ -105,6 +149,7 @@ pub fn router(console: Console) -> Router {
         .route("/console", get(views::overview))
         .route("/console/pending", get(views::pending))
         .route("/console/parked", get(parked::page))
+        .route("/console/set-aside", get(views::set_aside))
         .route("/console/parked/replay", post(parked::replay))
         .route("/console/parked/purge", post(parked::purge))
         .route("/console/login", get(login_page).post(login))

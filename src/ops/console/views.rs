@@ -414,3 +414,78 @@ fn parked_since_start(body: &mut String, now: &Change) {
     }
     body.push_str("</table>");
 }
+
+/// The rows set aside, per timer: rows whose flip fails for their own
+/// values, parked once, tried again hourly then daily. Read-only: the
+/// operator fixes the rows, then `order-timeout set-aside retry`.
+pub(super) async fn set_aside(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    /// Rows shown per timer.
+    const SHOWN: u32 = 200;
+    let access = console.access(&headers);
+    let now = chrono::Utc::now();
+    let mut body = String::from(
+        "<p>Rows whose flip fails for their own values (a constraint, a CHECK, a trigger \
+         refusing the row, a value out of range): parked once, then tried again an hour \
+         later (a day later after 24 failures) and at once when the row changes. Fix the \
+         rows or what refuses them, then <code>order-timeout set-aside retry --all</code>. \
+         Failures of the environment (a privilege, a missing table) never set rows aside: \
+         readiness and <code>order_timeout_timer_failing</code> show them.</p>",
+    );
+    for (timer, read) in console.set_aside_rows(SHOWN).await {
+        let _ = write!(body, "<h2>Timer {}</h2>", esc(&timer));
+        match read {
+            Err(e) => {
+                let _ = write!(
+                    body,
+                    "<p class=\"error\">Cannot read the rows set aside: {}</p>",
+                    esc(&e)
+                );
+            }
+            Ok(rows) if rows.is_empty() => body.push_str("<p class=\"muted\">None.</p>"),
+            Ok(rows) => set_aside_table(&mut body, &rows, now, SHOWN),
+        }
+    }
+    Page {
+        title: "Rows set aside",
+        access: &access,
+        refresh: true,
+        body,
+    }
+    .ok()
+}
+
+/// The rows set aside of one timer as a table, ages as of `now`; a note
+/// when `shown` of them (the most read) are shown.
+fn set_aside_table(
+    body: &mut String,
+    rows: &[crate::store::SetAsideRow],
+    now: chrono::DateTime<chrono::Utc>,
+    shown: u32,
+) {
+    let span = |d: chrono::TimeDelta| {
+        let whole = Duration::from_secs(d.to_std().unwrap_or_default().as_secs());
+        esc(&humantime::format_duration(whole).to_string())
+    };
+    body.push_str(
+        "<table><tr><th>order id</th><th>set aside</th><th>failures</th>\
+         <th>next try</th><th>reason</th></tr>",
+    );
+    for row in rows {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{} ago</td><td>{}</td><td>in {}</td><td>{}</td></tr>",
+            esc(&row.order_id),
+            span(now - row.set_aside_at),
+            row.attempts,
+            span(row.retry_at - now),
+            esc(&row.reason),
+        );
+    }
+    body.push_str("</table>");
+    if rows.len() == shown as usize {
+        let _ = write!(
+            body,
+            "<p class=\"muted\">The oldest {shown} shown: <code>order-timeout set-aside list --limit N</code> lists more.</p>"
+        );
+    }
+}

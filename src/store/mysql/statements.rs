@@ -232,6 +232,15 @@ pub(super) fn deadline_us(deadline: &str) -> String {
     )
 }
 
+/// What goes before each `also` statement ([`Sql::also_prefix`]).
+fn also_prefix(mariadb: bool) -> &'static str {
+    if mariadb {
+        "SET STATEMENT innodb_lock_wait_timeout = 1 FOR "
+    } else {
+        ""
+    }
+}
+
 impl Sql {
     pub(super) fn render(
         timer: &Timer,
@@ -269,11 +278,7 @@ impl Sql {
             lock_orders: format!("{read_orders} FOR UPDATE{skip}"),
             read_orders,
             skip_locked,
-            also_prefix: if mariadb {
-                "SET STATEMENT innodb_lock_wait_timeout = 1 FOR "
-            } else {
-                ""
-            },
+            also_prefix: also_prefix(mariadb),
             update: format!(
                 "UPDATE {table} SET {status} = ?{set} \
                   WHERE {id} IN ({{ids}}) AND {status} = ? AND {due} AND {guard}"
