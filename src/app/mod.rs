@@ -125,6 +125,11 @@ impl Service {
         if !prepare_stores(&stores, &shutdown).await? {
             return Ok(());
         }
+        let replica = tokio::spawn(record_replica(
+            stores.default_timer().clone(),
+            instance.clone(),
+            shutdown.clone(),
+        ));
 
         let mut backoff = reconnect_backoff();
         loop {
@@ -139,6 +144,7 @@ impl Service {
                     tracing::warn!(error = %format!("{e:#}"), "session ended with an error during shutdown");
                 }
                 let _ = http_task.await;
+                let _ = replica.await;
                 tracing::info!("stopped");
                 return Ok(());
             }
@@ -206,6 +212,30 @@ async fn prepare_store(store: &store::Store, shutdown: &Shutdown) -> anyhow::Res
                 }
             }
         }
+    }
+}
+
+/// How often a replica records itself in `order_timeout_replicas`.
+const RECORD_REPLICA_EVERY: Duration = Duration::from_secs(10);
+
+/// Records this replica as serving, now and every
+/// [`RECORD_REPLICA_EVERY`], until `shutdown` fires; then forgets it.
+/// `migrate --contract` compares these records with the due queue's
+/// consumers: one more consumer than replicas recorded is a replica of an
+/// earlier release, which does not record itself.
+async fn record_replica(store: store::Store, instance: Arc<str>, shutdown: Shutdown) {
+    let version = crate::observe::metrics::VERSION;
+    loop {
+        if let Err(e) = store.record_replica(&instance, version).await {
+            tracing::debug!(error = %e, "cannot record this replica; trying again");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RECORD_REPLICA_EVERY) => {}
+            _ = shutdown.wait() => break,
+        }
+    }
+    if let Err(e) = store.forget_replica(&instance).await {
+        tracing::debug!(error = %e, "cannot forget this replica's record; it ages out");
     }
 }
 

@@ -168,6 +168,18 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// next sweep must find it as new).
     async fn forget_set_aside(&self, id: &OrderId) -> Result<(), StoreError>;
 
+    /// Records this replica (`instance`, of release `version`) as
+    /// serving now (`order_timeout_replicas`): what `migrate --contract`
+    /// counts against the due queue's consumers.
+    async fn record_replica(&self, instance: &str, version: &str) -> Result<(), StoreError>;
+
+    /// Forgets this replica: it stopped.
+    async fn forget_replica(&self, instance: &str) -> Result<(), StoreError>;
+
+    /// The replicas that recorded themselves within `within`: `(instance,
+    /// release)`.
+    async fn live_replicas(&self, within: Duration) -> Result<Vec<(String, String)>, StoreError>;
+
     /// How many rows of the timer are set aside (the gauge).
     async fn set_aside_count(&self) -> Result<u64, StoreError>;
 

@@ -36,8 +36,9 @@ pub(crate) trait Vocabulary {
     const SWEEP_DUE: &'static str;
     /// What that index orders the pending rows by: when they are due.
     const SWEEP_AT: &'static str;
-    /// After an `INSERT`: leave a row with the same key as it is.
-    const KEEP_EXISTING: &'static str;
+    /// After an `INSERT`: leave a row with the same key as it is (`column`
+    /// is a column of the key, which MySQL's no-op update names).
+    fn keep_existing(column: &str) -> String;
     /// The `n`th placeholder (from 1).
     fn placeholder(n: usize) -> String;
     /// The `n`th placeholder as microseconds of an interval.
@@ -134,11 +135,14 @@ pub(crate) fn render<'a, V: Vocabulary>(
             "order_id" => Some(V::ORDER_ID),
             "sweep_due" => Some(V::SWEEP_DUE),
             "sweep_at" => Some(V::SWEEP_AT),
-            "keep_existing" => Some(V::KEEP_EXISTING),
             _ => None,
         };
         if let Some(word) = word {
             sql.push_str(word);
+            continue;
+        }
+        if let Some(column) = slot.strip_prefix("keep_existing:") {
+            sql.push_str(&V::keep_existing(column));
             continue;
         }
         let Some(&(_, value)) = values.iter().find(|(name, _)| *name == slot) else {
@@ -263,7 +267,7 @@ UPDATE order_timeout_cancel_outbox \
 
 /// The timer's watch row, created at the database's clock the first time.
 const WATCH_CREATE: &str = "\
-INSERT INTO order_timeout_watch (timer, scanned_until) VALUES ({timer}, {now}) {keep_existing}";
+INSERT INTO order_timeout_watch (timer, scanned_until) VALUES ({timer}, {now}) {keep_existing:timer}";
 
 /// The watch's lease, taken if it is free, ran out, or is the holder's.
 pub(super) const WATCH_TAKE: &str = "\
@@ -305,6 +309,23 @@ UPDATE order_timeout_set_aside SET retry_at = {now} \
 /// Forgets the marks of the rows `ids`.
 const FORGET_SET_ASIDE: &str = "\
 DELETE FROM order_timeout_set_aside WHERE timer = {timer} AND order_id {ids}";
+
+/// A replica of this release seen now (its row made by [`REPLICA_ADD`]
+/// the first time).
+const REPLICA_TOUCH: &str = "\
+UPDATE order_timeout_replicas SET version = {version}, seen_at = {now} WHERE instance = {instance}";
+
+/// A replica's row, the first time it records itself.
+const REPLICA_ADD: &str = "\
+INSERT INTO order_timeout_replicas (instance, version, seen_at) \
+VALUES ({instance}, {version}, {now}) {keep_existing:instance}";
+
+/// A replica that stopped.
+const REPLICA_FORGET: &str = "DELETE FROM order_timeout_replicas WHERE instance = {instance}";
+
+/// The replicas seen within `age`, with their release.
+const REPLICAS_LIVE: &str = "\
+SELECT instance, version FROM order_timeout_replicas WHERE seen_at > {now} - {age}";
 
 /// The timer's name, the value every statement here is scoped by.
 fn timer<S: OwnTables>(store: &S) -> Value<'_> {
@@ -555,6 +576,45 @@ pub(crate) async fn retry_set_aside<S: OwnTables>(
     store.execute(statement).await
 }
 
+/// Records the replica `instance` of release `version` as seen now.
+pub(crate) async fn record_replica<S: OwnTables>(
+    store: &S,
+    instance: &str,
+    version: &str,
+) -> Result<(), StoreError> {
+    let values = [
+        ("instance", Value::Text(instance)),
+        ("version", Value::Text(version)),
+    ];
+    let touched = store
+        .execute(render::<S::Words>(REPLICA_TOUCH, &values))
+        .await?;
+    if touched == 0 {
+        store
+            .execute(render::<S::Words>(REPLICA_ADD, &values))
+            .await?;
+    }
+    Ok(())
+}
+
+/// Forgets the replica `instance` (it stopped).
+pub(crate) async fn forget_replica<S: OwnTables>(
+    store: &S,
+    instance: &str,
+) -> Result<(), StoreError> {
+    let statement = render::<S::Words>(REPLICA_FORGET, &[("instance", Value::Text(instance))]);
+    store.execute(statement).await.map(drop)
+}
+
+/// The replicas seen within `within`: `(instance, release)`.
+pub(crate) async fn live_replicas<S: OwnTables>(
+    store: &S,
+    within: Duration,
+) -> Result<Vec<(String, String)>, StoreError> {
+    let statement = render::<S::Words>(REPLICAS_LIVE, &[("age", Value::Micros(micros(within)))]);
+    store.fetch(statement).await
+}
+
 /// `(key, id)` pairs grouped by key, in the order keys first appear.
 fn grouped<'a, K: PartialEq>(pairs: impl Iterator<Item = (K, &'a str)>) -> Vec<(K, Vec<&'a str>)> {
     let mut groups: Vec<(K, Vec<&'a str>)> = Vec::new();
@@ -617,7 +677,7 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
 /// Every template, for the tests that render them on each dialect
 /// (`store/mod.rs`).
 #[cfg(test)]
-pub(super) const TEMPLATES: [&str; 21] = [
+pub(super) const TEMPLATES: [&str; 25] = [
     STALE,
     COUNT_FAILURE,
     ATTEMPTS,
@@ -639,6 +699,10 @@ pub(super) const TEMPLATES: [&str; 21] = [
     RETRY_SET_ASIDE_ALL,
     RETRY_SET_ASIDE,
     FORGET_SET_ASIDE,
+    REPLICA_TOUCH,
+    REPLICA_ADD,
+    REPLICA_FORGET,
+    REPLICAS_LIVE,
 ];
 
 #[cfg(test)]

@@ -20,6 +20,8 @@ fn values() -> Vec<(&'static str, Value<'static>)> {
         ("error", Value::Text("e")),
         ("reason", Value::Text("r")),
         ("holder", Value::Text("h")),
+        ("instance", Value::Text("i")),
+        ("version", Value::Text("v")),
         ("until", Value::Time(DateTime::UNIX_EPOCH)),
         ("ids", Value::Ids(IDS)),
     ]

@@ -29,6 +29,26 @@ pub(crate) const OUTBOX_ORDER_ID_UNIQUE: Expansion = Expansion {
     blocks: "a timer other than cancel_unpaid ([[timers]])",
 };
 
+/// MySQL/MariaDB: a marker row of `order_timeout_watch` (a timer name no
+/// timer can have), written by `migrate` on a database 0.1.0 ran on.
+/// 0.1.0's outbox statements name no timer, so a 0.1.0 sweeper would take
+/// over another timer's pending outbox row of the same id (coupons 1..N
+/// beside orders 1..N), publish a second `order.cancelled` and mark that
+/// timer's event as published. Nothing in the schema is kept for 0.1.0 on
+/// MySQL (its `ON DUPLICATE KEY` works with the new key), so the marker is
+/// what keeps `[[timers]]` refused until `migrate --contract`, as on
+/// PostgreSQL. A row, not a table: the service's least-privileged user
+/// reads it (`information_schema` hides tables it has no grant on).
+pub(crate) const KEPT_FOR_0_1_0_MYSQL: Expansion = Expansion {
+    object: "order_timeout_watch row kept_for:0.1.0",
+    kept_for: "0.1.0",
+    blocks: "a timer other than cancel_unpaid ([[timers]])",
+};
+
+/// The marker row's timer name: not a valid timer name (`:` and `.`), so
+/// no timer reads or writes it.
+pub(crate) const KEPT_FOR_0_1_0_MARKER: &str = "kept_for:0.1.0";
+
 /// What `migrate` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "testing", visibility::make(pub))]

@@ -835,6 +835,21 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         outbox::forget_set_aside(self, id.as_str()).await
     }
 
+    #[tracing::instrument(skip(self))]
+    async fn record_replica(&self, instance: &str, version: &str) -> Result<(), StoreError> {
+        outbox::record_replica(self, instance, version).await
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn forget_replica(&self, instance: &str) -> Result<(), StoreError> {
+        outbox::forget_replica(self, instance).await
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn live_replicas(&self, within: Duration) -> Result<Vec<(String, String)>, StoreError> {
+        outbox::live_replicas(self, within).await
+    }
+
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn set_aside_count(&self) -> Result<u64, StoreError> {
         outbox::set_aside_count(self).await

@@ -12,7 +12,7 @@ use std::time::Duration;
 use order_timeout::observe::metrics::{Outcome, SweepResult};
 use order_timeout::settings::{DEFAULT_TIMER, Release, Settings};
 
-use crate::common::{Dialect, TestEnv, http_get, on_both_dialects, ready};
+use crate::common::{Dialect, TestEnv, http_get, on_both_dialects, ready, refusing_trigger};
 
 /// The service's settings for these tests: stock given back by an `also`
 /// statement writing `aside_stock`, a sweeper every second.
@@ -103,43 +103,14 @@ async fn an_environment_failure_parks_nothing_and_every_order_goes_through_once_
     service.stop().await.unwrap();
 }
 
-/// A trigger refusing the cancellation of `order` alone, with a CHECK
-/// violation (PostgreSQL) or a `SIGNAL` (MariaDB).
-fn refuse_one(env: &TestEnv, order: &str) -> String {
-    env.sql(
-        &format!(
-            r#"
-            CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF NEW.id = '{order}' AND NEW.status = 'CANCELLED' THEN
-                    RAISE EXCEPTION 'order {order} may not be cancelled'
-                        USING ERRCODE = 'check_violation';
-                END IF;
-                RETURN NEW;
-            END $$;
-            CREATE TRIGGER refuse_one BEFORE UPDATE ON orders
-                FOR EACH ROW EXECUTE FUNCTION refuse_one();
-            "#
-        ),
-        &format!(
-            "CREATE TRIGGER refuse_one BEFORE UPDATE ON orders FOR EACH ROW \
-             BEGIN \
-               IF NEW.id = '{order}' AND NEW.status = 'CANCELLED' THEN \
-                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order {order} may not be cancelled'; \
-               END IF; \
-             END"
-        ),
-    )
-    .to_owned()
-}
-
 async fn a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweeper(
     dialect: Dialect,
 ) {
     let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
     env.shop_exec(STOCK_TABLE).await;
-    env.shop_exec(&refuse_one(&env, "lone-p1")).await;
+    let (postgres, mysql) = refusing_trigger("refuse_one", Some("lone-p1"));
+    env.shop_exec(env.sql(&postgres, &mysql)).await;
     // Overdue and never published: the sweeper meets it alone.
     env.create_order("lone-p1", Duration::from_millis(1), &[(0, 1)])
         .await;

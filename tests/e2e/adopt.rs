@@ -308,6 +308,7 @@ async fn a_mall_shop_on_mariadb_adopts_by_config_alone() {
             "oms_order_setting",
             "order_timeout_cancel_outbox",
             "order_timeout_migrations",
+            "order_timeout_replicas",
             "order_timeout_set_aside",
             "order_timeout_watch",
             "pms_sku_stock"

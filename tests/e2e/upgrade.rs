@@ -472,6 +472,19 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
     )
     .await;
     env.wait_outbox_done(Duration::from_secs(20)).await;
+    step("contract refused while a 0.1.0 replica consumes");
+    let (ok, out) = cli(&current, &env, &["migrate", "--contract"]);
+    assert!(
+        !ok && out.contains("1 consumer(s)") && out.contains("earlier release"),
+        "migrate --contract beside a 0.1.0 replica: {out}"
+    );
+    let kept: bool = sqlx::query_scalar(
+        "SELECT to_regclass('order_timeout_cancel_outbox_order_id') IS NOT NULL",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(kept, "nothing dropped");
     let back_logs = back.stop().await;
     assert!(!back_logs.contains("ERROR"), "{back_logs}");
 
@@ -629,8 +642,10 @@ deadline = "expires_at + interval '7 days'"
     let _ = std::fs::remove_file(&config);
 }
 
-/// MariaDB: 0.1.0 needs nothing kept (its `ON DUPLICATE KEY` works with
-/// the outbox's new key). A 0.1.0 replica cancels orders before and after
+/// MariaDB: 0.1.0's `ON DUPLICATE KEY` works with the outbox's new key, but
+/// its sweeper names no timer, so `migrate` keeps `[[timers]]` refused (a
+/// marker row) until `migrate --contract`, which waits for no consumer but
+/// this release's replicas. A 0.1.0 replica cancels orders before and after
 /// 0.2.0's `migrate`, which rebuilds the outbox while it runs; then a 0.2.0
 /// replica takes over. Every order is cancelled, released and recorded once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -704,7 +719,10 @@ async fn on_mariadb_the_previous_release_runs_against_the_migrated_outbox() {
     let migrated_at = Utc::now().naive_utc();
     let (ok, out) = cli_on(&current, &env, &url, &["migrate"]);
     assert!(ok, "migrate: {out}");
-    assert!(!out.contains("kept for"), "MariaDB keeps nothing: {out}");
+    assert!(
+        out.contains("kept for 0.1.0 replicas"),
+        "a database 0.1.0 ran on keeps [[timers]] refused for it: {out}"
+    );
     let wait = (start + chrono::Duration::seconds(13) - Utc::now())
         .to_std()
         .unwrap_or(Duration::ZERO);
@@ -740,6 +758,38 @@ async fn on_mariadb_the_previous_release_runs_against_the_migrated_outbox() {
         .map(|n| n == 0)
     })
     .await;
+    step("[[timers]] refused until the contraction, which waits for 0.1.0 to stop");
+    let config = std::env::temp_dir().join(format!(
+        "upgrade-timers-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(
+        &config,
+        "[[timers]]\nname = \"auto_complete\"\nfrom = \"PAID\"\nto = \"COMPLETED\"\n\
+         deadline = \"expires_at + INTERVAL 7 DAY\"\n",
+    )
+    .unwrap();
+    let config_arg = config.to_str().unwrap();
+    let (ok, out) = cli_on(
+        &current,
+        &env,
+        &url,
+        &["--config", config_arg, "schema", "check"],
+    );
+    assert!(
+        !ok && out.contains("auto_complete") && out.contains("migrate --contract"),
+        "a timer beside 0.1.0 replicas: {out}"
+    );
+    let (ok, out) = cli_on(&current, &env, &url, &["migrate", "--contract"]);
+    assert!(ok, "contract once only this release runs: {out}");
+    let (ok, out) = cli_on(
+        &current,
+        &env,
+        &url,
+        &["--config", config_arg, "schema", "check"],
+    );
+    assert!(ok, "the timer accepted after the contraction: {out}");
+    let _ = std::fs::remove_file(&config);
     new.stop().await;
     // `now()` in the default `set` has whole seconds on MySQL: a flip at or
     // after the deadline writes at least the deadline's second.

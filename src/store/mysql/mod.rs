@@ -35,7 +35,7 @@ use crate::settings::{SecretUrl, StatusValue, Timer, TimerKey};
 use crate::store::catalog::{self, Column, Columns};
 use crate::store::ids::{IdColumn, IdValue};
 use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
-use crate::store::releases::{Expansion, Migrated};
+use crate::store::releases::{Expansion, KEPT_FOR_0_1_0_MARKER, KEPT_FOR_0_1_0_MYSQL, Migrated};
 use crate::store::shape::{self, OrdersColumns};
 use crate::store::sql::{
     AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
@@ -75,6 +75,21 @@ fn migrator() -> sqlx::migrate::Migrator {
     let mut migrator = sqlx::migrate!("./migrations/mysql");
     migrator.dangerous_set_table_name("order_timeout_migrations");
     migrator
+}
+
+/// The expansions kept for the previous release present in the database:
+/// the marker row of [`KEPT_FOR_0_1_0_MYSQL`].
+async fn expansions_on(conn: &mut sqlx::MySqlConnection) -> Result<Vec<Expansion>, StoreError> {
+    let there: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM order_timeout_watch WHERE timer = ?)")
+            .bind(KEPT_FOR_0_1_0_MARKER)
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(if there {
+        vec![KEPT_FOR_0_1_0_MYSQL]
+    } else {
+        Vec::new()
+    })
 }
 
 /// What a MySQL error number means to the store, where the generic SQLSTATE
@@ -246,21 +261,49 @@ impl SqlDialect for MySql {
         .bind(shape::OUTBOX)
         .fetch_one(&mut conn)
         .await?;
+        // A database 0.1.0 ran on (none of 0.2.0's migrations applied
+        // yet): 0.1.0 replicas may still run beside this release.
+        let from_0_1_0: bool = !fresh
+            && sqlx::query_scalar(
+                "SELECT COALESCE(MAX(version), 0) < 20261201000001 FROM order_timeout_migrations",
+            )
+            .fetch_one(&mut conn)
+            .await?;
         migrator().run(&mut conn).await?;
-        Ok(Migrated {
-            fresh,
-            kept: Vec::new(),
-        })
+        if from_0_1_0 {
+            sqlx::query(
+                "INSERT INTO order_timeout_watch (timer, scanned_until) \
+                 VALUES (?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE timer = timer",
+            )
+            .bind(KEPT_FOR_0_1_0_MARKER)
+            .execute(&mut conn)
+            .await?;
+        }
+        let kept = expansions_on(&mut conn).await?;
+        Ok(Migrated { fresh, kept })
     }
 
-    /// Nothing to contract: MySQL's `ON DUPLICATE KEY` of 0.1.0 works
-    /// with the outbox's new key as it is.
-    async fn contract(_url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
-        Ok(Vec::new())
+    /// Deletes the marker that keeps `[[timers]]` refused for 0.1.0
+    /// replicas ([`KEPT_FOR_0_1_0_MYSQL`]): MySQL's `ON DUPLICATE KEY` of
+    /// 0.1.0 works with the outbox's new key as it is, so nothing else.
+    async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
+        let mut conn = sqlx::MySqlConnection::connect_with(&connect_options(url, "UTC")?).await?;
+        let present = expansions_on(&mut conn).await?;
+        if !present.is_empty() {
+            sqlx::query("DELETE FROM order_timeout_watch WHERE timer = ?")
+                .bind(KEPT_FOR_0_1_0_MARKER)
+                .execute(&mut conn)
+                .await?;
+        }
+        for e in &present {
+            tracing::info!(dropped = e.object, kept_for = e.kept_for, "contracted");
+        }
+        Ok(present)
     }
 
-    async fn expansions(_store: &MySqlStore) -> Result<Vec<Expansion>, StoreError> {
-        Ok(Vec::new())
+    async fn expansions(store: &MySqlStore) -> Result<Vec<Expansion>, StoreError> {
+        let mut conn = store.pool.acquire().await?;
+        expansions_on(&mut conn).await
     }
 
     async fn columns(store: &MySqlStore, table: &str) -> Result<Columns, StoreError> {
@@ -614,7 +657,9 @@ impl Vocabulary for MySql {
     const SWEEP_AT: &'static str = "sweep_at";
     /// A no-op update rather than `INSERT IGNORE`, which would turn every
     /// other error into a warning too.
-    const KEEP_EXISTING: &'static str = "ON DUPLICATE KEY UPDATE timer = timer";
+    fn keep_existing(column: &str) -> String {
+        format!("ON DUPLICATE KEY UPDATE {column} = {column}")
+    }
 
     fn placeholder(_n: usize) -> String {
         "?".to_owned()

@@ -482,7 +482,9 @@ impl Vocabulary for Postgres {
     const SWEEP_DUE: &'static str = "(stock_released_at IS NULL OR event_published_at IS NULL) \
          AND gave_up_at IS NULL AND coalesce(next_attempt_at, created_at) <= now()";
     const SWEEP_AT: &'static str = "coalesce(next_attempt_at, created_at)";
-    const KEEP_EXISTING: &'static str = "ON CONFLICT DO NOTHING";
+    fn keep_existing(_column: &str) -> String {
+        "ON CONFLICT DO NOTHING".into()
+    }
 
     fn placeholder(n: usize) -> String {
         format!("${n}")

@@ -454,5 +454,6 @@ mod shop_tx;
 
 pub use cli::CliOutput;
 pub use doubles::RuleInventory;
+pub use orders::refusing_trigger;
 pub use probes::{declare_durable_queue, depth_on, exclusive_queue, http_get, ready};
 pub use shop_tx::ShopTx;

@@ -492,3 +492,34 @@ impl TestEnv {
         events
     }
 }
+
+/// A trigger on the reference orders table (named `name`) refusing the
+/// cancellation of `order`, or of every order (`None`), as a shop's own
+/// rule might: a CHECK violation raised by PostgreSQL, a `SIGNAL` on
+/// MariaDB. Its text in each dialect: `(postgres, mysql)`.
+pub fn refusing_trigger(name: &str, order: Option<&str>) -> (String, String) {
+    let when = order.map_or(String::new(), |id| format!("NEW.id = '{id}' AND "));
+    let postgres = format!(
+        r#"
+        CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF {when}NEW.status = 'CANCELLED' THEN
+                RAISE EXCEPTION 'order % may not be cancelled', NEW.id
+                    USING ERRCODE = 'check_violation';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER {name} BEFORE UPDATE ON orders
+            FOR EACH ROW EXECUTE FUNCTION {name}();
+        "#
+    );
+    let mysql = format!(
+        "CREATE TRIGGER {name} BEFORE UPDATE ON orders FOR EACH ROW \
+         BEGIN \
+           IF {when}NEW.status = 'CANCELLED' THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'this order may not be cancelled'; \
+           END IF; \
+         END"
+    );
+    (postgres, mysql)
+}

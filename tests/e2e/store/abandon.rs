@@ -9,6 +9,7 @@
 use order_timeout::settings::{OrdersMapping, Release};
 use order_timeout::store::{Page, RowCursor, StoreError};
 
+use super::failures::refuse;
 use super::*;
 
 /// A mapping whose `also` statement writes `aside_stock`, one row per
@@ -71,48 +72,6 @@ pub(super) async fn a_missing_table_is_no_rows_fault(f: &Fixture) {
             matches!(&state, OrderState::Cancelled(c) if c.just_now),
             "{order}: {state:?}"
         );
-    }
-}
-
-/// A trigger of the shop's refusing the cancellation of `refused` (or of
-/// every order: `None`), with a CHECK-violation error.
-async fn refuse(f: &Fixture, refused: Option<&str>) {
-    let (pg_when, my_when) = match refused {
-        Some(order) => (
-            format!("NEW.id = '{order}' AND "),
-            format!("NEW.id = '{order}' AND "),
-        ),
-        None => (String::new(), String::new()),
-    };
-    match f.dialect() {
-        Dialect::Postgres => {
-            f.exec(&format!(
-                r#"
-                CREATE FUNCTION refuse_some() RETURNS trigger LANGUAGE plpgsql AS $$
-                BEGIN
-                    IF {pg_when}NEW.status = 'CANCELLED' THEN
-                        RAISE EXCEPTION 'order % may not be cancelled', NEW.id
-                            USING ERRCODE = 'check_violation';
-                    END IF;
-                    RETURN NEW;
-                END $$;
-                CREATE TRIGGER refuse_some BEFORE UPDATE ON orders
-                    FOR EACH ROW EXECUTE FUNCTION refuse_some();
-                "#
-            ))
-            .await
-        }
-        Dialect::MySql => {
-            f.exec(&format!(
-                "CREATE TRIGGER refuse_some BEFORE UPDATE ON orders FOR EACH ROW \
-                 BEGIN \
-                   IF {my_when}NEW.status = 'CANCELLED' THEN \
-                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'this order may not be cancelled'; \
-                   END IF; \
-                 END"
-            ))
-            .await
-        }
     }
 }
 

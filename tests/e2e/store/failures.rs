@@ -13,41 +13,16 @@ const OTHERS: usize = 9;
 
 /// A trigger on the reference orders table that refuses to cancel
 /// `fl-refused` (as a shop's own rule might).
-async fn refuse_one(f: &Fixture) {
+pub(super) async fn refuse(f: &Fixture, order: Option<&str>) {
+    let (postgres, mysql) = crate::common::refusing_trigger("refuse_cancel", order);
     match f.dialect() {
-        Dialect::Postgres => {
-            f.exec(
-                r#"
-                CREATE FUNCTION refuse_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
-                BEGIN
-                    IF NEW.id = 'fl-refused' AND NEW.status = 'CANCELLED' THEN
-                        RAISE EXCEPTION 'order fl-refused may not be cancelled'
-                            USING ERRCODE = 'check_violation';
-                    END IF;
-                    RETURN NEW;
-                END $$;
-                CREATE TRIGGER refuse_cancel BEFORE UPDATE ON orders
-                    FOR EACH ROW EXECUTE FUNCTION refuse_cancel();
-                "#,
-            )
-            .await
-        }
-        Dialect::MySql => {
-            f.exec(
-                "CREATE TRIGGER refuse_cancel BEFORE UPDATE ON orders FOR EACH ROW \
-                 BEGIN \
-                   IF NEW.id = 'fl-refused' AND NEW.status = 'CANCELLED' THEN \
-                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'order fl-refused may not be cancelled'; \
-                   END IF; \
-                 END",
-            )
-            .await
-        }
+        Dialect::Postgres => f.exec(&postgres).await,
+        Dialect::MySql => f.exec(&mysql).await,
     }
 }
 
 pub(super) async fn a_flip_failing_for_one_row_fails_only_that_order(f: &Fixture) {
-    refuse_one(f).await;
+    refuse(f, Some("fl-refused")).await;
     let mut ids: Vec<OrderId> = (0..OTHERS).map(|n| id(&format!("fl-{n:02}"))).collect();
     ids.push(id("fl-refused"));
     for order in &ids {
