@@ -571,12 +571,13 @@ impl<D: SqlDialect> SqlStore<D> {
         ids: &[&str],
         lease: Duration,
     ) -> HashMap<String, OrderState> {
-        // Half the shop's pool per batch: two batches at once keep it
-        // busy, and an order whose `also` statement waits for a row the
-        // shop holds (a short wait: `ALSO_LOCK_WAIT`) leaves the others of
-        // its batch connections to go on with. The service's own tables
-        // have connections of their own.
-        let at_once = (self.pool.options().get_max_connections() / 2).max(1) as usize;
+        // A share of the shop's pool per batch, so that the batches running
+        // at once leave connections for each other; an order whose `also`
+        // statement waits for a row the shop holds waits briefly
+        // (`ALSO_LOCK_WAIT`), so the others of its batch soon have its
+        // connection. The service's own tables have connections of their
+        // own.
+        let at_once = (self.pool.options().get_max_connections() / 4).max(1) as usize;
         let ids: Vec<String> = ids.iter().map(|id| (*id).to_owned()).collect();
         let states: HashMap<String, OrderState> = stream::iter(ids)
             .map(|id| self.cancel_one(prepared, id, lease))
