@@ -109,16 +109,7 @@ impl Service {
             board,
             listener,
         } = self;
-        tracing::info!(
-            version = crate::observe::metrics::VERSION,
-            amqp = %settings.amqp_url,
-            database = %settings.database_url,
-            inventory = %settings.inventory_url,
-            http = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            queue_type = ?settings.queue_type,
-            cascade_shards = settings.cascade_shards.get(),
-            "starting order-timeout"
-        );
+        log_start(&settings, &listener);
         let http_task = serve_http(
             &settings, listener, &health, &metrics, &board, &stores, &shutdown,
         );
@@ -213,6 +204,20 @@ async fn prepare_store(store: &store::Store, shutdown: &Shutdown) -> anyhow::Res
             }
         }
     }
+}
+
+/// The start-up line: the release and where it connects.
+fn log_start(settings: &Settings, listener: &tokio::net::TcpListener) {
+    tracing::info!(
+        version = crate::observe::metrics::VERSION,
+        amqp = %settings.amqp_url,
+        database = %settings.database_url,
+        inventory = %settings.inventory_url,
+        http = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        queue_type = ?settings.queue_type,
+        cascade_shards = settings.cascade_shards.get(),
+        "starting order-timeout"
+    );
 }
 
 /// How often a replica records itself in `order_timeout_replicas`.
