@@ -109,7 +109,7 @@ impl Service {
             board,
             listener,
         } = self;
-        log_start(&settings, &listener);
+        log_start(&settings, &listener, health.uses_inventory());
         let http_task = serve_http(
             &settings, listener, &health, &metrics, &board, &stores, &shutdown,
         );
@@ -207,12 +207,17 @@ async fn prepare_store(store: &store::Store, shutdown: &Shutdown) -> anyhow::Res
 }
 
 /// The start-up line: the release and where it connects.
-fn log_start(settings: &Settings, listener: &tokio::net::TcpListener) {
+fn log_start(settings: &Settings, listener: &tokio::net::TcpListener, uses_inventory: bool) {
+    let inventory = if uses_inventory {
+        settings.inventory_url.to_string()
+    } else {
+        "none (release = \"none\" for every timer)".to_owned()
+    };
     tracing::info!(
         version = crate::observe::metrics::VERSION,
         amqp = %settings.amqp_url,
         database = %settings.database_url,
-        inventory = %settings.inventory_url,
+        inventory = %inventory,
         http = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         queue_type = ?settings.queue_type,
         cascade_shards = settings.cascade_shards.get(),

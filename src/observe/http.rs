@@ -84,6 +84,13 @@ impl Health {
         }
     }
 
+    /// Whether the service calls an inventory at all (`release = "grpc"`
+    /// for some timer): with `release = "none"` readiness does not check
+    /// one, and the console says "not used" rather than "up".
+    pub fn uses_inventory(&self) -> bool {
+        !matches!(self.inventory, InventoryProbe::NotUsed)
+    }
+
     /// Records whether a broker session is consuming.
     pub fn set_broker(&self, up: bool) {
         self.broker.store(up, Ordering::Relaxed);

@@ -204,6 +204,7 @@ impl Timer {
                 K::Paid => "[orders].paid",
                 K::Deadline => "[orders].deadline",
                 K::DeadlineUnit => "[orders].deadline_unit",
+                K::TimeZone => "[orders].time_zone",
                 K::Guard => "[orders].guard",
                 K::DeadlineGuard => "[orders].deadline / [orders].guard",
                 K::Set => "[orders].set",
@@ -220,6 +221,7 @@ impl Timer {
                 K::Paid => "[[timers]].from",
                 K::Deadline => "[[timers]].deadline",
                 K::DeadlineUnit => "[[timers]].deadline_unit",
+                K::TimeZone => "[[timers]].time_zone",
                 K::Guard => "[[timers]].guard",
                 K::DeadlineGuard => "[[timers]].deadline / [[timers]].guard",
                 K::Set => "[[timers]].set",
@@ -262,6 +264,8 @@ pub enum TimerKey {
     Deadline,
     /// What the deadline is (`deadline_unit`).
     DeadlineUnit,
+    /// The session time zone.
+    TimeZone,
     /// The guard.
     Guard,
     /// The deadline or the guard (evaluated together).

@@ -413,6 +413,22 @@ impl<D: SqlDialect> SqlStore<D> {
                 key,
                 problem: self.timer.problem(problem),
             },
+            // MySQL 1298; PostgreSQL 22023 for its `TimeZone` at connect.
+            other
+                if other.code().as_deref() == Some("1298")
+                    || (other.code().as_deref() == Some("22023")
+                        && other.to_string().to_lowercase().contains("zone")) =>
+            {
+                StoreError::Schema {
+                    key: self.timer.key(crate::settings::TimerKey::TimeZone),
+                    problem: self.timer.problem(format!(
+                        "the server does not know the time zone {:?} ({other}): write it as an \
+                     offset such as \"+08:00\", or load the server's time zone tables \
+                     (mariadb-tzinfo-to-sql /usr/share/zoneinfo | mariadb mysql)",
+                        self.timer.time_zone
+                    )),
+                }
+            }
             other => other,
         })?);
         *self.prepared.write().unwrap_or_else(|e| e.into_inner()) = Some(prepared.clone());

@@ -166,6 +166,11 @@ async fn a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweep
         "{row}"
     );
 
+    // `release = "none"`: the overview says the inventory is not used,
+    // rather than "up".
+    let (status, page) = http_get(service.http_addr, "/console").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("not used"), "{page}");
     let (status, page) = http_get(service.http_addr, "/console/set-aside").await;
     assert_eq!(status, 200, "{page}");
     assert!(

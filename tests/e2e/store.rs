@@ -768,6 +768,7 @@ macro_rules! store_suite {
                 rows_set_aside_are_tried_again_later_and_when_asked,
                 integer_deadlines_are_refused_as_times_and_work_with_their_unit,
                 a_widened_id_column_is_read_again_without_a_restart,
+                an_unknown_time_zone_is_refused_naming_the_key,
             );
             store_suite!(@in scans $dialect;
                 scans_read_past_rows_that_are_no_orders,

@@ -62,7 +62,11 @@ pub(super) async fn overview(State(console): State<Arc<Console>>, headers: Heade
          <th>statements</th></tr><tr>{}{}{}{}</tr></table>",
         up(readiness.broker),
         up(readiness.database),
-        up(readiness.inventory),
+        if console.health.uses_inventory() {
+            up(readiness.inventory)
+        } else {
+            r#"<td class="muted">not used</td>"#
+        },
         up(readiness.statements)
     );
     waiting_summary(&mut body, console.board.latest().as_ref());

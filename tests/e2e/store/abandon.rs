@@ -358,3 +358,20 @@ pub(super) async fn a_widened_id_column_is_read_again_without_a_restart(f: &Fixt
         .collect();
     assert_eq!(lines, [("sku-w".to_owned(), 2)]);
 }
+
+/// A time zone the server does not know (MariaDB without its time zone
+/// tables knows no names at all) is refused at the check, naming the key
+/// and the way out, instead of a bare server error retried for ever.
+pub(super) async fn an_unknown_time_zone_is_refused_naming_the_key(f: &Fixture) {
+    let mut schema = ShopSchema::default();
+    schema.orders.time_zone = "Mars/Olympus".into();
+    let err = f.store_with(&schema).prepare().await.unwrap_err();
+    let text = err.to_string();
+    assert!(err.is_config(), "{text}");
+    assert!(
+        text.starts_with("config [orders].time_zone: ")
+            && text.contains("Mars/Olympus")
+            && text.contains("\"+08:00\""),
+        "{text}"
+    );
+}
