@@ -221,6 +221,7 @@ pub struct Metrics {
     timer_failing: Family<TimerLabel, Gauge>,
     sweep_last_success: Family<TimerLabel, Gauge>,
     set_aside_rows: Family<TimerLabel, Gauge>,
+    late_message_deadlines: Family<TimerLabel, Counter>,
     task_panics: Family<TaskLabel, Counter>,
     queue_messages: Family<QueueLabel, Gauge>,
     /// What waits in the delay cascade (`observe/pending.rs`).
@@ -396,6 +397,12 @@ impl Metrics {
                 "Rows whose flip failed for their own values, parked and set aside (tried again hourly, then daily), by timer, as the last sweep counted them",
                 Family::default(),
             ),
+            late_message_deadlines: register(
+                &mut r,
+                "late_message_deadlines",
+                "Orders cancelled for a timeout message whose deadline (cancel_at, created_at + timeout_ms) was more than a second later than the row's: cancelled late by that much, as the message asked",
+                Family::default(),
+            ),
             task_panics: register(
                 &mut r,
                 "task_panics",
@@ -444,6 +451,7 @@ impl Metrics {
             let _ = self.watched.get_or_create(&label);
             let _ = self.timer_failing.get_or_create(&label);
             let _ = self.set_aside_rows.get_or_create(&label);
+            let _ = self.late_message_deadlines.get_or_create(&label);
         }
         for task in ["batch", "sweeper", "watch"] {
             let _ = self.task_panics.get_or_create(&TaskLabel { task });
@@ -723,6 +731,26 @@ impl Metrics {
     /// Rows of `timer` set aside, as last counted.
     pub fn set_aside_rows_of(&self, timer: &str) -> i64 {
         self.set_aside_rows
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .get()
+    }
+
+    /// Counts an order of `timer` cancelled for a message whose deadline
+    /// was later than the row's.
+    pub fn late_message_deadline(&self, timer: &str) {
+        self.late_message_deadlines
+            .get_or_create(&TimerLabel {
+                timer: timer.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Orders of `timer` cancelled for a message whose deadline was later
+    /// than the row's, so far.
+    pub fn late_message_deadlines_of(&self, timer: &str) -> u64 {
+        self.late_message_deadlines
             .get_or_create(&TimerLabel {
                 timer: timer.to_owned(),
             })

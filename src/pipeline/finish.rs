@@ -371,6 +371,23 @@ async fn record_failures(ctx: &Context, store: &Store, done: &[Finished]) -> Giv
     given_up
 }
 
+/// Logs and counts an order cancelled just now for a message whose
+/// deadline was later than the row's by more than a second (a `cancel_at`
+/// the application computed from another clock or field): the service
+/// obeyed the message, and the order was late by the difference. A second
+/// of slack: a `DATETIME(0)` column stores a deadline truncated (or
+/// rounded) to its second.
+fn note_late_message_deadline(ctx: &Context, timer: &str, f: &Finished) {
+    let row = f.order.cancellation.expires_at;
+    let Some(message) = f.order.jobs.iter().filter_map(Job::deadline).min() else {
+        return;
+    };
+    if message - row > chrono::TimeDelta::seconds(1) {
+        ctx.metrics.late_message_deadline(timer);
+        tracing::warn!(order_id = %f.order.id, %timer, row_deadline = %row, message_deadline = %message, "the message's deadline is later than the row's: the order was cancelled late by the difference (publish the bare id, or the row's own deadline)");
+    }
+}
+
 /// Step 4: records the lateness of orders cancelled just now, then acks the
 /// deliveries of finished orders (the first as `cancelled` if this batch
 /// cancelled it) and retries those of orders whose work failed.
@@ -389,6 +406,7 @@ async fn settle(
             let lateness = c.cancelled_at - c.expires_at;
             ctx.metrics
                 .lateness(timer, lateness.max(chrono::TimeDelta::zero()));
+            note_late_message_deadline(ctx, timer, f);
         }
     }
     // The deliveries of every finished order, acked together at the end.

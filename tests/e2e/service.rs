@@ -145,6 +145,52 @@ async fn an_extended_deadline_is_respected(dialect: Dialect) {
     service.stop().await.unwrap();
 }
 
+/// A message whose deadline is later than the row's (an application's
+/// `cancel_at` from another clock or field) is obeyed: never early for the
+/// message, late for the row by the difference, which is logged and
+/// counted (`order_timeout_late_message_deadlines_total`). One within a
+/// second of the row's is not counted (a `DATETIME(0)` column's rounding).
+async fn a_message_deadline_later_than_the_rows_is_obeyed_and_counted(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
+    env.stock_skus(1).await;
+    // The sweeper (its catch-up sweeps every second) would cancel the row
+    // first: this is about the message.
+    let mut settings = env.settings.clone();
+    settings.sweeper.enabled = false;
+    let service = env.service_with(settings).await;
+    let late = env
+        .create_order("late-msg", Duration::from_millis(500), &[(0, 1)])
+        .await;
+    let on_time = env
+        .create_order("close-msg", Duration::from_millis(500), &[(0, 1)])
+        .await;
+    for (order, by) in [(&late, 3_000), (&on_time, 400)] {
+        let cancel_at = order.expires_at + chrono::Duration::milliseconds(by);
+        let body = serde_json::json!({
+            "order_id": order.id,
+            "cancel_at": format_instant(cancel_at),
+        });
+        env.publish_raw(body.to_string().as_bytes()).await;
+    }
+    for id in ["late-msg", "close-msg"] {
+        let (status, _, _) = env.wait_settled(id, Duration::from_secs(15)).await;
+        assert_eq!(status, "CANCELLED", "{id}");
+    }
+    let (_, expires_at, cancelled_at) = env.order_state("late-msg").await;
+    assert!(
+        cancelled_at.unwrap() - expires_at >= chrono::Duration::milliseconds(2_900),
+        "the message's deadline obeyed"
+    );
+    env.eventually(Duration::from_secs(5), "counted once", || async {
+        service
+            .metrics
+            .late_message_deadlines_of(order_timeout::settings::DEFAULT_TIMER)
+            == 1
+    })
+    .await;
+    service.stop().await.unwrap();
+}
+
 async fn duplicated_messages_release_stock_once(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
@@ -577,6 +623,7 @@ on_both_dialects!(
     an_unpaid_order_is_cancelled_after_never_before_its_deadline,
     a_paid_order_is_left_alone,
     an_extended_deadline_is_respected,
+    a_message_deadline_later_than_the_rows_is_obeyed_and_counted,
     duplicated_messages_release_stock_once,
     a_redelivery_after_a_crash_finishes_the_pending_release_once,
     a_killed_service_loses_nothing_and_releases_once,
