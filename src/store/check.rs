@@ -5,9 +5,10 @@
 //! statement rendered and prepared with the parameters the service binds,
 //! the `also` statements' parameters typed, and what `schema check` prints.
 
+use super::catalog::Columns;
 use super::ids::IdColumn;
 use super::shape::{self, OrdersColumns, SchemaReport};
-use super::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore};
+use super::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore, tables_shape};
 use super::{StoreError, releases};
 use crate::settings::{Release, TimerKey};
 
@@ -29,20 +30,25 @@ impl<D: SqlDialect> SqlStore<D> {
                 problem,
             });
         }
-        let orders = shape::check_orders_columns(t, &D::columns(self, &t.table).await?)?;
+        let orders_columns = D::columns(self, &t.table).await?;
+        let orders = shape::check_orders_columns(t, &orders_columns)?;
         self.check_deadline_type().await?;
         self.check_codes_differ(&orders).await?;
-        let items = match t.release {
-            Release::Grpc => Some(self.check_items().await?),
+        let items_columns = match t.release {
+            Release::Grpc => Some(D::columns(self, &t.items.table).await?),
             Release::None => None,
         };
+        let items = items_columns
+            .as_ref()
+            .map(|columns| self.check_items(columns))
+            .transpose()?;
         let sql = D::statements(self, &orders, items.as_ref()).await?;
         // The statements first: a placeholder in the guard would make the
         // count fail with a less helpful error.
         let also_params = self.check_statements(&sql).await?;
         let unpaid = self.count_waiting(&sql).await?;
         let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
-        let shape = self.shape().await?;
+        let shape = tables_shape(t, &orders_columns, items_columns.as_ref());
         Ok(Prepared {
             shape,
             sql,
@@ -124,11 +130,12 @@ impl<D: SqlDialect> SqlStore<D> {
         Ok(())
     }
 
-    /// The items table's order id column and its type without modifiers.
-    async fn check_items(&self) -> Result<(IdColumn, String), StoreError> {
+    /// The items table's order id column and its type without modifiers,
+    /// from the table's `columns`.
+    fn check_items(&self, columns: &Columns) -> Result<(IdColumn, String), StoreError> {
         let i = &self.timer.items;
         shape::check_items_identifiers(i)?;
-        shape::check_items_columns(i, &D::columns(self, &i.table).await?)
+        shape::check_items_columns(i, columns)
     }
 
     /// Evaluates the deadline and the guard over the rows in the timer's

@@ -725,6 +725,14 @@ impl StoreError {
         }
     }
 
+    /// Whether waiting cannot fix it and no row is to blame: an error about
+    /// the statement or the schema (a table or column missing, a type that
+    /// changed, a syntax error), after which the store looks whether the
+    /// tables' shape changed.
+    pub(crate) fn is_about_the_statement(&self) -> bool {
+        self.is_permanent() && !self.is_row_fault()
+    }
+
     /// The SQLSTATE (or MySQL error number) of a database error, to tell
     /// whether several orders failed the same way.
     pub(crate) fn code(&self) -> Option<String> {

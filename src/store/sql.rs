@@ -479,15 +479,16 @@ impl<D: SqlDialect> SqlStore<D> {
         true
     }
 
-    /// The columns of the orders table and, when read, the items table,
-    /// by name: what [`Prepared::shape`] holds.
-    pub(super) async fn shape(&self) -> Result<Vec<(String, String)>, StoreError> {
-        let mut shape = columns_shape("", &D::columns(self, &self.timer.table).await?);
-        if self.timer.release == crate::settings::Release::Grpc {
-            let items = &self.timer.items.table;
-            shape.extend(columns_shape(items, &D::columns(self, items).await?));
-        }
-        Ok(shape)
+    /// The tables' shape as it is now ([`tables_shape`]).
+    async fn shape(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let orders = D::columns(self, &self.timer.table).await?;
+        let items = match self.timer.release {
+            crate::settings::Release::Grpc => {
+                Some(D::columns(self, &self.timer.items.table).await?)
+            }
+            crate::settings::Release::None => None,
+        };
+        Ok(tables_shape(&self.timer, &orders, items.as_ref()))
     }
 
     /// `result`, after looking whether the tables' shape changed when it is
@@ -495,8 +496,7 @@ impl<D: SqlDialect> SqlStore<D> {
     /// mismatch), so that the next try runs statements for the new shape.
     async fn after<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
         if let Err(e) = &result
-            && e.is_permanent()
-            && !e.is_row_fault()
+            && e.is_about_the_statement()
         {
             self.reread_shape().await;
         }
@@ -504,11 +504,22 @@ impl<D: SqlDialect> SqlStore<D> {
     }
 }
 
-/// `columns` as sorted `(table.column, type)` pairs.
-fn columns_shape(table: &str, columns: &Columns) -> Vec<(String, String)> {
-    let mut shape: Vec<(String, String)> = columns
-        .values()
-        .map(|c| (format!("{table}.{}", c.name), c.shown.clone()))
+/// What [`Prepared::shape`] holds: the columns (name and type) of
+/// `timer`'s orders table and, when read, of its items table, as sorted
+/// `(table.column, type)` pairs.
+pub(super) fn tables_shape(
+    timer: &Timer,
+    orders: &Columns,
+    items: Option<&Columns>,
+) -> Vec<(String, String)> {
+    let tables = std::iter::once((timer.table.as_str(), orders))
+        .chain(items.map(|columns| (timer.items.table.as_str(), columns)));
+    let mut shape: Vec<(String, String)> = tables
+        .flat_map(|(table, columns)| {
+            columns
+                .values()
+                .map(move |c| (format!("{table}.{}", c.name), c.shown.clone()))
+        })
         .collect();
     shape.sort();
     shape
@@ -745,9 +756,10 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
             self.after(result).await?
         } else {
             let states = self.cancel_each(&prepared, &sorted, lease).await;
-            if states.values().any(
-                |s| matches!(s, OrderState::Failed(f) if f.0.is_permanent() && !f.0.is_row_fault()),
-            ) {
+            if states
+                .values()
+                .any(|s| matches!(s, OrderState::Failed(f) if f.0.is_about_the_statement()))
+            {
                 self.reread_shape().await;
             }
             states
