@@ -175,6 +175,16 @@ struct TargetLabel {
     target: &'static str,
 }
 
+/// The statements of a timer whose failures of the environment readiness
+/// reports ([`Metrics::set_timer_failing`]).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Statements {
+    /// The cancel transaction (the consumer's and the sweeper's).
+    Cancel,
+    /// The sweeper's scans of overdue rows and outbox work.
+    Sweep,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabel {
     task: &'static str,
@@ -219,6 +229,9 @@ pub struct Metrics {
     outbox_deleted: Counter,
     ready: Gauge,
     timer_failing: Family<TimerLabel, Gauge>,
+    /// Which statements of which timers fail for a reason of the
+    /// environment: the gauge is 1 while any of a timer's do.
+    failing: std::sync::Mutex<std::collections::HashSet<(String, Statements)>>,
     sweep_last_success: Family<TimerLabel, Gauge>,
     set_aside_rows: Family<TimerLabel, Gauge>,
     late_message_deadlines: Family<TimerLabel, Counter>,
@@ -385,6 +398,7 @@ impl Metrics {
                 "1 while a timer's statements fail for a reason of the environment (a privilege, a missing table or column, the database unreachable): its due orders wait, none is parked or set aside",
                 Family::default(),
             ),
+            failing: std::sync::Mutex::default(),
             sweep_last_success: register(
                 &mut r,
                 "sweep_last_success_timestamp_seconds",
@@ -666,17 +680,29 @@ impl Metrics {
         self.ready.set(i64::from(ready));
     }
 
-    /// Records whether `timer`'s statements fail for a reason of the
+    /// Records whether `timer`'s `statements` fail for a reason of the
     /// environment ([`crate::store::StoreError::is_row_fault`] says which
-    /// do not): readiness and an alert say so while they do.
-    pub fn set_timer_failing(&self, timer: &str, failing: bool) {
+    /// do not): readiness and an alert say so while any of its statements
+    /// do. Each kind is set and cleared by what runs it, so that a sweep
+    /// finding nothing overdue does not clear a failing cancel statement.
+    pub fn set_timer_failing(&self, timer: &str, statements: Statements, failing: bool) {
+        let any = {
+            let mut set = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+            let key = (timer.to_owned(), statements);
+            if failing {
+                set.insert(key);
+            } else {
+                set.remove(&key);
+            }
+            set.iter().any(|(t, _)| t == timer)
+        };
         let label = TimerLabel {
             timer: timer.to_owned(),
         };
         let gauge = self.timer_failing.get_or_create(&label);
-        let was = gauge.set(i64::from(failing)) == 1;
-        if was != failing {
-            if failing {
+        let was = gauge.set(i64::from(any)) == 1;
+        if was != any {
+            if any {
                 tracing::warn!(%timer, "the timer's statements fail for a reason of the environment: not ready until they run again");
             } else {
                 tracing::info!(%timer, "the timer's statements run again");

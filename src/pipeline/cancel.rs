@@ -46,7 +46,7 @@ use super::park::{Parking, park};
 use super::retry::later;
 use super::worker::Worker;
 use crate::message::{OrderId, ParkReason};
-use crate::observe::metrics::{Metrics, Outcome, Stage};
+use crate::observe::metrics::{Metrics, Outcome, Stage, Statements};
 use crate::settings::{TimerName, UnknownOrderPolicy};
 use crate::store::{IdRejected, OrderFailure, OrderState, Store, StoreError};
 
@@ -223,7 +223,7 @@ pub(crate) fn note_statements(
             .iter()
             .any(|(_, state)| matches!(state, OrderState::Failed(f) if !f.0.is_row_fault())),
     };
-    metrics.set_timer_failing(store.timer().name.as_str(), failing);
+    metrics.set_timer_failing(store.timer().name.as_str(), Statements::Cancel, failing);
 }
 
 /// Step 2: settles every order of `waiting` by its state. Cancelled orders

@@ -52,7 +52,7 @@ use super::finish::{self, Pending};
 use super::park::park_row;
 use super::worker::{Worker, panic_text};
 use crate::message::{OrderId, ParkReason};
-use crate::observe::metrics::SweepResult;
+use crate::observe::metrics::{Statements, SweepResult};
 use crate::shutdown::Shutdown;
 use crate::store::{OrderState, RowCursor, Store, StoreError};
 
@@ -158,13 +158,12 @@ async fn sweep_timer(
         Ok(swept) => {
             metrics.sweep(timer.as_str(), swept.result());
             metrics.sweep_succeeded(timer.as_str());
+            metrics.set_timer_failing(timer.as_str(), Statements::Sweep, false);
             log_sweep(&swept, timer.as_str(), catching_up);
         }
         Err(e) => {
             metrics.sweep(timer.as_str(), SweepResult::Failed);
-            if !e.is_row_fault() {
-                metrics.set_timer_failing(timer.as_str(), true);
-            }
+            metrics.set_timer_failing(timer.as_str(), Statements::Sweep, !e.is_row_fault());
             tracing::warn!(error = %e, %timer, "sweep failed; next one in {pause:?}");
         }
     }

@@ -103,6 +103,37 @@ async fn an_environment_failure_parks_nothing_and_every_order_goes_through_once_
     service.stop().await.unwrap();
 }
 
+async fn a_sweep_that_fails_for_the_environment_says_so_until_it_runs_again(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
+    env.stock_skus(1).await;
+    env.shop_exec(STOCK_TABLE).await;
+    let service = env.service_with(settings(&env)).await;
+    env.eventually(Duration::from_secs(20), "the service ready", || {
+        ready(service.http_addr)
+    })
+    .await;
+    // A shop migration renames the deadline column for a while: every
+    // sweep's scan fails, with no order anywhere.
+    env.shop_exec("ALTER TABLE orders RENAME COLUMN expires_at TO expires_at_old")
+        .await;
+    env.eventually(Duration::from_secs(15), "the timer failing", || async {
+        service.metrics.failing_timers() == [DEFAULT_TIMER]
+    })
+    .await;
+    env.shop_exec("ALTER TABLE orders RENAME COLUMN expires_at_old TO expires_at")
+        .await;
+    // Nothing to cancel: the sweeps running again is what says so.
+    env.eventually(Duration::from_secs(15), "running again", || async {
+        service.metrics.failing_timers().is_empty()
+    })
+    .await;
+    env.eventually(Duration::from_secs(10), "ready again", || {
+        ready(service.http_addr)
+    })
+    .await;
+    service.stop().await.unwrap();
+}
+
 async fn a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweeper(
     dialect: Dialect,
 ) {
@@ -371,6 +402,7 @@ async fn held_stock_rows_delay_only_their_own_orders(dialect: Dialect) {
 
 on_both_dialects!(
     held_stock_rows_delay_only_their_own_orders,
+    a_sweep_that_fails_for_the_environment_says_so_until_it_runs_again,
     an_environment_failure_parks_nothing_and_every_order_goes_through_once_fixed,
     a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweeper,
     deadlines_that_are_no_time_kill_no_task,
