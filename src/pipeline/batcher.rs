@@ -8,17 +8,15 @@
 //! transaction, every order settled by its state), then
 //! [`super::finish::finish`] (stock release, event, outbox marks, ack).
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::cancel;
 use super::finish;
 use super::job::Job;
-use super::worker::{Worker, panic_text};
+use super::worker::{Worker, catch_panic};
 
 /// Runs until every sender of `due` is gone (the consumer has stopped and
 /// no held message is still waiting).
@@ -50,9 +48,11 @@ pub(crate) async fn run(worker: Worker, mut due: mpsc::Receiver<Job>) {
             // closes: it is logged and counted, and the session ends, so
             // that the broker returns them and the next session (started
             // at once) takes them again.
-            if let Err(panic) = AssertUnwindSafe(work).catch_unwind().await {
-                worker2.ctx.metrics.task_panicked("batch");
-                tracing::error!(panic = %panic_text(panic.as_ref()), "a batch ended in a panic; ending the broker session so that its messages are delivered again");
+            let then = "ending the broker session so that its messages are delivered again";
+            if catch_panic(&worker2.ctx.metrics, "batch", then, work)
+                .await
+                .is_none()
+            {
                 worker2.session.trigger();
             }
         });

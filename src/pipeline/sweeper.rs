@@ -41,16 +41,14 @@
 //! docs/benchmarks-log.md, "Broker crashes".
 
 use std::collections::HashSet;
-use std::panic::AssertUnwindSafe;
 
 use chrono::{DateTime, Utc};
-use futures_util::FutureExt;
 
 use super::cancel::{note_statements, set_aside};
 use super::failure::Failure;
 use super::finish::{self, Pending};
 use super::park::park_row;
-use super::worker::{Worker, panic_text};
+use super::worker::{Worker, catch_panic};
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Statements, SweepResult};
 use crate::shutdown::Shutdown;
@@ -107,11 +105,11 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
             // not the safety net: it is logged and counted, and the next
             // interval sweeps again.
             let sweep = sweep_timer(&worker, store, grace, catching_up, pause);
-            if let Err(panic) = AssertUnwindSafe(sweep).catch_unwind().await {
-                worker.ctx.metrics.task_panicked("sweeper");
-                let timer = &store.timer().name;
-                tracing::error!(%timer, panic = %panic_text(panic.as_ref()), "a sweep ended in a panic; the next one runs in {pause:?}");
-            }
+            let then = format!(
+                "timer {}'s next sweep runs in {pause:?}",
+                store.timer().name
+            );
+            catch_panic(&worker.ctx.metrics, "sweeper", &then, sweep).await;
         }
     }
 }

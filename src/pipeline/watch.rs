@@ -25,16 +25,15 @@
 //! enter the `from` status with a deadline inside a window already scanned,
 //! and rows already overdue when the watch starts, are the sweeper's.
 
-use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures_util::{FutureExt, StreamExt, TryStreamExt, stream};
+use futures_util::{StreamExt, TryStreamExt, stream};
 
 use super::context::{Context, Delayed};
 use super::failure::Failure;
 use super::job::HOLD_BELOW;
-use super::worker::{Worker, panic_text};
+use super::worker::{Worker, catch_panic};
 use crate::broker::headers::Attempts;
 use crate::message::{Deadline, OrderId, TimeoutRequest};
 use crate::shutdown::Shutdown;
@@ -79,11 +78,9 @@ async fn watch_timer(worker: &Worker, store: Store, window: Duration, stop: &Shu
             _ = ticks.tick() => {}
             _ = stop.wait() => break,
         }
-        let scan = AssertUnwindSafe(tick(&worker.ctx, &store, window)).catch_unwind();
-        let Ok(result) = scan.await.map_err(|panic| {
-            worker.ctx.metrics.task_panicked("watch");
-            tracing::error!(panic = %panic_text(panic.as_ref()), "a watch scan ended in a panic; the next tick scans again");
-        }) else {
+        let scan = tick(&worker.ctx, &store, window);
+        let then = "the next tick scans again";
+        let Some(result) = catch_panic(&worker.ctx.metrics, "watch", then, scan).await else {
             continue;
         };
         match result {

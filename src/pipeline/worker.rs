@@ -3,16 +3,18 @@
 //! the session's task tracker; and the two ways such a step hands an
 //! order's messages on ([`Worker::wait_again`], [`Worker::retry_later`]).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use super::context::Context;
 use super::failure::Failure;
 use super::job::{Job, ack_all};
-use crate::observe::metrics::Outcome;
+use crate::observe::metrics::{Metrics, Outcome};
 use crate::shutdown::Shutdown;
 
 /// What a step that settles jobs needs besides the jobs: the shared
@@ -33,13 +35,29 @@ pub(crate) struct Worker {
     pub(crate) session: Shutdown,
 }
 
-/// What a panic said, for the log.
-pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(not a message)".into())
+/// Runs `work`, catching a panic (a value no one foresaw) so that it ends
+/// that piece of work, not the task running it: the panic is logged, with
+/// what happens next (`then`), and counted under `task`
+/// (`order_timeout_task_panics_total`); `None` then.
+pub(crate) async fn catch_panic<T>(
+    metrics: &Metrics,
+    task: &'static str,
+    then: &str,
+    work: impl Future<Output = T>,
+) -> Option<T> {
+    match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(value) => Some(value),
+        Err(panic) => {
+            metrics.task_panicked(task);
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(not a message)".into());
+            tracing::error!(task, panic = %text, "a {task} ended in a panic; {then}");
+            None
+        }
+    }
 }
 
 impl Worker {
