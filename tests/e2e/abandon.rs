@@ -159,12 +159,7 @@ async fn a_lone_row_failing_for_itself_is_parked_once_and_set_aside_by_the_sweep
         env.parked_count().await == 1
     })
     .await;
-    let ok = || service.metrics.sweeps_of(DEFAULT_TIMER, SweepResult::Ok);
-    let after = ok();
-    env.eventually(Duration::from_secs(20), "three more sweeps", || async {
-        ok() >= after + 3
-    })
-    .await;
+    env.more_sweeps(&service, 3).await;
     assert_eq!(env.parked_count().await, 1, "parked once");
     assert_eq!(set_aside_rows(&env).await, 1, "set aside");
     assert_eq!(

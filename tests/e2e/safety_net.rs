@@ -208,12 +208,7 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
         || async { parked_once().await.len() == 2 },
     )
     .await;
-    let ok = || service.metrics.sweeps_of(DEFAULT_TIMER, SweepResult::Ok);
-    let after = ok();
-    env.eventually(Duration::from_secs(20), "three more sweeps", || async {
-        ok() >= after + 3
-    })
-    .await;
+    env.more_sweeps(&service, 3).await;
     assert_eq!(parked_once().await, once, "parked once each");
     assert_eq!(
         service
@@ -235,11 +230,7 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
         || async { parked_once().await.len() == 3 },
     )
     .await;
-    let after = ok();
-    env.eventually(Duration::from_secs(20), "three more sweeps", || async {
-        ok() >= after + 3
-    })
-    .await;
+    env.more_sweeps(&service, 3).await;
     assert_eq!(
         parked_once().await.len(),
         3,

@@ -380,6 +380,25 @@ impl TestEnv {
         assert_eq!(service.metrics.count(outcome), n, "{outcome:?}");
     }
 
+    /// Waits (at most 20 s) until `service` has run `n` more successful
+    /// sweeps of the default timer than it had: what tests that something
+    /// stays as it is across sweeps wait for.
+    pub async fn more_sweeps(&self, service: &RunningService, n: u64) {
+        let ok = || {
+            service.metrics.sweeps_of(
+                order_timeout::settings::DEFAULT_TIMER,
+                order_timeout::observe::metrics::SweepResult::Ok,
+            )
+        };
+        let after = ok();
+        self.eventually(
+            Duration::from_secs(20),
+            &format!("{n} more sweeps"),
+            || async { ok() >= after + n },
+        )
+        .await;
+    }
+
     /// Waits (at most `wait` each) until every one of `orders` is settled,
     /// and checks each was cancelled at or after its deadline, less than
     /// `late_ok` after it.
