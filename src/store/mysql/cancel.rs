@@ -356,11 +356,11 @@ async fn record_effects(
     let sql = &prepared.sql;
     for (id, _) in flipped {
         let id = prepared.id_value(id)?;
-        for (statement, params) in o.also.iter().zip(&prepared.also_params) {
+        // A row the shop holds delays only this order, and briefly
+        // (`Sql::also`).
+        for (statement, params) in sql.also.iter().zip(&prepared.also_params) {
             let values = std::iter::repeat_n(id_arg(&id, sql), *params);
-            // A row the shop holds delays only this order, and briefly.
-            let statement = format!("{}{statement}", sql.also_prefix);
-            run!(statement, values, &mut **tx).await?;
+            run!(statement.clone(), values, &mut **tx).await?;
         }
     }
     // PLACEHOLDERS_PER_ID per row: the statement with the most per id.

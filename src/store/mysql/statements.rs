@@ -181,11 +181,11 @@ pub(crate) struct Sql {
     pub(super) read_orders: String,
     /// The server skips locked rows (`FOR UPDATE SKIP LOCKED`).
     pub(super) skip_locked: bool,
-    /// What goes before each `also` statement: on MariaDB a lock wait of
-    /// [`crate::store::sql::ALSO_LOCK_WAIT`] (rounded up to its whole
-    /// second) for that statement alone; on MySQL nothing (its statements
-    /// wait `db_lock_timeout`).
-    pub(super) also_prefix: &'static str,
+    /// The timer's `also` statements as they run: on MariaDB each with a
+    /// lock wait of [`crate::store::sql::ALSO_LOCK_WAIT`] (rounded up to
+    /// its whole second) for that statement alone; on MySQL as written
+    /// (they wait `db_lock_timeout`).
+    pub(super) also: Vec<String>,
     /// Binds cancelled, the ids, then unpaid.
     pub(super) update: String,
     /// Binds unpaid.
@@ -232,13 +232,18 @@ pub(super) fn deadline_us(deadline: &str) -> String {
     )
 }
 
-/// What goes before each `also` statement ([`Sql::also_prefix`]).
-fn also_prefix(mariadb: bool) -> &'static str {
-    if mariadb {
+/// The timer's `also` statements as they run ([`Sql::also`]).
+fn also_statements(timer: &Timer, mariadb: bool) -> Vec<String> {
+    let prefix = if mariadb {
         "SET STATEMENT innodb_lock_wait_timeout = 1 FOR "
     } else {
         ""
-    }
+    };
+    timer
+        .also
+        .iter()
+        .map(|statement| format!("{prefix}{statement}"))
+        .collect()
 }
 
 impl Sql {
@@ -278,7 +283,7 @@ impl Sql {
             lock_orders: format!("{read_orders} FOR UPDATE{skip}"),
             read_orders,
             skip_locked,
-            also_prefix: also_prefix(mariadb),
+            also: also_statements(o, mariadb),
             update: format!(
                 "UPDATE {table} SET {status} = ?{set} \
                   WHERE {id} IN ({{ids}}) AND {status} = ? AND {due} AND {guard}"

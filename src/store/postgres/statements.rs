@@ -116,7 +116,8 @@ pub(super) fn overdue_statement(p: &Parts) -> String {
 }
 
 /// Records the row as set aside, with its digest, and when to try it
-/// again ([`super::super::set_aside_retry_sql`]); returns the mark's
+/// again (an hour later, a day after [`crate::store::SET_ASIDE_HOURLY_TRIES`]
+/// failures of the row as it is); returns the mark's
 /// attempts: 1 the first time (or when the row changed since), one more on
 /// each later failure of the row as it is.
 pub(super) fn set_aside_statement(p: &Parts) -> String {
