@@ -710,18 +710,13 @@ impl Metrics {
         }
     }
 
-    /// The timers whose statements fail for a reason of the environment.
+    /// The timers whose statements fail for a reason of the environment,
+    /// in the config's order.
     pub fn failing_timers(&self) -> Vec<String> {
+        let set = self.failing.lock().unwrap_or_else(|e| e.into_inner());
         self.timers
             .iter()
-            .filter(|timer| {
-                self.timer_failing
-                    .get_or_create(&TimerLabel {
-                        timer: (*timer).clone(),
-                    })
-                    .get()
-                    == 1
-            })
+            .filter(|timer| set.iter().any(|(t, _)| t == *timer))
             .cloned()
             .collect()
     }
