@@ -24,19 +24,10 @@ fn late_ok() -> chrono::Duration {
 async fn parked(env: &TestEnv) -> Vec<(String, String, i64, Vec<u8>)> {
     let mut out = Vec::new();
     for msg in env.drain_parked().await {
-        let headers = msg
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
+        let headers = msg.properties.headers().clone().unwrap_or_default();
         let h = headers.inner();
         assert_eq!(
-            msg.delivery
-                .properties
-                .content_type()
-                .as_ref()
-                .map(|t| t.as_str()),
+            msg.properties.content_type().as_ref().map(|t| t.as_str()),
             Some("application/json"),
             "the sender's properties are kept"
         );
@@ -56,7 +47,7 @@ async fn parked(env: &TestEnv) -> Vec<(String, String, i64, Vec<u8>)> {
             header_str(h.get("x-error-kind")).unwrap_or_default(),
             header_str(h.get("x-error")).unwrap_or_default(),
             h.get("x-attempts").and_then(header_int).unwrap_or(0),
-            msg.delivery.data.clone(),
+            msg.body.clone(),
         ));
     }
     out

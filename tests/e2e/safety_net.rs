@@ -177,7 +177,7 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
     .await;
     // Parked once each, however many sweeps pass.
     let parked_once = || async {
-        let listing = parked::list(&env.amqp, None).await.unwrap();
+        let listing = env.parked_listing().await;
         let mut kinds: Vec<(String, String)> = listing
             .messages
             .iter()
@@ -240,7 +240,9 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
     // Fixed, and replayed: cancelled, effects once, the marks forgotten.
     shop.exec("DELETE FROM released WHERE order_id LIKE 'net-poison%'")
         .await;
-    let replayed = parked::replay(&env.amqp, &Selection::All).await.unwrap();
+    let replayed = parked::replay(&env.amqp, &env.parked_store(), &Selection::All)
+        .await
+        .unwrap();
     assert_eq!(replayed.replayed, 3);
     env.eventually(
         Duration::from_secs(15),

@@ -529,21 +529,13 @@ async fn bad_messages_are_parked_with_their_reason_and_do_not_block(dialect: Dia
     assert_eq!(parked.len(), 2);
     let mut reasons = Vec::new();
     for msg in &parked {
-        let headers = msg
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
+        let headers = msg.properties.headers().clone().unwrap_or_default();
         let kind = order_timeout::broker::headers::header_str(headers.inner().get("x-error-kind"))
             .unwrap();
         let error =
             order_timeout::broker::headers::header_str(headers.inner().get("x-error")).unwrap();
         assert!(!error.is_empty());
-        reasons.push((
-            kind,
-            String::from_utf8_lossy(&msg.delivery.data).into_owned(),
-        ));
+        reasons.push((kind, String::from_utf8_lossy(&msg.body).into_owned()));
     }
     reasons.sort();
     assert_eq!(reasons[0].0, "not_json");

@@ -21,8 +21,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
-    ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
