@@ -169,6 +169,9 @@ pub struct TestEnv {
     /// Confirm-mode channel on `amqp`.
     pub channel: Channel,
     stop_inventory: std::sync::Mutex<Shutdown>,
+    /// The database of the service started last (its parked store), when
+    /// it is not [`Settings::database_url`] (a shop of its own).
+    service_database: std::sync::Mutex<Option<SecretUrl>>,
     inventory_addr: std::net::SocketAddr,
     base_db_url: SecretUrl,
     /// The MariaDB server holding the orders database, when
@@ -340,6 +343,7 @@ impl TestEnv {
             amqp,
             channel,
             stop_inventory: std::sync::Mutex::new(stop_inventory),
+            service_database: std::sync::Mutex::new(None),
             inventory_addr,
             base_db_url,
             mysql_base,
@@ -355,6 +359,7 @@ impl TestEnv {
 
     /// Starts an in-process service instance with other settings.
     pub async fn service_with(&self, settings: Settings) -> RunningService {
+        *self.service_database.lock().unwrap() = Some(settings.database_url.clone());
         RunningService::start(settings)
             .await
             .expect("start the service")

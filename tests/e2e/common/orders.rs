@@ -279,14 +279,17 @@ impl TestEnv {
             .unwrap()
     }
 
-    /// The parked store of this test's database (`order_timeout_parked`).
+    /// The parked store (`order_timeout_parked`) of the database of the
+    /// service started last, else of this test's database.
     pub fn parked_store(&self) -> order_timeout::store::Store {
-        order_timeout::store::connect_lazy(
-            &self.settings.database_url,
-            2,
-            &order_timeout::store::ShopSchema::default(),
-        )
-        .unwrap()
+        let url = self
+            .service_database
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or_else(|| self.settings.database_url.clone());
+        order_timeout::store::connect_lazy(&url, 2, &order_timeout::store::ShopSchema::default())
+            .unwrap()
     }
 
     /// Every parked message, oldest first, with whole bodies, after moving
