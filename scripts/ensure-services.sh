@@ -474,8 +474,8 @@ start_local_mariadb() {
     fi
     log "starting MariaDB"
     as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
-    local i
-    for i in $(seq 1 60); do
+    local _
+    for _ in $(seq 1 60); do
         reachable 127.0.0.1 3306 && break
         sleep 0.5
     done
@@ -595,7 +595,7 @@ mysql://* | mariadb://*) ensure_mysql_at "$DATABASE_URL" DATABASE_URL ;;
 esac
 if [[ $NEED_MYSQL -eq 1 ]]; then
     # The tests need PostgreSQL as well (the reference inventory server keeps its stock there).
-    [[ ${DATABASE_URL:-} == mysql://* ]] && (DATABASE_URL= ensure_postgres)
+    [[ ${DATABASE_URL:-} == mysql://* ]] && (DATABASE_URL='' ensure_postgres)
     ensure_mysql_at "${MYSQL_URL:-mysql://root@127.0.0.1:3306/mysql}" MYSQL_URL
 fi
 if [[ $NEED_OPS_TOOLS -eq 1 ]]; then
