@@ -356,6 +356,9 @@ launch_node() {
     printf '\n==== %s: starting %s\n' "$(date '+%F %T')" "$(node_name "$i")" >>"$dir/console.log"
     (
         cd "$dir"
+        # The open-file limit a node gets is its soft limit: raise it to the hard one (a soft
+        # 1024 leaves a node ~900 handles, fewer than a few vhosts of quorum queues need).
+        ulimit -S -n "$(ulimit -H -n)" 2>/dev/null || true
         exec setsid env "${env[@]}" "${RUN[@]}" "$BIN/rabbitmq-server" >>"$dir/console.log" 2>&1 </dev/null
     ) &
     echo $! >"$dir/server.pid"
