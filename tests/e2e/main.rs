@@ -23,6 +23,7 @@ mod permanent_failures;
 mod privileges;
 mod process;
 mod publishers;
+mod rabbitmq4;
 mod safety_net;
 mod secrets;
 mod service;
