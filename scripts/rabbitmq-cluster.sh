@@ -464,7 +464,7 @@ wait_formed() {
     while :; do
         v=$(view 1 || true)
         [[ $v == *"$want"* ]] && return 0
-        if (($(now) >= $2)); then
+        if (($(now) >= $1)); then
             die "the cluster did not form within ${TIMEOUT}s; node 1 reports: ${v:-nothing}"
         fi
         sleep 0.5
