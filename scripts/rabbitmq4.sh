@@ -54,7 +54,7 @@ MARKER=$ROOT/.order-timeout-rabbitmq4-complete
 
 # RabbitMQ 4.0's deprecated features, all denied (`rabbitmqctl list_deprecated_features`;
 # classic_queue_mirroring is removed in 4.0, so denied already). The e2e test
-# broker_versions::the_4x_node_denies_every_deprecated_feature_and_runs_khepri fails when the root's
+# broker_versions::the_rabbitmq4_node_denies_every_deprecated_feature_and_runs_khepri fails when the root's
 # version deprecates one more that is not listed here.
 DENY_DEPRECATED='deprecated_features.permit.amqp_address_v1 = false
 deprecated_features.permit.global_qos = false

@@ -35,7 +35,7 @@ fn version(broker: Broker) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_4x_node_denies_every_deprecated_feature_and_runs_khepri() {
+async fn the_rabbitmq4_node_denies_every_deprecated_feature_and_runs_khepri() {
     let broker = Broker::Rabbitmq4;
     if !broker.available() {
         return;
