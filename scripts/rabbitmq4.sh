@@ -5,7 +5,7 @@
 # feature denied and Khepri (the 4.x metadata store) on. The machine's broker (5672, epmd
 # on 4369) is never touched: the 4.x nodes have their own names, ports, data, cookie and
 # epmd (4390). Needs root (debootstrap, chroot, mount namespaces) and, the first time,
-# the Debian archive (about 90 MB downloaded, ~370 MB on disk).
+# the Debian archive (115 packages downloaded, 370 MB on disk).
 #
 # Usage: scripts/rabbitmq4.sh [COMMAND]
 #   start (default)  prepare the root (if needed), then start the test node unless it runs
