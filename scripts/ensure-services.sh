@@ -600,8 +600,8 @@ ensure_kubernetes_validate() {
 # RabbitMQ 4.x (scripts/rabbitmq4.sh), beside the machine's broker
 # ---------------------------------------------------------------------------------------
 # debootstrap comes from apt here, before anything else runs apt-get; the root (a download
-# of 115 packages the first time) and the node are then made in the background while the rest is
-# checked or installed.
+# of 115 packages the first time) and the node are then made in the background while the
+# rest is checked or installed.
 RABBITMQ4=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/rabbitmq4.sh
 start_rabbitmq4() {
     if [[ $(id -u) -ne 0 ]]; then
