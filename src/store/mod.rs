@@ -51,10 +51,10 @@ mod values;
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use error::StoreError;
 pub(crate) use ids::IdRejected;
+pub use parked::ParkedFilter;
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use parked::{NewParked, ParkedRow};
-pub use parked::ParkedFilter;
 pub(crate) use releases::{Expansion, Migrated};
 pub(crate) use shape::{IdKind, SchemaReport};
 #[cfg_attr(feature = "testing", visibility::make(pub))]

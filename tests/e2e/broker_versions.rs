@@ -11,8 +11,8 @@
 //! The delivery limit, on both versions: RabbitMQ 4.x drops a message
 //! returned to a quorum queue more often than the queue's delivery limit,
 //! 20 unless the queue says otherwise; 3.x has no default limit. The
-//! service declares its due and parked queues with a limit of 1,000,000,
-//! which holds on both.
+//! service declares its due queue (the one it consumes) with a limit of
+//! 1,000,000, which holds on both.
 
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
 use order_timeout::broker::headers::header_int;
-use order_timeout::broker::topology::PARKED_QUEUE;
+use order_timeout::broker::topology::DUE_QUEUE;
 
 use crate::common::{Broker, TestEnv, declare_durable_queue, depth_on, on_both_brokers};
 
@@ -179,8 +179,9 @@ async fn put(env: &TestEnv, queue: &str) {
 
 /// 25 returns of one message: in a quorum queue declared without a
 /// delivery limit, RabbitMQ 4.x drops it after the 20th (its default
-/// limit) and 3.x keeps it; in the service's parked queue (limit
-/// 1,000,000) both keep it. `x-delivery-count` counts the returns on both.
+/// limit) and 3.x keeps it; in the service's due queue (limit 1,000,000;
+/// no service consumes it here) both keep it. `x-delivery-count` counts
+/// the returns on both.
 async fn a_message_returned_25_times_is_kept_where_the_service_declared_the_limit(broker: Broker) {
     const RETURNS: usize = 25;
     let env = TestEnv::new().await;
@@ -189,17 +190,17 @@ async fn a_message_returned_25_times_is_kept_where_the_service_declared_the_limi
     let plain = "ot-no-delivery-limit";
     declare_durable_queue(&channel, plain, "quorum", FieldTable::default()).await;
     put(&env, plain).await;
-    put(&env, PARKED_QUEUE).await;
+    put(&env, DUE_QUEUE).await;
 
     let in_plain = return_repeatedly(&channel, plain, RETURNS).await;
-    let in_parked = return_repeatedly(&channel, PARKED_QUEUE, RETURNS).await;
+    let in_due = return_repeatedly(&channel, DUE_QUEUE, RETURNS).await;
     eprintln!(
         "{broker:?}: a quorum queue without a delivery limit handed the message out {} times \
-         (x-delivery-count {:?}); the parked queue {} times (x-delivery-count {:?})",
+         (x-delivery-count {:?}); the due queue {} times (x-delivery-count {:?})",
         in_plain.len(),
         in_plain,
-        in_parked.len(),
-        in_parked
+        in_due.len(),
+        in_due
     );
     // The n-th return is counted on the next delivery (absent or 0 on the
     // first).
@@ -209,8 +210,8 @@ async fn a_message_returned_25_times_is_kept_where_the_service_declared_the_limi
             .enumerate()
             .all(|(n, c)| c.unwrap_or(0) == n as i64)
     };
-    assert_eq!(in_parked.len(), RETURNS + 1, "kept in the parked queue");
-    assert!(counted(&in_parked), "{in_parked:?}");
+    assert_eq!(in_due.len(), RETURNS + 1, "kept in the due queue");
+    assert!(counted(&in_due), "{in_due:?}");
     assert!(counted(&in_plain), "{in_plain:?}");
     match broker {
         Broker::Rabbitmq3 => assert_eq!(in_plain.len(), RETURNS + 1, "3.x has no default limit"),
