@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use crate::common::{Dialect, RuleInventory, STOCK, TestEnv, on_both_dialects, ready};
+use crate::common::{
+    Dialect, RuleInventory, STOCK, TestEnv, on_both_dialects, on_rabbitmq4, ready,
+};
 use crate::store::mysql_base;
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
@@ -278,7 +280,7 @@ async fn publish_with(
 /// Limits the parked queue and the cascade's level 4 (16 s) to `max`
 /// messages, refusing publishes beyond (`reject-publish`).
 fn set_limit(env: &TestEnv, max: u32) {
-    scratch::rabbitmqctl(&[
+    env.rabbitmqctl(&[
         "-q",
         "set_policy",
         "-p",
@@ -288,8 +290,7 @@ fn set_limit(env: &TestEnv, max: u32) {
         "limit",
         r"^order-timeout\.delay\.04(\.s[0-9]+)?$",
         &format!(r#"{{"max-length":{max},"overflow":"reject-publish"}}"#),
-    ])
-    .unwrap();
+    ]);
 }
 
 /// The paid order `filler`, whose messages fill queues (acked as paid
@@ -840,4 +841,14 @@ on_both_dialects!(
     a_re_schedule_refused_until_the_hold_window_is_held,
     a_delivery_near_the_delivery_limit_is_parked_before_the_broker_drops_it,
     header_values_at_the_edges_neither_panic_nor_reset_the_attempts,
+);
+
+// On RabbitMQ 4.x: the poison checks (a delivery near the delivery limit,
+// an order the inventory refuses, header values at the edges) and
+// publishes the broker refuses (`reject-publish`).
+on_rabbitmq4!(
+    a_delivery_near_the_delivery_limit_is_parked_before_the_broker_drops_it,
+    an_inventory_refusing_one_order_parks_it_after_one_attempt_and_releases_the_others,
+    header_values_at_the_edges_neither_panic_nor_reset_the_attempts,
+    publishes_the_broker_refuses_back_off_instead_of_spinning,
 );

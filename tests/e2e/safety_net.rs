@@ -25,7 +25,7 @@ use order_timeout::store::Dialect;
 use order_timeout_tools::scratch::ScratchDatabase;
 use order_timeout_tools::shop::ShopDb;
 
-use crate::common::TestEnv;
+use crate::common::{TestEnv, on_rabbitmq4};
 use crate::store::mysql_base;
 
 /// The shop's database for one dialect: the test's PostgreSQL database, or
@@ -335,6 +335,9 @@ mod mysql {
         super::rows_the_flip_leaves_alone_never_hide_the_rows_behind_them(Dialect::MySql).await;
     }
 }
+
+// On RabbitMQ 4.x: a poison row parked once while the sweeper goes on.
+on_rabbitmq4!(a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on);
 
 /// How late the sweeper cancels an unpublished order with the **default**
 /// sweeper settings while a poison row (its flip fails for good) or 600

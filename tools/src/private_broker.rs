@@ -2,6 +2,12 @@
 //! cluster of 1..N nodes of this run's own (own names, ports, data, cookie),
 //! driven through `scripts/rabbitmq-cluster.sh` — the script users run —
 //! and removed on drop. The machine's own broker is never touched.
+//!
+//! The nodes are the machine's RabbitMQ (Debian bookworm's 3.10), or with
+//! [`ClusterConfig::rabbitmq4`] RabbitMQ 4.x from the root that
+//! `scripts/rabbitmq4.sh` prepares (Debian trixie's 4.0.5), started through
+//! `scripts/rabbitmq4.sh cluster start`: every deprecated feature denied,
+//! Khepri on, their own epmd.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,11 +19,16 @@ pub fn cluster_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rabbitmq-cluster.sh")
 }
 
+/// Where the RabbitMQ 4.x script lives in this repository.
+pub fn rabbitmq4_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rabbitmq4.sh")
+}
+
 /// A failed script command, with what it printed.
 #[derive(Debug, thiserror::Error)]
-#[error("scripts/rabbitmq-cluster.sh {command} failed ({status}): {stderr}")]
+#[error("{command} failed ({status}): {stderr}")]
 pub struct ClusterError {
-    /// The command line after the script's name.
+    /// The command line (`scripts/rabbitmq-cluster.sh start`, …).
     pub command: String,
     /// Its exit status.
     pub status: String,
@@ -36,6 +47,9 @@ pub struct ClusterConfig {
     /// Lines appended to every node's `rabbitmq.conf` (`@I@` and `@PORT@`
     /// are replaced by the script).
     pub extra_conf: Option<String>,
+    /// RabbitMQ 4.x nodes from `scripts/rabbitmq4.sh`'s root instead of
+    /// the machine's RabbitMQ.
+    pub rabbitmq4: bool,
 }
 
 impl ClusterConfig {
@@ -45,6 +59,7 @@ impl ClusterConfig {
             nodes,
             advanced_config: None,
             extra_conf: None,
+            rabbitmq4: false,
         }
     }
 }
@@ -92,7 +107,13 @@ impl PrivateCluster {
             nodes: config.nodes,
             port,
         };
-        cluster.run_with(&["start"], &env).await?;
+        if config.rabbitmq4 {
+            cluster
+                .run_script(&rabbitmq4_script(), &["cluster", "start"], &env)
+                .await?;
+        } else {
+            cluster.run_with(&["start"], &env).await?;
+        }
         Ok(cluster)
     }
 
@@ -155,9 +176,18 @@ impl PrivateCluster {
         args: &[&str],
         env: &[(&str, String)],
     ) -> Result<String, ClusterError> {
+        self.run_script(&cluster_script(), args, env).await
+    }
+
+    async fn run_script(
+        &self,
+        script: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> Result<String, ClusterError> {
         let mut command = Command::new("bash");
         command
-            .arg(cluster_script())
+            .arg(script)
             .args(args)
             .env("CLUSTER_DIR", &self.dir)
             .kill_on_drop(true);
@@ -173,8 +203,9 @@ impl PrivateCluster {
         } else {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
+            let name = script.file_name().unwrap_or_default().to_string_lossy();
             Err(ClusterError {
-                command: args.join(" "),
+                command: format!("scripts/{name} {}", args.join(" ")),
                 status: output.status.to_string(),
                 stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
             })
