@@ -21,6 +21,7 @@ use super::schedule::timer_names;
 use crate::broker::publisher::Publisher;
 use crate::broker::topology::{self, Layout};
 use crate::message::{Deadline, TimeoutRequest};
+use crate::ops::pending::{DUE_WINDOWS, LATER};
 use crate::settings::{Settings, Timer, TimerName};
 use crate::store::{self, Store};
 
@@ -37,6 +38,11 @@ pub struct BackfillArgs {
     /// given several times. Default: every timer of the config.
     #[arg(long = "timer", value_name = "NAME")]
     pub timers: Vec<String>,
+    /// Publish nothing: say how many rows each timer would schedule and
+    /// when they fall due (overdue, within 1 minute … 7 days, later).
+    /// Needs only DATABASE_URL.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// Schedules every waiting row of each chosen timer, page by page in id
@@ -47,6 +53,12 @@ pub(super) async fn run(settings: Settings, args: BackfillArgs) -> anyhow::Resul
     let stores = store::connect_timers(&settings.database_url, pool, &timers)?;
     for store in stores.iter() {
         store.prepare().await?;
+    }
+    if args.dry_run {
+        for store in stores.iter() {
+            print!("{}", dry_run(store, args.batch).await?);
+        }
+        return Ok(ExitCode::SUCCESS);
     }
     let conn = connect(&settings, "order-timeout-backfill").await?;
     let publisher = Publisher::new(&conn).await?;
@@ -80,6 +92,69 @@ pub(super) fn chosen(timers: &[Timer], names: &[String]) -> anyhow::Result<Vec<T
         .filter(|t| wanted.contains(&t.name))
         .cloned()
         .collect())
+}
+
+/// What `backfill` would schedule for `store`'s timer: the rows in its
+/// `from` status passing the guard, by when they fall due (on this host's
+/// clock), read page by page as the real run reads them; nothing is
+/// published.
+#[tracing::instrument(skip_all, fields(timer = %store.timer().name))]
+async fn dry_run(store: &Store, batch: u32) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    let timer = store.timer();
+    let now = chrono::Utc::now();
+    // Overdue, then each window of `pending`, then later.
+    let mut counts = vec![0u64; DUE_WINDOWS.len() + 2];
+    let (mut first, mut last) = (None, None);
+    let mut after: Option<String> = None;
+    loop {
+        let page = store.waiting_page(after.as_deref(), batch.max(1)).await?;
+        for (_, deadline) in &page.rows {
+            first = first.min(Some(*deadline)).or(Some(*deadline));
+            last = last.max(Some(*deadline));
+            let secs = (*deadline - now).num_seconds();
+            let slot = match u64::try_from(secs) {
+                Err(_) | Ok(0) => 0,
+                Ok(secs) => {
+                    1 + DUE_WINDOWS
+                        .iter()
+                        .take_while(|(_, bound)| secs > *bound)
+                        .count()
+                }
+            };
+            counts[slot] += 1;
+        }
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let total: u64 = counts.iter().sum();
+    let mut out = format!(
+        "timer {}: would schedule {total} rows of {} in status {} (dry run: nothing published)\n",
+        timer.name,
+        store.prepare().await?.table,
+        timer.from
+    );
+    let labels = std::iter::once("overdue (flipped at once)".to_owned())
+        .chain(
+            DUE_WINDOWS
+                .iter()
+                .map(|(name, _)| format!("due within {name}")),
+        )
+        .chain(std::iter::once(format!("due {LATER}")));
+    for (label, n) in labels.zip(&counts) {
+        let _ = writeln!(out, "  {label:<26} {n:>10}");
+    }
+    if let (Some(first), Some(last)) = (first, last) {
+        let _ = writeln!(
+            out,
+            "  deadlines from {} to {} (UTC)",
+            first.format("%Y-%m-%d %H:%M:%S"),
+            last.format("%Y-%m-%d %H:%M:%S")
+        );
+    }
+    Ok(out)
 }
 
 /// Schedules every row of `store`'s timer still in its `from` status.

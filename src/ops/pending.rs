@@ -24,11 +24,11 @@
 //! maybe much sooner. It is a bound, not an exact time, and every place that
 //! shows it says so.
 //!
-//! The parked queue's depth is measured the same way. Its breakdown by
-//! reason needs the messages' headers, so only an operator's explicit
-//! request reads it (`pending` does one listing pass when the queue holds
-//! at most [`PARKED_SCAN_LIMIT`] messages; the console's parked page does
-//! one per view); the gauges refreshed on an interval never do.
+//! The parked queue's depth is measured the same way: the messages that
+//! wait there to be moved into the parked store. What the store keeps, by
+//! reason, is one query of the database (`pending` runs it unless the
+//! operator says `--parked-scan-limit 0`; the keeper counts the store for
+//! its gauge).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -50,9 +50,8 @@ use crate::shutdown::Shutdown;
 /// How often the running service refreshes the pending gauges.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 
-/// `pending` counts parked messages by reason with one listing pass only
-/// when the parked queue holds at most this many (a pass takes every
-/// parked message once; beyond this the depth alone is shown).
+/// `pending` shows the parked messages by reason only while the parked
+/// store keeps at most this many (beyond it, their number alone).
 pub const PARKED_SCAN_LIMIT: u32 = 10_000;
 
 /// A message in cascade level `level` reaches the consumer within this

@@ -573,7 +573,7 @@ async fn backfill_schedules_the_unpaid_orders_already_in_the_table() {
         ),
     )
     .unwrap();
-    let backfill = || {
+    let backfill_with = |extra: &[&str]| {
         crate::bounds::output_within(
             std::process::Command::new(env!("CARGO_BIN_EXE_order-timeout"))
                 .args([
@@ -583,6 +583,7 @@ async fn backfill_schedules_the_unpaid_orders_already_in_the_table() {
                     "--batch",
                     "3",
                 ])
+                .args(extra)
                 .env("AMQP_URL", env.settings.amqp_url.expose())
                 .env("DATABASE_URL", db.url.expose())
                 .env("RUST_LOG", "warn"),
@@ -590,6 +591,37 @@ async fn backfill_schedules_the_unpaid_orders_already_in_the_table() {
             "order-timeout backfill",
         )
     };
+    let backfill = || backfill_with(&[]);
+    // A dry run says what would be scheduled, by when it falls due, and
+    // publishes nothing.
+    let dry = backfill_with(&["--dry-run"]);
+    let said = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        dry.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    assert!(
+        said.contains("would schedule 7 rows of oms_order"),
+        "{said}"
+    );
+    let count = |label: &str| -> u64 {
+        said.lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {label:?} line in {said}"))
+    };
+    assert_eq!(count("overdue"), 3, "{said}");
+    assert_eq!(count("due within 1m"), 4, "{said}");
+    assert_eq!(count("due later"), 0, "{said}");
+    let pending = env
+        .cli(&["pending", "--json", "--parked-scan-limit", "0"])
+        .await;
+    let report: serde_json::Value = serde_json::from_str(&pending.stdout).unwrap();
+    assert_eq!(
+        report["total"]["messages"], 0,
+        "the dry run published nothing"
+    );
     let out = backfill();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
