@@ -74,10 +74,10 @@ pub(super) fn client(peer: SocketAddr, headers: &HeaderMap, trusted: &[IpAddr]) 
     headers
         .get_all("x-forwarded-for")
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|a| a.trim().parse().ok())
-        .last()
+        .next_back()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .and_then(|a| a.trim().parse().ok())
         .unwrap_or(peer.ip())
 }
 
