@@ -398,7 +398,7 @@ impl Metrics {
             console_overviews: register(
                 &mut r,
                 "console_overviews",
-                "Times the console's overview was computed: at most once per 5 s, whatever the number of viewers",
+                "Times the console's overview was computed: at most once per 2 s, whatever the number of viewers",
                 Counter::default(),
             ),
             http_refused: register(
