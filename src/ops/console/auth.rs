@@ -185,6 +185,32 @@ impl Admin {
         self.sign("csrf", session.as_bytes())
     }
 
+    /// The signature of a notice an action leaves for the page it redirects
+    /// to (`replayed=3&kept=1`), bound to the session: the page shows a
+    /// notice only with it, so a crafted link (`?deleted=5000`) cannot make
+    /// the console claim an action that never happened.
+    #[allow(
+        dead_code,
+        reason = "for the parked page's notices, issue 46's points 1 and 2 (parked.rs)"
+    )]
+    pub(super) fn sign_notice(&self, session: &str, notice: &str) -> String {
+        self.sign("notice", format!("{session}\0{notice}").as_bytes())
+    }
+
+    /// Whether `signature` is [`Admin::sign_notice`]'s for `notice` in
+    /// `session`.
+    #[allow(
+        dead_code,
+        reason = "for the parked page's notices, issue 46's points 1 and 2 (parked.rs)"
+    )]
+    pub(super) fn notice_valid(&self, session: &str, notice: &str, signature: &str) -> bool {
+        self.verify(
+            "notice",
+            format!("{session}\0{notice}").as_bytes(),
+            signature,
+        )
+    }
+
     /// Whether `csrf` is the CSRF token of `session`.
     pub(super) fn csrf_valid(&self, session: &str, csrf: &str) -> bool {
         self.verify("csrf", session.as_bytes(), csrf)
@@ -319,6 +345,10 @@ mod tests {
             a.session_valid(&a.new_session()),
             "a new login in the same second"
         );
+        let notice = a.sign_notice(&session, "deleted=5");
+        assert!(a.notice_valid(&session, "deleted=5", &notice));
+        assert!(!a.notice_valid(&session, "deleted=5000", &notice));
+        assert!(!a.notice_valid(&a.new_session(), "deleted=5", &notice));
         a.revoke("9999999999.forged");
         assert_eq!(
             a.revoked.lock().unwrap().len(),
