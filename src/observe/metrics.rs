@@ -404,7 +404,7 @@ impl Metrics {
             http_refused: register(
                 &mut r,
                 "http_refused",
-                "HTTP connections and requests refused to protect the service, by reason (connections: past max_connections; busy: past console_concurrency; timeout: past request_timeout; login_limited: past the login limits; host: a host name not configured)",
+                "HTTP connections and requests refused to protect the service, by reason (connections: past max_connections; busy: past console_concurrency; timeout: past request_timeout; rate: past console_per_second; login_limited: past the login limits; host: a host name not configured)",
                 Family::default(),
             ),
             ready: register(

@@ -45,6 +45,10 @@ pub struct HttpSettings {
     /// Most console requests handled at once; more are answered 503 at
     /// once rather than queued.
     pub console_concurrency: usize,
+    /// Console requests one client address may make per second (twice as
+    /// many at once); more are answered 429. A person reading the console
+    /// makes a few a minute; a flood from one address is cut to this.
+    pub console_per_second: u32,
     /// Login attempts one client address may make per minute (the first
     /// ones at once, then evenly spread).
     pub login_per_minute: u32,
@@ -62,6 +66,7 @@ impl Default for HttpSettings {
             request_timeout: Duration::from_secs(30),
             max_connections: 256,
             console_concurrency: 16,
+            console_per_second: 20,
             login_per_minute: 5,
             login_per_minute_total: 30,
         }

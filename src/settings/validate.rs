@@ -88,7 +88,7 @@ impl Settings {
 
     /// Windows, batches, pools and concurrency limits of at least one.
     fn check_counts(&self) -> Result<(), ConfigError> {
-        let counts: [(&'static str, u64); 12] = [
+        let counts: [(&'static str, u64); 13] = [
             ("prefetch", self.prefetch.into()),
             ("batch_max", self.batch_max as u64),
             ("batch_concurrency", self.batch_concurrency as u64),
@@ -101,6 +101,10 @@ impl Settings {
             (
                 "[http].console_concurrency",
                 self.http.console_concurrency as u64,
+            ),
+            (
+                "[http].console_per_second",
+                self.http.console_per_second.into(),
             ),
             ("[http].login_per_minute", self.http.login_per_minute.into()),
             (

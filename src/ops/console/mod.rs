@@ -38,7 +38,7 @@ use tower::ServiceBuilder;
 
 use self::auth::{Access, Admin, Refusal};
 use self::cache::Fresh;
-use self::guard::LoginGuard;
+use self::guard::{LoginGuard, VisitGuard};
 use self::html::{Page, esc};
 use super::pending::PendingBoard;
 use crate::observe::http::Health;
@@ -82,6 +82,8 @@ pub struct Console {
     http: HttpSettings,
     /// The login limits.
     logins: LoginGuard,
+    /// The requests per client and second.
+    visits: VisitGuard,
     /// The overview's body as last computed.
     overview: Fresh,
     /// The pending page's body as last computed.
@@ -113,6 +115,7 @@ impl Console {
                 settings.http.login_per_minute,
                 settings.http.login_per_minute_total,
             ),
+            visits: VisitGuard::new(settings.http.console_per_second),
             overview: Fresh::new(PAGE_FRESH),
             pending: Fresh::new(PAGE_FRESH),
         }
@@ -198,7 +201,10 @@ pub fn router(console: Console) -> Router {
     let limits = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(move |error: tower::BoxError| {
             let metrics = metrics.clone();
-            async move { overloaded(&metrics, &error) }
+            async move {
+                tokio::time::sleep(REFUSAL_PAUSE).await;
+                overloaded(&metrics, &error)
+            }
         }))
         .load_shed()
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
@@ -222,7 +228,7 @@ pub fn router(console: Console) -> Router {
         .route("/console/logout", post(logout))
         .with_state(console.clone())
         .layer(limits)
-        .layer(axum::middleware::from_fn_with_state(console, known_host))
+        .layer(axum::middleware::from_fn_with_state(console, admit))
 }
 
 /// A console request refused for load: 503 at once when
@@ -245,26 +251,54 @@ fn overloaded(metrics: &Metrics, error: &tower::BoxError) -> Response {
     response
 }
 
+/// What a refused console request costs its sender: the answer comes
+/// after this pause, so a client looping on refusals makes a few requests
+/// a second, not thousands (each costs the service a connection).
+const REFUSAL_PAUSE: Duration = Duration::from_millis(100);
+
 /// Serves only requests naming a host `[http]` allows (`Host`): a page of
 /// another site whose name was rebound to this address names its own host,
-/// and is refused (421) before anything is read.
-async fn known_host(State(console): State<Arc<Console>>, request: Request, next: Next) -> Response {
+/// and is refused (421) before anything is read. Then at most
+/// `console_per_second` requests per client (429 past it).
+async fn admit(State(console): State<Arc<Console>>, request: Request, next: Next) -> Response {
     let host = request
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()))
         .unwrap_or_default();
-    if console.http.serves_host(host) {
-        return next.run(request).await;
+    if !console.http.serves_host(host) {
+        console.metrics.http_refused("host");
+        tracing::debug!(host, "console request for a host name not in [http] hosts");
+        tokio::time::sleep(REFUSAL_PAUSE).await;
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "This host name is not one the console answers to: add it to [http] hosts (HTTP_HOSTS).\n",
+        )
+            .into_response();
     }
-    console.metrics.http_refused("host");
-    tracing::debug!(host, "console request for a host name not in [http] hosts");
-    (
-        StatusCode::MISDIRECTED_REQUEST,
-        "This host name is not one the console answers to: add it to [http] hosts (HTTP_HOSTS).\n",
-    )
-        .into_response()
+    let client = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| {
+            guard::client(*peer, request.headers(), &console.http.trusted_proxies)
+        });
+    if let Some(client) = client
+        && !console.visits.admit(client)
+    {
+        console.metrics.http_refused("rate");
+        tokio::time::sleep(REFUSAL_PAUSE).await;
+        let mut response = (
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many console requests from this address; try again in a moment.\n",
+        )
+            .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    }
+    next.run(request).await
 }
 
 /// A POSTed `application/x-www-form-urlencoded` body.
