@@ -152,6 +152,10 @@ async fn parallel_wrong_logins_are_bounded_per_client_and_bodies_capped() {
         request(addr, "POST", "/console/login", &[], &big).await.0,
         413
     );
+    // Nor is any console form of 1 MB (below axum's own 2 MB default).
+    let form = format!("only={}", "x".repeat(1 << 20));
+    let (status, _, _) = request(addr, "POST", "/console/parked/replay", &[], &form).await;
+    assert_eq!(status, 413);
     // Refused by the login limits, or by the console's own rate first.
     let refused =
         service.metrics.http_refused_of("login_limited") + service.metrics.http_refused_of("rate");

@@ -60,6 +60,11 @@ mod views;
 /// thousand viewers cost one computation.
 pub(crate) const PAGE_FRESH: Duration = Duration::from_secs(2);
 
+/// Largest body of a console POST (a replay or purge of a thousand chosen
+/// messages is about 50 KiB); the login form's is smaller still
+/// ([`guard::LOGIN_BODY_LIMIT`]).
+const BODY_LIMIT: usize = 256 * 1024;
+
 /// What the console reads and acts on.
 pub struct Console {
     amqp_url: SecretUrl,
@@ -227,6 +232,7 @@ pub fn router(console: Console) -> Router {
         )
         .route("/console/logout", post(logout))
         .with_state(console.clone())
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(limits)
         .layer(axum::middleware::from_fn_with_state(console, admit))
 }
