@@ -40,7 +40,10 @@ RUN apt-get update \
     && useradd --system --uid 10001 --gid 10001 --home-dir /nonexistent --no-create-home \
         --shell /usr/sbin/nologin order-timeout
 
-# Inside a container, listen on all interfaces (the binaries default to 127.0.0.1).
+# Inside a container, listen on all interfaces (the binaries default to 127.0.0.1): the
+# container's own network is the boundary. Publish the port to the host's loopback
+# (`-p 127.0.0.1:9464:9464`) or behind a NetworkPolicy (deploy/kubernetes/), never to
+# the world: the console answers anyone who reaches it (docs/console.md, "Exposure").
 # AMQP_URL, DATABASE_URL, INVENTORY_URL still default to local servers: set them.
 ENV HTTP_ADDR=0.0.0.0:9464
 USER 10001:10001
@@ -59,7 +62,7 @@ CMD ["--help"]
 # ---- production (the default target: last in the file) -------------------------------
 FROM runtime AS service
 COPY --from=builder /usr/local/bin/order-timeout /usr/local/bin/order-timeout
-# 9464: metrics and health (HTTP_ADDR).
+# 9464: metrics, health and the console (HTTP_ADDR); see the exposure note above.
 EXPOSE 9464
 ENTRYPOINT ["order-timeout"]
 CMD ["serve"]

@@ -12,7 +12,8 @@
    /readyz of the port HTTP_ADDR listens on, a termination grace period longer than the
    config's shutdown_timeout, Secret keys and ConfigMaps that exist, the migrate Job
    running `migrate`, selectors that select the serving pods, every manifest listed in
-   its kustomization.yaml.
+   its kustomization.yaml, and a NetworkPolicy that admits the serving pods' http port
+   only from named sources (never from everywhere) and no other port.
 
 Usage: check-kubernetes-manifests.py [--manifests DIR] [--kubernetes-version V]...
        check-kubernetes-manifests.py --write-prometheusrule   (after changing the rules)
@@ -113,6 +114,7 @@ def main():
     configmap = one("ConfigMap")
     monitor = one("ServiceMonitor")
     rule = one("PrometheusRule")
+    policy = one("NetworkPolicy")
     secrets = {doc["metadata"]["name"]: doc for _, doc in by_kind.get("Secret", [])}
 
     # 2. The Prometheus Operator's resources.
@@ -181,6 +183,8 @@ def main():
         for port in service["spec"]["ports"]:
             if port.get("targetPort") not in ("http", ports.get("http")):
                 errors.append(f"the Service's port {port.get('name')} targets {port.get('targetPort')}, not the http port")
+        if policy:
+            errors.extend(network_policy_errors(policy, pod_labels, ports))
         user = spec.get("securityContext", {}).get("runAsUser")
         dockerfile = (ROOT / "Dockerfile").read_text()
         if f"USER {user}:" not in dockerfile:
@@ -227,6 +231,25 @@ def main():
         "PrometheusRule = deploy/prometheus-alerts.yml; manifests consistent"
     )
     return 0
+
+
+def network_policy_errors(policy, pod_labels, ports):
+    """The NetworkPolicy selects the serving pods, restricts their ingress, and admits
+    only their http port, each rule from named sources (an empty `from` admits anyone)."""
+    errors = []
+    spec = policy.get("spec", {})
+    selector = spec.get("podSelector", {}).get("matchLabels", {})
+    if not selector or any(pod_labels.get(k) != v for k, v in selector.items()):
+        errors.append(f"the NetworkPolicy's podSelector {selector} does not select the serving pods {pod_labels}")
+    if "Ingress" not in spec.get("policyTypes", []):
+        errors.append("the NetworkPolicy must restrict Ingress")
+    for rule in spec.get("ingress", []):
+        if not rule.get("from"):
+            errors.append("a NetworkPolicy ingress rule without `from` admits everyone")
+        for port in rule.get("ports", []) or [{}]:
+            if port.get("port") not in ("http", ports.get("http")):
+                errors.append(f"the NetworkPolicy admits port {port.get('port')!r}, not only the http port")
+    return errors
 
 
 def kv_version():

@@ -357,6 +357,7 @@ fn serve_http(
         listener,
         health.clone(),
         console,
+        crate::observe::server::Limits::of(&settings.http),
         shutdown.clone(),
     ));
     tokio::spawn(http::refresh_readiness(health.clone(), shutdown.clone()));

@@ -3,6 +3,11 @@
 //! database and inventory are reachable; 503 otherwise, with which one is
 //! not), beside whatever other routes the caller merges in (the console,
 //! `ops::console`, which `app` wires up).
+//!
+//! Readiness is probed at most once per [`READYZ_FRESH`] whatever the
+//! number of probes and page views: anonymous traffic never takes the
+//! database pool from cancelling. The connections are accepted and bounded
+//! by [`super::server`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +28,11 @@ use crate::store::Store;
 /// How long one readiness probe may take per dependency.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long `/readyz` answers with the last evaluation rather than probing
+/// again: a second, so a probe still sees a dependency lost a second ago,
+/// and a thousand probes a second cost one database ping.
+pub(crate) const READYZ_FRESH: Duration = Duration::from_secs(1);
+
 /// What `/readyz` checks, shared with the broker session (which says
 /// whether it is consuming).
 #[derive(Debug)]
@@ -31,6 +41,10 @@ pub struct Health {
     store: Store,
     inventory: InventoryProbe,
     metrics: Arc<Metrics>,
+    /// The last evaluation and when it was made; the lock also makes
+    /// concurrent callers of [`Health::check_cached`] wait for one probe
+    /// instead of each probing.
+    last: tokio::sync::Mutex<Option<(std::time::Instant, Readiness)>>,
 }
 
 /// How readiness checks the inventory.
@@ -81,6 +95,7 @@ impl Health {
             store,
             inventory,
             metrics,
+            last: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -96,8 +111,32 @@ impl Health {
         self.broker.store(up, Ordering::Relaxed);
     }
 
-    /// Probes the dependencies now and updates the `ready` gauge.
+    /// The last evaluation if it is younger than `fresh`, else a new one
+    /// ([`Health::check`]); concurrent callers share one probe.
+    pub async fn check_cached(&self, fresh: Duration) -> Readiness {
+        let mut last = self.last.lock().await;
+        if let Some((at, readiness)) = *last
+            && at.elapsed() < fresh
+        {
+            return readiness;
+        }
+        let readiness = self.probe().await;
+        *last = Some((std::time::Instant::now(), readiness));
+        readiness
+    }
+
+    /// Probes the dependencies now, updates the `ready` gauge and keeps the
+    /// answer for [`Health::check_cached`].
     pub async fn check(&self) -> Readiness {
+        let mut last = self.last.lock().await;
+        let readiness = self.probe().await;
+        *last = Some((std::time::Instant::now(), readiness));
+        readiness
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn probe(&self) -> Readiness {
+        self.metrics.readiness_probed();
         let database = async {
             matches!(
                 tokio::time::timeout(PROBE_TIMEOUT, self.store.ping()).await,
@@ -149,7 +188,7 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
-    let r = health.check().await;
+    let r = health.check_cached(READYZ_FRESH).await;
     let status = if r.ready {
         StatusCode::OK
     } else {
@@ -158,23 +197,35 @@ async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
     (status, axum::Json(r))
 }
 
-/// Serves the endpoints, and the routes of `more`, on `listener` until
-/// `shutdown` fires.
-pub(crate) async fn serve(
-    listener: tokio::net::TcpListener,
-    health: Arc<Health>,
-    more: Router,
-    shutdown: Shutdown,
-) -> std::io::Result<()> {
-    let app = Router::new()
+/// `/metrics`, `/healthz` and `/readyz`: what a probe or a scraper asks
+/// for, served before anything else when connections run short.
+pub(crate) fn health_routes(health: Arc<Health>) -> Router {
+    Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(health)
-        .merge(more);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.wait().await })
-        .await
+}
+
+/// Serves the endpoints, and the routes of `more`, on `listener` until
+/// `shutdown` fires, within `limits`.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    health: Arc<Health>,
+    more: Router,
+    limits: super::server::Limits,
+    shutdown: Shutdown,
+) -> std::io::Result<()> {
+    let metrics = health.metrics.clone();
+    let probes = health_routes(health);
+    let all = probes.clone().merge(more);
+    let reserve = probes.fallback(|| async {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy: too many connections; only /healthz, /readyz and /metrics answer now\n",
+        )
+    });
+    super::server::serve(listener, all, reserve, limits, metrics, shutdown).await
 }
 
 /// Re-evaluates readiness every few seconds so the `ready` gauge (and the

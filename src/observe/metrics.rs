@@ -227,6 +227,9 @@ pub struct Metrics {
     watched: Family<TimerLabel, Counter>,
     outbox_given_up: Counter,
     outbox_deleted: Counter,
+    readiness_probes: Counter,
+    console_overviews: Counter,
+    http_refused: Family<ReasonLabel, Counter>,
     ready: Gauge,
     timer_failing: Family<TimerLabel, Gauge>,
     /// Which statements of which timers fail for a reason of the
@@ -386,6 +389,24 @@ impl Metrics {
                 "outbox_deleted",
                 "Finished outbox rows deleted after [sweeper] outbox_retention",
                 Counter::default(),
+            ),
+            readiness_probes: register(
+                &mut r,
+                "readiness_probes",
+                "Readiness evaluations that probed the dependencies (a database ping, an inventory connect): at most one per second whatever the number of /readyz and console requests",
+                Counter::default(),
+            ),
+            console_overviews: register(
+                &mut r,
+                "console_overviews",
+                "Times the console's overview was computed: at most once per 2 s, whatever the number of viewers",
+                Counter::default(),
+            ),
+            http_refused: register(
+                &mut r,
+                "http_refused",
+                "HTTP connections and requests refused to protect the service, by reason (connections: past max_connections; busy: past console_concurrency; timeout: past request_timeout; rate: past console_per_second; login_limited: past the login limits; host: a host name not configured)",
+                Family::default(),
             ),
             ready: register(
                 &mut r,
@@ -613,6 +634,40 @@ impl Metrics {
     /// Finished outbox rows deleted so far.
     pub fn outbox_deleted_total(&self) -> u64 {
         self.outbox_deleted.get()
+    }
+
+    /// Counts a readiness evaluation that probed the dependencies.
+    pub fn readiness_probed(&self) {
+        self.readiness_probes.inc();
+    }
+
+    /// Readiness evaluations that probed the dependencies so far.
+    pub fn readiness_probes_total(&self) -> u64 {
+        self.readiness_probes.get()
+    }
+
+    /// Counts a computation of the console's overview.
+    pub fn console_overview_computed(&self) {
+        self.console_overviews.inc();
+    }
+
+    /// Console overviews computed so far.
+    pub fn console_overviews_total(&self) -> u64 {
+        self.console_overviews.get()
+    }
+
+    /// Counts an HTTP connection or request refused for `reason`.
+    pub fn http_refused(&self, reason: &'static str) {
+        self.http_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// HTTP connections or requests refused for `reason` so far.
+    pub fn http_refused_of(&self, reason: &'static str) -> u64 {
+        self.http_refused
+            .get_or_create(&ReasonLabel { reason })
+            .get()
     }
 
     /// Counts a failed confirmed publish (re-schedule, park).

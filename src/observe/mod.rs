@@ -1,5 +1,6 @@
 //! What operators see: Prometheus [`metrics`] (with the [`pending`]
-//! gauges), the [`http`] endpoints (`/metrics`, `/healthz`, `/readyz`), the
+//! gauges), the [`http`] endpoints (`/metrics`, `/healthz`, `/readyz`) and the
+//! [`server`] that accepts and bounds their connections, the
 //! instance's [`recent`] history for the console, and the log subscriber
 //! ([`telemetry`]).
 
@@ -10,6 +11,7 @@ pub mod metrics;
 pub(crate) mod metrics;
 pub(crate) mod pending;
 pub(crate) mod recent;
+pub(crate) mod server;
 #[cfg(feature = "testing")]
 pub mod telemetry;
 #[cfg(not(feature = "testing"))]

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 #[cfg(test)]
 mod examples;
+mod http;
 mod lanes;
 #[cfg(test)]
 mod reference;
@@ -21,6 +22,7 @@ mod schema;
 mod secret;
 mod timers;
 mod validate;
+pub use http::HttpSettings;
 pub use lanes::{DEFAULT_LANE_SHARDS, Lane};
 pub use schema::{
     DeadlineUnit, InventorySettings, ItemsMapping, OrdersMapping, Release, StatusValue,
@@ -260,6 +262,8 @@ pub struct Settings {
     pub inventory_url: SecretUrl,
     /// Metrics and health listen address (`HTTP_ADDR`).
     pub http_addr: SocketAddr,
+    /// What the HTTP side accepts from whom, and how long it waits (`[http]`).
+    pub http: HttpSettings,
     /// Queue type of the delay cascade and work queues.
     pub queue_type: QueueType,
     /// Parallel copies of the delay cascade (see [`Shards`]).
@@ -343,6 +347,7 @@ impl Default for Settings {
             database_url: SecretUrl::new(DEFAULT_DATABASE_URL),
             inventory_url: SecretUrl::new(DEFAULT_INVENTORY_URL),
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
+            http: HttpSettings::default(),
             queue_type: QueueType::Quorum,
             cascade_shards: Shards::default(),
             lanes: Vec::new(),
@@ -415,6 +420,19 @@ impl Settings {
                 name: "HTTP_ADDR",
                 reason: format!("{v:?}: {e}"),
             })?;
+        }
+        if let Some(v) = get("HTTP_HOSTS") {
+            self.http.hosts = http::list(&v).map(str::to_owned).collect();
+        }
+        if let Some(v) = get("HTTP_TRUSTED_PROXIES") {
+            self.http.trusted_proxies = http::list(&v)
+                .map(|ip| {
+                    ip.parse().map_err(|e| ConfigError::Env {
+                        name: "HTTP_TRUSTED_PROXIES",
+                        reason: format!("{ip:?}: {e}"),
+                    })
+                })
+                .collect::<Result<_, _>>()?;
         }
         if let Some(v) = get("ADMIN_TOKEN").filter(|v| !v.is_empty()) {
             self.admin_token = Some(AdminToken::parse(&v).map_err(|reason| ConfigError::Env {

@@ -127,12 +127,27 @@ impl AdminToken {
     /// actions to anyone who can reach `HTTP_ADDR`.
     pub const MIN_LEN: usize = 16;
 
-    /// Checks a token's length.
+    /// Fewest different characters accepted: `aaaaaaaaaaaaaaaa`, sixteen
+    /// spaces or `abababab…` are long enough and guessed at once. A random
+    /// hex token of 16 characters has fewer than this with a chance below
+    /// one in ten thousand.
+    pub const MIN_DISTINCT: usize = 6;
+
+    /// Checks a token's length and variety: refused, the service does not
+    /// start (the error names `ADMIN_TOKEN`).
     pub fn parse(token: &str) -> Result<Self, String> {
         if token.chars().count() < Self::MIN_LEN {
             return Err(format!(
                 "ADMIN_TOKEN must be at least {} characters (e.g. `openssl rand -hex 24`)",
                 Self::MIN_LEN
+            ));
+        }
+        let distinct: std::collections::BTreeSet<char> =
+            token.chars().filter(|c| !c.is_whitespace()).collect();
+        if distinct.len() < Self::MIN_DISTINCT {
+            return Err(format!(
+                "ADMIN_TOKEN is too easy to guess: it must use at least {} different characters besides spaces (e.g. `openssl rand -hex 24`)",
+                Self::MIN_DISTINCT
             ));
         }
         Ok(Self(token.to_owned()))
@@ -221,6 +236,15 @@ mod tests {
     #[test]
     fn the_admin_token_is_long_enough_and_never_shown() {
         assert!(AdminToken::parse("short").is_err());
+        for weak in [
+            "aaaaaaaaaaaaaaaa",
+            "                ",
+            "abababababababab",
+            "12345123451234512345",
+        ] {
+            let refused = AdminToken::parse(weak).unwrap_err();
+            assert!(refused.contains("ADMIN_TOKEN"), "{refused}");
+        }
         let token = AdminToken::parse("0123456789abcdef-s3cret").unwrap();
         assert!(!format!("{token:?}").contains("s3cret"));
         assert_eq!(token.expose(), "0123456789abcdef-s3cret");

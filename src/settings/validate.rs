@@ -88,7 +88,7 @@ impl Settings {
 
     /// Windows, batches, pools and concurrency limits of at least one.
     fn check_counts(&self) -> Result<(), ConfigError> {
-        let counts: [(&'static str, u64); 8] = [
+        let counts: [(&'static str, u64); 13] = [
             ("prefetch", self.prefetch.into()),
             ("batch_max", self.batch_max as u64),
             ("batch_concurrency", self.batch_concurrency as u64),
@@ -97,6 +97,20 @@ impl Settings {
             ("max_body_bytes", self.max_body_bytes as u64),
             ("[retry].max_attempts", self.retry.max_attempts.into()),
             ("[sweeper].batch", self.sweeper.batch.into()),
+            ("[http].max_connections", self.http.max_connections as u64),
+            (
+                "[http].console_concurrency",
+                self.http.console_concurrency as u64,
+            ),
+            (
+                "[http].console_per_second",
+                self.http.console_per_second.into(),
+            ),
+            ("[http].login_per_minute", self.http.login_per_minute.into()),
+            (
+                "[http].login_per_minute_total",
+                self.http.login_per_minute_total.into(),
+            ),
         ];
         for (key, value) in counts {
             if value == 0 {
@@ -125,6 +139,8 @@ impl Settings {
             ("outbox_lease", self.outbox_lease),
             ("[retry].base_delay", self.retry.base_delay),
             ("[retry].max_delay", self.retry.max_delay),
+            ("[http].header_read_timeout", self.http.header_read_timeout),
+            ("[http].request_timeout", self.http.request_timeout),
         ];
         if s.enabled {
             positive.push(("[sweeper].interval", s.interval));

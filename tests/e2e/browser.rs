@@ -37,6 +37,13 @@ pub struct Browser {
 impl Browser {
     /// Starts Chromium on a fresh profile and connects to its page.
     pub async fn launch() -> Self {
+        Self::launch_with(&[]).await
+    }
+
+    /// [`Browser::launch`] with more command-line switches (say
+    /// `--host-resolver-rules=MAP name 127.0.0.1`, a DNS name of the
+    /// test's choosing for the console's address).
+    pub async fn launch_with(switches: &[&str]) -> Self {
         let binary = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
         assert!(
             std::path::Path::new(&binary).exists(),
@@ -63,6 +70,7 @@ impl Browser {
                 "--remote-debugging-port=0",
                 "--window-size=1280,900",
             ])
+            .args(switches)
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg("about:blank")
             .env("TMPDIR", &tmp)

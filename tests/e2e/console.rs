@@ -642,3 +642,93 @@ async fn the_console_draws_the_last_hour_and_what_falls_due_when() {
     drop(browser);
     service.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dns_rebinding_page_reads_nothing_in_a_browser() {
+    let env = TestEnv::new().await;
+    let service = with_token(&env).await;
+    publish_for_unknown(&env, "rebind-1").await;
+    wait_parked(&env, &service, 1).await;
+    let port = service.http_addr.port();
+    // The attacker's name, resolved to the console's address, as a
+    // rebinding DNS server would after the page loaded.
+    let mut browser =
+        Browser::launch_with(&["--host-resolver-rules=MAP rebind.evil.example 127.0.0.1"]).await;
+    browser
+        .goto(&format!("http://rebind.evil.example:{port}/console/parked"))
+        .await;
+    let text = browser.text().await;
+    assert!(text.contains("not one the console answers to"), "{text}");
+    assert!(!text.contains("rebind-1"), "{text}");
+    // A script of that page reads the console the same way: refused.
+    let fetched = browser
+        .call(
+            "Runtime.evaluate",
+            serde_json::json!({
+                "expression": "fetch('/console/parked').then(async r => [r.status, await r.text()])",
+                "awaitPromise": true,
+                "returnByValue": true,
+            }),
+        )
+        .await;
+    let answer = &fetched["result"]["value"];
+    assert_eq!(answer[0], 421, "{fetched}");
+    assert!(!answer[1].as_str().unwrap_or_default().contains("rebind-1"));
+    // The console's own name still works.
+    browser
+        .goto(&format!("http://localhost:{port}/console/parked"))
+        .await;
+    assert!(browser.text().await.contains("rebind-1"));
+    drop(browser);
+    service.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_kept_from_before_logout_no_longer_logs_in() {
+    let env = TestEnv::new().await;
+    let service = with_token(&env).await;
+    let base = format!("http://{}", service.http_addr);
+    let mut browser = Browser::launch().await;
+    browser.goto(&format!("{base}/console/login")).await;
+    browser.fill("input[name=token]", TOKEN).await;
+    browser.click("button[type=submit]").await;
+    browser.wait_loaded(&format!("{base}/console/parked")).await;
+    assert_eq!(browser.count("header form").await, 1, "the Log out button");
+    // What a thief (or a shared machine's next user) would keep.
+    let cookies = browser
+        .call("Network.getCookies", serde_json::json!({}))
+        .await;
+    let kept = cookies["cookies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "ot_console")
+        .cloned()
+        .unwrap_or_else(|| panic!("no session cookie: {cookies}"));
+    browser.click("header form button").await;
+    browser.wait_loaded(&format!("{base}/console")).await;
+    assert!(browser.text().await.contains("Log in"));
+    browser
+        .call(
+            "Network.setCookie",
+            serde_json::json!({
+                "name": "ot_console",
+                "value": kept["value"],
+                "url": format!("{base}/console"),
+                "path": "/console",
+                "httpOnly": true,
+                "sameSite": "Strict",
+            }),
+        )
+        .await;
+    browser.goto(&format!("{base}/console/parked")).await;
+    let text = browser.text().await;
+    assert!(
+        text.contains("Log in"),
+        "the old session still works: {text}"
+    );
+    assert_eq!(browser.count("header form").await, 0, "{text}");
+    assert_eq!(browser.count("input[name=csrf]").await, 0, "{text}");
+    drop(browser);
+    service.stop().await.unwrap();
+}

@@ -15,6 +15,7 @@ mod common;
 mod console;
 mod failures;
 mod guarantees;
+mod http_limits;
 mod kubernetes;
 mod lanes;
 mod layout_changes;

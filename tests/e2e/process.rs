@@ -310,12 +310,21 @@ async fn parked_pages_take_bounded_memory_whatever_the_bodies() {
         .port();
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let log = temp_log("parked-memory");
+    // Bodies shown to every visitor: the heaviest pages there are.
+    let config = std::env::temp_dir().join(format!(
+        "parked-memory-{}.toml",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&config, "[http]\npublic_bodies = true\n").unwrap();
     let mut child = serve(
         &env,
         env.settings.amqp_url.expose(),
         env.settings.database_url.expose(),
         &log,
-        &[("HTTP_ADDR", &addr.to_string())],
+        &[
+            ("HTTP_ADDR", &addr.to_string()),
+            ("ORDER_TIMEOUT_CONFIG", config.to_str().unwrap()),
+        ],
     );
     let pid = child.0.id();
     let body = vec![b'<'; BODY];
@@ -399,4 +408,5 @@ async fn parked_pages_take_bounded_memory_whatever_the_bodies() {
     signal(&child, "-TERM");
     wait_exit(&mut child, Duration::from_secs(30)).await;
     let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&config);
 }

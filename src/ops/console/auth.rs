@@ -1,18 +1,23 @@
 //! Who may write: the console's login, session and CSRF tokens, all
 //! derived from `ADMIN_TOKEN` with HMAC-SHA-256, so they need no server
-//! state (replicas behind one address accept each other's sessions, and
-//! changing `ADMIN_TOKEN` ends every session).
+//! state to be checked (replicas behind one address accept each other's
+//! sessions, and changing `ADMIN_TOKEN` ends every session). A logout
+//! revokes its session on the instance that served it: the instance keeps
+//! the revoked sessions until they would have expired.
 //!
 //! - **Login**: the operator types `ADMIN_TOKEN` into the login form; the
 //!   comparison is constant-time.
 //! - **Session**: a cookie `ot_console=EXPIRY.MAC(session, EXPIRY)`
-//!   (`HttpOnly`, `SameSite=Strict`, [`SESSION_TTL`]).
+//!   (`HttpOnly`, `SameSite=Strict`, [`SESSION_TTL`]; `Secure` when a
+//!   trusted proxy says the browser came over HTTPS).
 //! - **CSRF**: every write form carries `csrf = MAC(csrf, session cookie)`;
 //!   a POST without the session cookie, or without the matching `csrf`
 //!   field, or sent from another origin (`Origin`, `Sec-Fetch-Site`), is
 //!   refused. `SameSite=Strict` already keeps the cookie off cross-site
 //!   requests; the token is the second, independent line.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
@@ -41,6 +46,16 @@ pub(super) enum Access {
         /// The CSRF token of this session.
         csrf: String,
     },
+}
+
+impl Access {
+    /// Whether this visitor may read the bodies of parked messages: a
+    /// logged-in operator always; anyone else only when the operator opted
+    /// in (`public_bodies`, `[http] public_bodies`). A body may hold a
+    /// customer's data: an anonymous visitor sees counts, reasons and ids.
+    pub(super) fn may_see_bodies(&self, public_bodies: bool) -> bool {
+        public_bodies || matches!(self, Self::Admin { .. })
+    }
 }
 
 /// Why a write was refused (each a 403).
@@ -76,12 +91,37 @@ impl Refusal {
 #[derive(Clone, Debug)]
 pub(super) struct Admin {
     token: AdminToken,
+    /// Sessions logged out, with their expiry: refused until then.
+    revoked: Arc<Mutex<HashMap<String, i64>>>,
 }
 
 impl Admin {
     /// With `ADMIN_TOKEN` as the key.
     pub(super) fn new(token: AdminToken) -> Self {
-        Self { token }
+        Self {
+            token,
+            revoked: Arc::default(),
+        }
+    }
+
+    /// Ends `session` here: its cookie and CSRF token are refused from now
+    /// on. Only valid sessions are recorded (a logout needs one, and its
+    /// CSRF token), and each only until it would have expired anyway.
+    pub(super) fn revoke(&self, session: &str) {
+        let Some(expires) = self.expiry(session) else {
+            return;
+        };
+        let now = Utc::now().timestamp();
+        let mut revoked = self.revoked.lock().unwrap_or_else(|e| e.into_inner());
+        revoked.retain(|_, at| *at > now);
+        revoked.insert(session.to_owned(), expires);
+    }
+
+    fn is_revoked(&self, session: &str) -> bool {
+        self.revoked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(session)
     }
 
     fn mac(&self, purpose: &str, value: &[u8]) -> Hmac<Sha256> {
@@ -114,23 +154,30 @@ impl Admin {
 
     /// A new session cookie value, valid for [`SESSION_TTL`].
     pub(super) fn new_session(&self) -> String {
+        static ISSUED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let expires = Utc::now().timestamp() + SESSION_TTL.as_secs() as i64;
-        format!(
-            "{expires}.{}",
-            self.sign("session", expires.to_string().as_bytes())
-        )
+        // Unique per login, so that revoking one session ends no other
+        // issued in the same second.
+        let nth = ISSUED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = Utc::now().timestamp_subsec_nanos();
+        let value = format!("{expires}~{nanos:x}{nth:x}");
+        format!("{value}.{}", self.sign("session", value.as_bytes()))
     }
 
     /// Whether `session` is a cookie value this token issued and it has
     /// not expired.
     pub(super) fn session_valid(&self, session: &str) -> bool {
-        let Some((expires, signature)) = session.split_once('.') else {
-            return false;
-        };
-        expires
-            .parse::<i64>()
-            .is_ok_and(|at| at > Utc::now().timestamp())
-            && self.verify("session", expires.as_bytes(), signature)
+        self.expiry(session).is_some() && !self.is_revoked(session)
+    }
+
+    /// The expiry of `session` if this token issued it and it has not
+    /// expired (revoked or not).
+    fn expiry(&self, session: &str) -> Option<i64> {
+        let (value, signature) = session.split_once('.')?;
+        let expires = value.split_once('~').map_or(value, |(expires, _)| expires);
+        let at = expires.parse::<i64>().ok()?;
+        (at > Utc::now().timestamp() && self.verify("session", value.as_bytes(), signature))
+            .then_some(at)
     }
 
     /// The CSRF token of a session.
@@ -209,17 +256,22 @@ pub(super) fn authorize_write(
     }
 }
 
-/// The `Set-Cookie` value that starts a session.
-pub(super) fn session_cookie(session: &str) -> String {
+/// The `Set-Cookie` value that starts a session; `secure` when the browser
+/// came over HTTPS, so it never sends the cookie over plain HTTP.
+pub(super) fn session_cookie(session: &str, secure: bool) -> String {
     format!(
-        "{COOKIE}={session}; Path=/console; Max-Age={}; HttpOnly; SameSite=Strict",
-        SESSION_TTL.as_secs()
+        "{COOKIE}={session}; Path=/console; Max-Age={}; HttpOnly; SameSite=Strict{}",
+        SESSION_TTL.as_secs(),
+        if secure { "; Secure" } else { "" }
     )
 }
 
 /// The `Set-Cookie` value that ends a session.
-pub(super) fn cleared_cookie() -> String {
-    format!("{COOKIE}=; Path=/console; Max-Age=0; HttpOnly; SameSite=Strict")
+pub(super) fn cleared_cookie(secure: bool) -> String {
+    format!(
+        "{COOKIE}=; Path=/console; Max-Age=0; HttpOnly; SameSite=Strict{}",
+        if secure { "; Secure" } else { "" }
+    )
 }
 
 #[cfg(test)]
@@ -251,8 +303,9 @@ mod tests {
         assert!(a.session_valid(&session));
         assert!(!b.session_valid(&session), "another token's session");
         assert!(!a.session_valid("9999999999.forged"));
-        let (expires, sig) = session.split_once('.').unwrap();
-        let later = format!("{}.{sig}", expires.parse::<i64>().unwrap() + 3600);
+        let (value, sig) = session.split_once('.').unwrap();
+        let (expires, nonce) = value.split_once('~').unwrap();
+        let later = format!("{}~{nonce}.{sig}", expires.parse::<i64>().unwrap() + 3600);
         assert!(!a.session_valid(&later), "the expiry is signed");
         let expired = format!("1.{}", a.sign("session", b"1"));
         assert!(!a.session_valid(&expired));
@@ -260,6 +313,18 @@ mod tests {
         assert!(a.csrf_valid(&session, &csrf));
         assert!(!a.csrf_valid(&a.new_session().replace('.', ".x"), &csrf));
         assert!(!b.csrf_valid(&session, &csrf));
+        a.revoke(&session);
+        assert!(!a.session_valid(&session), "logged out");
+        assert!(
+            a.session_valid(&a.new_session()),
+            "a new login in the same second"
+        );
+        a.revoke("9999999999.forged");
+        assert_eq!(
+            a.revoked.lock().unwrap().len(),
+            1,
+            "only real sessions recorded"
+        );
     }
 
     #[test]

@@ -13,7 +13,10 @@ use chrono::{DateTime, Utc};
 use super::auth::Access;
 
 /// `s` with the five HTML-special characters escaped, safe in text and in
-/// quoted attribute values.
+/// quoted attribute values, and every invisible character that changes
+/// how the text around it reads ([`hidden`]: bidi overrides such as
+/// U+202E, zero-width characters, control characters) shown as its code
+/// point, `[U+202E]`: an order id cannot display as another one.
 pub(super) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -23,10 +26,28 @@ pub(super) fn esc(s: &str) -> String {
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
+            c if hidden(c) => {
+                let _ = write!(out, "[U+{:04X}]", u32::from(c));
+            }
             c => out.push(c),
         }
     }
     out
+}
+
+/// Characters that render as nothing yet change the text around them:
+/// bidirectional embeddings, overrides, isolates and marks (the "Trojan
+/// Source" characters), zero-width characters, line and paragraph
+/// separators, and control characters other than tab and line breaks.
+fn hidden(c: char) -> bool {
+    matches!(c,
+        '\u{061C}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{2028}'..='\u{202E}'
+        | '\u{2060}'..='\u{2069}'
+        | '\u{FEFF}'
+        | '\u{FFF9}'..='\u{FFFB}'
+    ) || (c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
 }
 
 /// A time as `2026-11-22 01:53:58 UTC`, or `–`.
@@ -160,6 +181,23 @@ mod tests {
             "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
         );
         assert_eq!(esc("plain"), "plain");
+    }
+
+    #[test]
+    fn invisible_characters_that_reorder_text_are_shown_as_code_points() {
+        assert_eq!(
+            esc("order-\u{202E}gnp.exe"),
+            "order-[U+202E]gnp.exe",
+            "a right-to-left override"
+        );
+        for c in [
+            '\u{200F}', '\u{2066}', '\u{2069}', '\u{200B}', '\u{FEFF}', '\u{0007}', '\u{009B}',
+        ] {
+            let shown = esc(&format!("a{c}b"));
+            assert!(!shown.contains(c), "{c:?}: {shown}");
+            assert!(shown.contains("[U+"), "{shown}");
+        }
+        assert_eq!(esc("tab\tline\n 注文 é"), "tab\tline\n 注文 é");
     }
 
     #[test]

@@ -9,7 +9,14 @@
 //! pages read the parked store, and a replay talks to the broker on a
 //! connection of its own, doing exactly what `order-timeout parked …` does
 //! ([`super::parked`]). Read-only unless `ADMIN_TOKEN` is set; then the
-//! write actions need a login and a CSRF token ([`auth`]).
+//! write actions need a login and a CSRF token ([`auth`]), and logins are
+//! limited per client and in total ([`guard`]).
+//!
+//! What anonymous traffic costs is bounded: the console answers only the
+//! host names `[http]` allows (a DNS-rebinding page is refused), handles
+//! at most `console_concurrency` requests at once (503 past it, at once),
+//! each within `request_timeout`, and computes its pages of figures at most
+//! once per [`PAGE_FRESH`] whatever the number of viewers ([`cache`]).
 //!
 //! It lives with the operator tooling it calls; `app` hands its router to
 //! the HTTP server (`observe::http`), which knows nothing about it.
@@ -17,27 +24,46 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use tower::ServiceBuilder;
 
 use self::auth::{Access, Admin, Refusal};
+use self::cache::Fresh;
+use self::guard::{LoginGuard, VisitGuard};
 use self::html::{Page, esc};
 use super::pending::PendingBoard;
 use crate::observe::http::Health;
 use crate::observe::metrics::Metrics;
 use crate::observe::recent::Recent;
-use crate::settings::{SecretUrl, Settings};
+use crate::settings::{HttpSettings, SecretUrl, Settings};
 use crate::store::{SetAsideRow, Stores};
 
 mod auth;
+mod cache;
 mod charts;
+mod guard;
 mod html;
 mod parked;
 mod views;
+
+/// How long a page of figures (overview, pending) is served as computed
+/// before it is computed again: the pages reload every 10 s, and a
+/// thousand viewers cost one computation.
+pub(crate) const PAGE_FRESH: Duration = Duration::from_secs(2);
+
+/// Largest body of a console POST (a replay or purge of a thousand chosen
+/// messages is about 50 KiB); the login form's is smaller still
+/// ([`guard::LOGIN_BODY_LIMIT`]).
+const BODY_LIMIT: usize = 256 * 1024;
 
 /// What the console reads and acts on.
 pub struct Console {
@@ -58,6 +84,16 @@ pub struct Console {
     /// Turns for the reads of the parked store (`parked::READS_AT_ONCE`),
     /// which bound the memory parked pages take.
     parked_reads: tokio::sync::Semaphore,
+    /// Host names, proxies, limits and the bodies opt-in (`[http]`).
+    http: HttpSettings,
+    /// The login limits.
+    logins: LoginGuard,
+    /// The requests per client and second.
+    visits: VisitGuard,
+    /// The overview's body as last computed.
+    overview: Fresh,
+    /// The pending page's body as last computed.
+    pending: Fresh,
 }
 
 impl Console {
@@ -81,7 +117,22 @@ impl Console {
             set_aside: tokio::sync::Mutex::new(None),
             writes: tokio::sync::Mutex::new(()),
             parked_reads: tokio::sync::Semaphore::new(parked::READS_AT_ONCE),
+            http: settings.http.clone(),
+            logins: LoginGuard::new(
+                settings.http.login_per_minute,
+                settings.http.login_per_minute_total,
+            ),
+            visits: VisitGuard::new(settings.http.console_per_second),
+            overview: Fresh::new(PAGE_FRESH),
+            pending: Fresh::new(PAGE_FRESH),
         }
+    }
+
+    /// Whether the visitor of `access` may read parked messages' bodies
+    /// ([`Access::may_see_bodies`] with `[http] public_bodies`): the parked
+    /// page shows bodies only when this says so.
+    fn may_see_bodies(&self, access: &Access) -> bool {
+        access.may_see_bodies(self.http.public_bodies)
     }
 
     /// This console, reading the rows set aside of the timers of `stores`.
@@ -143,8 +194,25 @@ type SetAsideCache = Option<(
     Vec<(String, Result<Vec<SetAsideRow>, String>)>,
 )>;
 
-/// The console's routes, to merge into the HTTP server's.
+/// The console's routes, to merge into the HTTP server's: refused for a
+/// host name `[http]` does not allow, at most `console_concurrency` at
+/// once, each within `request_timeout`.
 pub fn router(console: Console) -> Router {
+    let console = Arc::new(console);
+    let metrics = console.metrics.clone();
+    let limits = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(move |error: tower::BoxError| {
+            let metrics = metrics.clone();
+            async move {
+                tokio::time::sleep(REFUSAL_PAUSE).await;
+                overloaded(&metrics, &error)
+            }
+        }))
+        .load_shed()
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+            console.http.console_concurrency.max(1),
+        ))
+        .timeout(console.http.request_timeout);
     Router::new()
         .route("/", get(|| async { Redirect::to("/console") }))
         .route("/console", get(views::overview))
@@ -155,9 +223,87 @@ pub fn router(console: Console) -> Router {
         .route("/console/set-aside", get(views::set_aside))
         .route("/console/parked/replay", post(parked::replay))
         .route("/console/parked/purge", post(parked::purge))
-        .route("/console/login", get(login_page).post(login))
+        .route(
+            "/console/login",
+            get(login_page)
+                .post(login)
+                .layer(DefaultBodyLimit::max(guard::LOGIN_BODY_LIMIT)),
+        )
         .route("/console/logout", post(logout))
-        .with_state(Arc::new(console))
+        .with_state(console.clone())
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(limits)
+        .layer(axum::middleware::from_fn_with_state(console, admit))
+}
+
+/// A console request refused for load: 503 at once when
+/// `console_concurrency` requests are in hand, 503 when one outlasts
+/// `request_timeout`.
+fn overloaded(metrics: &Metrics, error: &tower::BoxError) -> Response {
+    let (reason, text) = if error.is::<tower::timeout::error::Elapsed>() {
+        (
+            "timeout",
+            "The console took too long to answer; try again.\n",
+        )
+    } else {
+        ("busy", "The console is busy; try again in a moment.\n")
+    };
+    metrics.http_refused(reason);
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, text).into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// What a refused console request costs its sender: the answer comes
+/// after this pause, so a client looping on refusals makes a few requests
+/// a second, not thousands (each costs the service a connection).
+const REFUSAL_PAUSE: Duration = Duration::from_millis(100);
+
+/// Serves only requests naming a host `[http]` allows (`Host`): a page of
+/// another site whose name was rebound to this address names its own host,
+/// and is refused (421) before anything is read. Then at most
+/// `console_per_second` requests per client (429 past it).
+async fn admit(State(console): State<Arc<Console>>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))
+        .unwrap_or_default();
+    if !console.http.serves_host(host) {
+        console.metrics.http_refused("host");
+        tracing::debug!(host, "console request for a host name not in [http] hosts");
+        tokio::time::sleep(REFUSAL_PAUSE).await;
+        return (
+            StatusCode::MISDIRECTED_REQUEST,
+            "This host name is not one the console answers to: add it to [http] hosts (HTTP_HOSTS).\n",
+        )
+            .into_response();
+    }
+    let client = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| {
+            guard::client(*peer, request.headers(), &console.http.trusted_proxies)
+        });
+    if let Some(client) = client
+        && !console.visits.admit(client)
+    {
+        console.metrics.http_refused("rate");
+        tokio::time::sleep(REFUSAL_PAUSE).await;
+        let mut response = (
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many console requests from this address; try again in a moment.\n",
+        )
+            .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return response;
+    }
+    next.run(request).await
 }
 
 /// A POSTed `application/x-www-form-urlencoded` body.
@@ -230,7 +376,12 @@ async fn login_page(State(console): State<Arc<Console>>, headers: HeaderMap) -> 
     .ok()
 }
 
-async fn login(State(console): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn login(
+    State(console): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let access = console.access(&headers);
     let Some(admin) = console.admin.as_ref() else {
         return refused(&access, Refusal::ReadOnly);
@@ -238,10 +389,29 @@ async fn login(State(console): State<Arc<Console>>, headers: HeaderMap, body: By
     if !auth::same_origin(&headers) {
         return refused(&access, Refusal::CrossSite);
     }
+    let client = guard::client(peer, &headers, &console.http.trusted_proxies);
+    if let Err(wait) = console.logins.admit(client) {
+        console.metrics.http_refused("login_limited");
+        tracing::debug!(%client, retry_in = ?wait, "console login refused: too many attempts");
+        let mut response = failed(
+            &access,
+            StatusCode::TOO_MANY_REQUESTS,
+            "Log in",
+            &format!(
+                "Too many login attempts from {client}: try again in {} s.",
+                wait.as_secs() + 1
+            ),
+        );
+        if let Ok(value) = HeaderValue::from_str(&(wait.as_secs() + 1).to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        return response;
+    }
     let form = Form::parse(&body);
     if !admin.token_matches(form.get("token").unwrap_or_default()) {
-        tracing::warn!("console login with a wrong ADMIN_TOKEN");
-        // Slows guessing down; the token has at least 16 characters anyway.
+        tracing::warn!(%client, "console login with a wrong ADMIN_TOKEN");
+        // The attempt's cost to the guesser; the limits above bound how
+        // many are compared at all.
         tokio::time::sleep(Duration::from_secs(1)).await;
         return failed(
             &access,
@@ -250,23 +420,39 @@ async fn login(State(console): State<Arc<Console>>, headers: HeaderMap, body: By
             "That is not ADMIN_TOKEN.",
         );
     }
-    tracing::info!("console login");
+    tracing::info!(%client, "console login");
+    let secure = guard::over_https(peer, &headers, &console.http.trusted_proxies);
     with_cookie(
         Redirect::to("/console/parked").into_response(),
-        &auth::session_cookie(&admin.new_session()),
+        &auth::session_cookie(&admin.new_session(), secure),
     )
 }
 
-async fn logout(State(console): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -> Response {
+/// `POST /console/logout`: the session is revoked here (its cookie and
+/// CSRF token refused from now on), and the browser told to forget it.
+async fn logout(
+    State(console): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let access = console.access(&headers);
     let form = Form::parse(&body);
     if let Err(refusal) = auth::authorize_write(console.admin.as_ref(), &headers, form.get("csrf"))
     {
         return refused(&access, refusal);
     }
+    if let (Some(admin), Some(session)) =
+        (console.admin.as_ref(), auth::cookie(&headers, auth::COOKIE))
+    {
+        admin.revoke(session);
+    }
+    let client = guard::client(peer, &headers, &console.http.trusted_proxies);
+    tracing::info!(%client, "console logout");
+    let secure = guard::over_https(peer, &headers, &console.http.trusted_proxies);
     with_cookie(
         Redirect::to("/console").into_response(),
-        &auth::cleared_cookie(),
+        &auth::cleared_cookie(secure),
     )
 }
 

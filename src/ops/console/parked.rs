@@ -126,7 +126,11 @@ pub(super) async fn page(
     let mut body = String::new();
     summary(&mut body, &listing, &selection);
     body.push_str(&write_hint(&access));
-    messages_table(&mut body, &listing.messages, &access);
+    let bodies = console.may_see_bodies(&access);
+    if !bodies {
+        body.push_str(HIDDEN);
+    }
+    messages_table(&mut body, &listing.messages, &access, bodies);
     if listing.messages.len() as u32 == limit
         && let Some(last) = listing.messages.last().and_then(|m| m.id)
     {
@@ -202,7 +206,11 @@ fn write_hint(access: &Access) -> String {
     }
 }
 
-fn messages_table(body: &mut String, messages: &[ParkedMessage], access: &Access) {
+/// What a visitor who may not read bodies is told.
+const HIDDEN: &str = "<p class=\"muted\">Message bodies are shown to a logged-in operator \
+     (or to everyone with <code>[http] public_bodies = true</code>).</p>";
+
+fn messages_table(body: &mut String, messages: &[ParkedMessage], access: &Access, bodies: bool) {
     let admin = match access {
         Access::Admin { csrf } => Some(csrf.as_str()),
         _ => None,
@@ -231,7 +239,7 @@ fn messages_table(body: &mut String, messages: &[ParkedMessage], access: &Access
     body.push_str("</tr>");
     let now = Utc::now();
     for m in messages {
-        row(body, m, admin.is_some(), now);
+        row(body, m, admin.is_some(), bodies, now);
     }
     body.push_str("</table>");
     if admin.is_some() {
@@ -263,7 +271,13 @@ fn body_text(m: &ParkedMessage, max: usize) -> (String, &'static str, bool) {
     }
 }
 
-fn row(body: &mut String, m: &ParkedMessage, admin: bool, now: chrono::DateTime<Utc>) {
+fn row(
+    body: &mut String,
+    m: &ParkedMessage,
+    admin: bool,
+    bodies: bool,
+    now: chrono::DateTime<Utc>,
+) {
     let id = m.id.unwrap_or_default();
     body.push_str("<tr>");
     if admin {
@@ -272,8 +286,12 @@ fn row(body: &mut String, m: &ParkedMessage, admin: bool, now: chrono::DateTime<
             "<td><input type=\"checkbox\" name=\"id\" value=\"{id}\" aria-label=\"select\"></td>"
         );
     }
-    let (text, note, more) = body_text(m, EXCERPT_BYTES);
-    let more = if more || m.body_size > EXCERPT_BYTES as u64 {
+    let (text, note, more) = if bodies {
+        body_text(m, EXCERPT_BYTES)
+    } else {
+        (format!("({} bytes)", m.body_size), "", false)
+    };
+    let more = if bodies && (more || m.body_size > EXCERPT_BYTES as u64) {
         format!(
             " <a href=\"/console/parked/{id}\">… all {} bytes</a>",
             m.body_size
@@ -346,6 +364,17 @@ pub(super) async fn message(
         }
     }
     body.push_str("</table>");
+    if !console.may_see_bodies(&access) {
+        body.push_str(HIDDEN);
+        body.push_str("<p><a href=\"/console/parked\">Back to the parked messages</a></p>");
+        return Page {
+            title: "Parked message",
+            access: &access,
+            refresh: false,
+            body,
+        }
+        .ok();
+    }
     let (text, note, _) = body_text(&m, PAGE_BODY_BYTES);
     let _ = write!(body, "<h2>Body{note}</h2><pre>{}</pre>", esc(&text));
     let kept = m.body.len();
@@ -378,6 +407,14 @@ pub(super) async fn download(
     Path(id): Path<i64>,
 ) -> Response {
     let access = console.access(&headers);
+    if !console.may_see_bodies(&access) {
+        return failed(
+            &access,
+            StatusCode::FORBIDDEN,
+            "Parked message",
+            "message bodies are shown to a logged-in operator (or to everyone with [http] public_bodies = true)",
+        );
+    }
     match read_one(&console, id).await {
         Ok(Some(m)) => {
             let mut response = m.body.into_response();

@@ -1,7 +1,9 @@
 //! The pages of figures: the overview (rates, lateness, readiness, what
 //! waits, and pictures of the last hour) and pending by due window (with a
 //! picture of what falls due when). Both reload every 10 s and read only
-//! what the service already holds: no broker round trip per view.
+//! what the service already holds: no broker round trip per view, and each
+//! is computed at most once per [`super::PAGE_FRESH`] whatever the number
+//! of viewers (readiness as last probed, no database ping per view).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -32,7 +34,27 @@ fn result_is(names: &'static [&'static str]) -> impl Fn(&Series) -> bool {
 /// `GET /console`.
 pub(super) async fn overview(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let access = console.access(&headers);
-    let readiness = console.health.check().await;
+    let body = console
+        .overview
+        .get_or(async || overview_body(&console).await)
+        .await;
+    Page {
+        title: "Overview",
+        access: &access,
+        refresh: true,
+        body: body.to_string(),
+    }
+    .ok()
+}
+
+/// The overview's figures, computed (and counted) once per
+/// [`super::PAGE_FRESH`].
+async fn overview_body(console: &Console) -> String {
+    console.metrics.console_overview_computed();
+    let readiness = console
+        .health
+        .check_cached(crate::observe::http::READYZ_FRESH)
+        .await;
     let minute = console
         .recent
         .change(&console.metrics, Duration::from_secs(60));
@@ -72,13 +94,7 @@ pub(super) async fn overview(State(console): State<Arc<Console>>, headers: Heade
     waiting_summary(&mut body, console.board.latest().as_ref());
     timers_table(&mut body, &five);
     outcomes_table(&mut body, &minute);
-    Page {
-        title: "Overview",
-        access: &access,
-        refresh: true,
-        body,
-    }
-    .ok()
+    body
 }
 
 /// The pictures of the last hour: each timer's lateness, then what was
@@ -258,6 +274,21 @@ fn outcomes_table(body: &mut String, minute: &Change) {
 /// `GET /console/pending`.
 pub(super) async fn pending(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let access = console.access(&headers);
+    let body = console
+        .pending
+        .get_or(async || pending_body(&console))
+        .await;
+    Page {
+        title: "Pending timeouts",
+        access: &access,
+        refresh: true,
+        body: body.to_string(),
+    }
+    .ok()
+}
+
+/// The pending page's figures, computed once per [`super::PAGE_FRESH`].
+fn pending_body(console: &Console) -> String {
     let mut body = String::new();
     match console.board.latest() {
         None => body.push_str(
@@ -282,13 +313,7 @@ pub(super) async fn pending(State(console): State<Arc<Console>>, headers: Header
         &mut body,
         &console.recent.change(&console.metrics, Duration::ZERO),
     );
-    Page {
-        title: "Pending timeouts",
-        access: &access,
-        refresh: true,
-        body,
-    }
-    .ok()
+    body
 }
 
 /// What falls due when: a picture and a table of the due windows, said

@@ -59,7 +59,7 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
         return (0, String::new());
     };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.unwrap();

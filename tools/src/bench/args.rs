@@ -140,6 +140,15 @@ pub struct BenchArgs {
     /// The verdict's lateness target: p99 at most this.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     pub p99_target: Duration,
+    /// During the product's phase, this many HTTP clients hammer every
+    /// endpoint of the services (console pages, a wrong login, `/metrics`,
+    /// `/healthz`, `/readyz`, a foreign host name), one request per
+    /// connection, as fast as answered: the lateness then says what
+    /// anonymous HTTP traffic costs cancelling (compare with a run
+    /// without). With `ADMIN_TOKEN` in the bench's environment (the
+    /// services inherit it) the wrong logins meet the login limits.
+    #[arg(long, default_value_t = 0)]
+    pub flood: usize,
     /// Keep the bench's vhost and database (and child logs) afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -193,6 +202,9 @@ impl BenchArgs {
         }
         if !(1..=20).contains(&self.repeat) {
             return bad("--repeat must be 1..=20");
+        }
+        if self.flood > 10_000 {
+            return bad("--flood must be at most 10000 clients");
         }
         if self.p99_target.is_zero() {
             return bad("--p99-target must be positive");

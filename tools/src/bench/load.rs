@@ -108,6 +108,9 @@ pub struct Workload {
     /// tells a shop with one payment window to do; other orders, and every
     /// order when this is empty, go with key `schedule`.
     pub entry_lanes: Vec<Lane>,
+    /// HTTP clients hammering the services' endpoints during the product's
+    /// phase (`--flood`; 0: none).
+    pub http_flood: usize,
 }
 
 /// Ticks per second of the pacer.

@@ -19,6 +19,8 @@
 //!    queue with per-message `expiration` into the service ([`baseline`]);
 //! 4. with `--baseline seed`: the same workload through the seed design
 //!    ([`seed`]), the services stopped meanwhile;
+//!    with `--flood N`, N HTTP clients hammer every endpoint of the
+//!    services meanwhile ([`flood`]);
 //! 5. `--repeat N`: steps 2–4 N times in a row, one line per run and a
 //!    verdict (every run's p99 within `--p99-target`?);
 //!
@@ -36,6 +38,7 @@ mod autovacuum;
 pub mod baseline;
 mod checkpoints;
 pub mod env;
+pub mod flood;
 pub mod load;
 pub mod outcome;
 pub mod paths;
@@ -476,6 +479,7 @@ async fn run_workload(
             Entry::Lane => env.settings.lanes.clone(),
             Entry::Schedule => Vec::new(),
         },
+        http_flood: args.flood,
     };
     let conn =
         order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-shop")
@@ -596,6 +600,34 @@ fn per_order(phase: &mut PhaseReport, resources: &BTreeMap<String, sys::Usage>, 
         .collect();
 }
 
+/// Creates the phase's orders and waits for them to settle, with the
+/// services' HTTP side flooded meanwhile when `--flood` asks for it (the
+/// product's phase only).
+async fn generate_and_settle(
+    env: &BenchEnv,
+    channels: &[Channel],
+    route: Route,
+    w: &Workload,
+    prefix: &str,
+) -> Result<(outcome::Settled, Option<flood::FloodReport>), BenchError> {
+    let clients = if route == Route::Service {
+        w.http_flood
+    } else {
+        0
+    };
+    let flooding = (clients > 0).then(|| {
+        eprintln!("== flooding the services' HTTP side with {clients} clients");
+        flood::Flood::start(&env.metrics_ports, clients)
+    });
+    let g = load::generate(&env.db, channels, route, w, prefix).await?;
+    let settled = outcome::settle(&env.db, g, w).await;
+    let flooded = match flooding {
+        Some(f) => Some(f.stop().await),
+        None => None,
+    };
+    Ok((settled?, flooded))
+}
+
 /// One design's phase: generate, settle, measure, with the CPU, load and
 /// service counters over it.
 async fn run_phase(
@@ -619,8 +651,7 @@ async fn run_phase(
     sampling.reset();
     let la0 = loadavg();
     let m0 = env.scrape().await;
-    let g = load::generate(&env.db, channels, route, w, prefix).await?;
-    let s = outcome::settle(&env.db, g, w).await?;
+    let (s, flooded) = generate_and_settle(env, channels, route, w, prefix).await?;
     let resources = sampling.usage();
     let mut happened = Vec::new();
     if let Some(analyzer) = analyzer {
@@ -641,6 +672,7 @@ async fn run_phase(
         .map(|h| report::DbEvent::on_phase_clock(s.started, h))
         .collect();
     phase.workload = chosen.to_string();
+    phase.flood = flooded;
     per_order(&mut phase, &resources, route);
     phase.own_process = route.own_process().into();
     phase.resources = resources;

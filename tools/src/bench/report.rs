@@ -160,6 +160,10 @@ pub fn slowest_seconds(seconds: &[SecondStats], n: usize) -> Vec<&SecondStats> {
 /// The outcome of one workload phase (the product, or a baseline).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PhaseReport {
+    /// With `--flood N`: what the HTTP clients hammering the services got
+    /// during the phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood: Option<super::flood::FloodReport>,
     /// `cascade` (the product), `single-queue` or `seed` (the baselines).
     pub design: String,
     /// The workload (`shop (every order 31s)`, `mix (…)`, `custom (…)`).

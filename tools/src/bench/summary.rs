@@ -96,6 +96,24 @@ fn load1(loadavg: &str) -> &str {
     loadavg.split_whitespace().next().unwrap_or("?")
 }
 
+/// What the `--flood` clients got, when there were any.
+fn print_flood(p: &PhaseReport) {
+    if let Some(f) = &p.flood {
+        let statuses: Vec<String> = f
+            .by_status
+            .iter()
+            .map(|(s, n)| format!("{s}: {n}"))
+            .collect();
+        println!(
+            "   flood: {} clients, {:.0} requests/s for {:.0} s (by status: {})",
+            f.clients,
+            f.per_second,
+            f.seconds,
+            statuses.join(", ")
+        );
+    }
+}
+
 pub(super) fn print_phase(p: &PhaseReport) {
     let l = &p.lateness;
     println!(
@@ -122,6 +140,7 @@ pub(super) fn print_phase(p: &PhaseReport) {
             p.late_payments
         );
     }
+    print_flood(p);
     println!("   resources: {}", fmt_usage(&p.resources));
     print_cpu(p);
     if p.swept > 0 {
