@@ -131,23 +131,7 @@ pub(super) async fn page(
         body.push_str(HIDDEN);
     }
     messages_table(&mut body, &listing.messages, &access, bodies);
-    if listing.messages.len() as u32 == limit
-        && let Some(last) = listing.messages.last().and_then(|m| m.id)
-    {
-        let mut next = url::form_urlencoded::Serializer::new(String::new());
-        next.append_pair("after", &last.to_string());
-        next.append_pair("limit", &limit.to_string());
-        match &selection {
-            Selection::OrderId(id) => drop(next.append_pair("order_id", id)),
-            Selection::Reason(kind) => drop(next.append_pair("reason", kind)),
-            _ => {}
-        }
-        let _ = write!(
-            body,
-            "<p><a href=\"/console/parked?{}\">Next {limit} →</a></p>",
-            esc(&next.finish())
-        );
-    }
+    body.push_str(&next_link(&listing, limit, &selection));
     Page {
         title: "Parked messages",
         access: &access,
@@ -155,6 +139,28 @@ pub(super) async fn page(
         body,
     }
     .ok()
+}
+
+/// The link to the next page, when this one is full.
+fn next_link(listing: &Listing, limit: u32, selection: &Selection) -> String {
+    let Some(last) = listing.messages.last().and_then(|m| m.id) else {
+        return String::new();
+    };
+    if listing.messages.len() < limit as usize {
+        return String::new();
+    }
+    let mut next = url::form_urlencoded::Serializer::new(String::new());
+    next.append_pair("after", &last.to_string());
+    next.append_pair("limit", &limit.to_string());
+    match selection {
+        Selection::OrderId(id) => drop(next.append_pair("order_id", id)),
+        Selection::Reason(kind) => drop(next.append_pair("reason", kind)),
+        _ => {}
+    }
+    format!(
+        "<p><a href=\"/console/parked?{}\">Next {limit} →</a></p>",
+        esc(&next.finish())
+    )
 }
 
 /// How many are parked, by reason, and the search box.
@@ -344,26 +350,7 @@ pub(super) async fn message(
         }
         Err((status, e)) => return failed(&access, status, "Parked message", &e),
     };
-    let mut body = String::from("<table>");
-    let json = serde_json::to_value(m.to_json(Utc::now())).unwrap_or_default();
-    if let serde_json::Value::Object(fields) = json {
-        for (name, value) in fields {
-            if matches!(name.as_str(), "body" | "body_base64") || value.is_null() {
-                continue;
-            }
-            let text = match value {
-                serde_json::Value::String(s) => s,
-                other => other.to_string(),
-            };
-            let _ = write!(
-                body,
-                "<tr><th>{}</th><td>{}</td></tr>",
-                esc(&name),
-                esc(&text)
-            );
-        }
-    }
-    body.push_str("</table>");
+    let mut body = fields_table(&m);
     if !console.may_see_bodies(&access) {
         body.push_str(HIDDEN);
         body.push_str("<p><a href=\"/console/parked\">Back to the parked messages</a></p>");
@@ -397,6 +384,31 @@ pub(super) async fn message(
         body,
     }
     .ok()
+}
+
+/// Every field of a message but its body, as a table.
+fn fields_table(m: &ParkedMessage) -> String {
+    let mut table = String::from("<table>");
+    let json = serde_json::to_value(m.to_json(Utc::now())).unwrap_or_default();
+    if let serde_json::Value::Object(fields) = json {
+        for (name, value) in fields {
+            if matches!(name.as_str(), "body" | "body_base64") || value.is_null() {
+                continue;
+            }
+            let text = match value {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            let _ = write!(
+                table,
+                "<tr><th>{}</th><td>{}</td></tr>",
+                esc(&name),
+                esc(&text)
+            );
+        }
+    }
+    table.push_str("</table>");
+    table
 }
 
 /// `GET /console/parked/{id}/body`: the body as kept, as a download (never
