@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::acks::Acks;
-use crate::broker::connect_amqp;
+use crate::broker::{Dialer, connect_amqp_with};
 use crate::broker::publisher::Publisher;
 use crate::broker::topology;
 use crate::inventory::InventoryClient;
@@ -44,8 +44,9 @@ pub(super) async fn run(
     metrics: &Arc<Metrics>,
     health: &Arc<Health>,
     board: &Arc<PendingBoard>,
+    dialer: &Dialer,
 ) -> anyhow::Result<()> {
-    let (broker, publisher) = Connections::open(settings).await?;
+    let (broker, publisher) = Connections::open(settings, dialer).await?;
     let ctx = Arc::new(Context {
         settings: settings.clone(),
         layout: topology::Layout::of(settings),
@@ -62,6 +63,10 @@ pub(super) async fn run(
     let session_stop = shutdown.child();
     tokio::spawn(watch_connection(
         broker.publish.status().clone(),
+        session_stop.clone(),
+    ));
+    tokio::spawn(crate::broker::alarms::watch(
+        broker.publish.events_listener(),
         session_stop.clone(),
     ));
     let stop_depths = shutdown.child();
@@ -91,6 +96,12 @@ pub(super) async fn run(
             deliveries = unsettled,
             "closing the session with deliveries not yet settled; the broker returns them to the queue"
         );
+    }
+    if result.is_err() || !shutdown.is_triggered() {
+        // The session was lost: its nodes are tried last on reconnect (a
+        // silent node would cost its connect timeout first).
+        dialer.failed(broker.publish_node);
+        dialer.failed(broker.consume_node);
     }
     broker.close().await;
     result?;
@@ -144,6 +155,10 @@ struct Connections {
     consume: Connection,
     /// Publishing connection, with the publisher's channels.
     publish: Connection,
+    /// The index (in `AMQP_URL`) of the node `consume` is on.
+    consume_node: usize,
+    /// The index of the node `publish` is on.
+    publish_node: usize,
     consume_channel: Channel,
     depth_channel: Channel,
     publish_channels: Vec<Channel>,
@@ -151,15 +166,19 @@ struct Connections {
 
 impl Connections {
     /// Connects, declares the topology, opens the channels.
-    async fn open(settings: &Settings) -> anyhow::Result<(Self, Publisher)> {
-        let consume = connect_amqp(&settings.amqp_url, "order-timeout").await?;
+    async fn open(settings: &Settings, dialer: &Dialer) -> anyhow::Result<(Self, Publisher)> {
+        let (consume, consume_node) =
+            connect_amqp_with(&settings.amqp_url, "order-timeout", dialer).await?;
         // Publishing gets its own connection: RabbitMQ's flow control throttles
         // a connection that publishes fast, and the deliveries and acks of the
         // consumer must not wait behind it (measured with `bench`: on one shared
         // connection publishes took 325 ms on average at 1,000 orders/s, and
         // the consumer fell behind).
-        let publish = connect_amqp(&settings.amqp_url, "order-timeout-publish").await?;
-        let publisher = Publisher::new(&publish).await?;
+        let (publish, publish_node) =
+            connect_amqp_with(&settings.amqp_url, "order-timeout-publish", dialer).await?;
+        let publisher = Publisher::new(&publish)
+            .await?
+            .with_confirm_timeout(settings.liveness.confirm_timeout);
         topology::declare(&publish, &topology::Layout::of(settings)).await?;
         let consume_channel = consume.create_channel().await?;
         let depth_channel = consume.create_channel().await?;
@@ -167,6 +186,8 @@ impl Connections {
         let connections = Self {
             consume,
             publish,
+            consume_node,
+            publish_node,
             consume_channel,
             depth_channel,
             publish_channels,
@@ -177,13 +198,23 @@ impl Connections {
     /// Closes everything. Closing the consuming channel returns every
     /// unacked delivery to the queue.
     async fn close(self) {
-        let _ = self.consume_channel.close(200, "bye".into()).await;
-        let _ = self.depth_channel.close(200, "bye".into()).await;
-        for channel in self.publish_channels {
-            let _ = channel.close(200, "bye".into()).await;
+        // Bounded as a whole: on a connection cut off, no close is ever
+        // confirmed (the heartbeat ends it; shutdown must not wait).
+        let close = async {
+            let _ = self.consume_channel.close(200, "bye".into()).await;
+            let _ = self.depth_channel.close(200, "bye".into()).await;
+            for channel in &self.publish_channels {
+                let _ = channel.close(200, "bye".into()).await;
+            }
+            let _ = self.consume.close(200, "bye".into()).await;
+            let _ = self.publish.close(200, "bye".into()).await;
+        };
+        if tokio::time::timeout(crate::broker::CLOSE_TIMEOUT, close)
+            .await
+            .is_err()
+        {
+            tracing::debug!("the broker did not confirm closing the session in time");
         }
-        let _ = self.consume.close(200, "bye".into()).await;
-        let _ = self.publish.close(200, "bye".into()).await;
     }
 }
 

@@ -31,6 +31,7 @@ use chrono::{DateTime, Utc};
 use crate::message::OrderId;
 use crate::settings::{ConfigError, SecretUrl, Settings, Timer, TimerName};
 
+mod bounded;
 mod catalog;
 mod check;
 mod error;
@@ -340,6 +341,9 @@ pub(crate) struct PoolSettings {
     /// MariaDB `max_statement_time`, MySQL `max_execution_time`, which
     /// bounds only `SELECT`s).
     pub statement_timeout: Duration,
+    /// Longest one store operation may take on the client's side, answered
+    /// or not (`[liveness].database_timeout`, [`bounded`]).
+    pub client_timeout: Duration,
 }
 
 impl PoolSettings {
@@ -352,6 +356,7 @@ impl PoolSettings {
             max_connections,
             lock_timeout: defaults.db_lock_timeout,
             statement_timeout: defaults.db_statement_timeout,
+            client_timeout: defaults.liveness.database_timeout,
         }
     }
 
@@ -362,6 +367,7 @@ impl PoolSettings {
             max_connections: settings.db_max_connections,
             lock_timeout: settings.db_lock_timeout,
             statement_timeout: settings.db_statement_timeout,
+            client_timeout: settings.liveness.database_timeout,
         }
     }
 
@@ -409,10 +415,11 @@ pub(crate) fn connect_timer(
     pool: PoolSettings,
     timer: &Timer,
 ) -> Result<Store, StoreError> {
-    Ok(match Dialect::of(url)? {
+    let store: Store = match Dialect::of(url)? {
         Dialect::Postgres => Arc::new(PgStore::connect_lazy(url, pool, timer)?),
         Dialect::MySql => Arc::new(MySqlStore::connect_lazy(url, pool, timer)?),
-    })
+    };
+    Ok(Arc::new(bounded::Bounded::new(store, pool.client_timeout)))
 }
 
 /// The stores of every timer of `settings` ([`Settings::timers`]), lazily:
@@ -448,8 +455,8 @@ pub(crate) fn connect_timers(
                     p
                 }
             };
-            let store = sql::SqlStore::<D>::on_pool(on, own, timer);
-            stores.push(Arc::new(store));
+            let store: Store = Arc::new(sql::SqlStore::<D>::on_pool(on, own, timer));
+            stores.push(Arc::new(bounded::Bounded::new(store, pool.client_timeout)));
         }
         Ok(stores)
     }
@@ -682,6 +689,7 @@ impl StoreError {
             Self::Sql(e) => sql(e),
             Self::Migrate(e) => migrate(e),
             Self::Widespread { error, .. } => error.is_permanent(),
+            Self::Unanswered { .. } => false,
             Self::Url { .. }
             | Self::Tls(_)
             | Self::TlsWithoutMode { .. }

@@ -36,6 +36,10 @@ pub struct ClusterConfig {
     /// Lines appended to every node's `rabbitmq.conf` (`@I@` and `@PORT@`
     /// are replaced by the script).
     pub extra_conf: Option<String>,
+    /// The network namespace (`ip netns`) the nodes run in, and every
+    /// script command with them: a node behind a link a test cuts
+    /// ([`crate::netns`]). `None`: the host's network.
+    pub netns: Option<String>,
 }
 
 impl ClusterConfig {
@@ -45,6 +49,7 @@ impl ClusterConfig {
             nodes,
             advanced_config: None,
             extra_conf: None,
+            netns: None,
         }
     }
 }
@@ -52,6 +57,7 @@ impl ClusterConfig {
 /// A running private cluster; stopped and deleted on drop.
 pub struct PrivateCluster {
     dir: PathBuf,
+    netns: Option<String>,
     /// Number of nodes.
     pub nodes: usize,
     /// AMQP port of node 1 (node `i` listens on `port + i - 1`).
@@ -89,6 +95,7 @@ impl PrivateCluster {
         }
         let cluster = Self {
             dir: dir.join("cluster"),
+            netns: config.netns.clone(),
             nodes: config.nodes,
             port,
         };
@@ -146,6 +153,21 @@ impl PrivateCluster {
         }
     }
 
+    /// `bash scripts/rabbitmq-cluster.sh`, in the cluster's namespace if it
+    /// has one.
+    fn script_command(&self) -> std::process::Command {
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = std::process::Command::new("ip");
+                c.args(["netns", "exec", ns, "bash"]);
+                c
+            }
+            None => std::process::Command::new("bash"),
+        };
+        command.arg(cluster_script());
+        command
+    }
+
     async fn run(&self, args: &[&str]) -> Result<String, ClusterError> {
         self.run_with(args, &[]).await
     }
@@ -155,9 +177,8 @@ impl PrivateCluster {
         args: &[&str],
         env: &[(&str, String)],
     ) -> Result<String, ClusterError> {
-        let mut command = Command::new("bash");
+        let mut command = Command::from(self.script_command());
         command
-            .arg(cluster_script())
             .args(args)
             .env("CLUSTER_DIR", &self.dir)
             .kill_on_drop(true);
@@ -185,8 +206,8 @@ impl PrivateCluster {
 impl Drop for PrivateCluster {
     fn drop(&mut self) {
         // Blocking on purpose: the nodes must be gone when the test ends.
-        let _ = std::process::Command::new("bash")
-            .arg(cluster_script())
+        let _ = self
+            .script_command()
             .arg("stop")
             .env("CLUSTER_DIR", &self.dir)
             .stdout(std::process::Stdio::null())
