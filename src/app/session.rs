@@ -12,9 +12,9 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::acks::Acks;
-use crate::broker::{Dialer, connect_amqp_with};
 use crate::broker::publisher::Publisher;
 use crate::broker::topology;
+use crate::broker::{Dialer, connect_amqp_with};
 use crate::inventory::InventoryClient;
 use crate::observe::http::Health;
 use crate::observe::metrics::Metrics;
@@ -88,6 +88,7 @@ pub(super) async fn run(
     .await;
     session_stop.trigger();
     health.set_broker(false);
+    metrics.set_broker_session_up(false);
     stop_depths.trigger();
     drain(&tracker, settings.shutdown_timeout).await;
     let unsettled = acks.open();
@@ -117,6 +118,7 @@ async fn consume(
     tracker: &TaskTracker,
     health: &Health,
 ) -> Result<(), ConsumerError> {
+    let ctx_metrics = ctx.metrics.clone();
     let consumer = Consumer::start(ctx.clone(), channel).await?;
     // Due jobs flow from the consumer (and from held timers) to the
     // batcher; the sweeper feeds the same cancel path. The batcher ends
@@ -133,6 +135,7 @@ async fn consume(
     tracker.spawn(watch::run(worker.clone(), sweeper_stop.clone()));
     tracker.spawn(batcher::run(worker, due_rx));
     health.set_broker(true);
+    ctx_metrics.set_broker_session_up(true);
     let result = consumer.run(due_tx, stop.clone(), tracker.clone()).await;
     sweeper_stop.trigger();
     result

@@ -27,7 +27,10 @@ pub(crate) async fn watch(events: impl Stream<Item = Event> + Send + 'static, st
             }
             Some(Event::ConnectionUnblocked) => {
                 let blocked_for = blocked_since.take().map(|t| t.elapsed());
-                tracing::info!(?blocked_for, "the broker unblocked the publishing connection");
+                tracing::info!(
+                    ?blocked_for,
+                    "the broker unblocked the publishing connection"
+                );
             }
             Some(_) => {}
         }

@@ -107,7 +107,9 @@ mod tests {
         let (tuned, limit) = dialer.tune(uri("amqp://g:g@h:5672/%2f")).unwrap();
         assert_eq!(tuned.query.heartbeat, Some(5));
         assert_eq!(limit, Duration::from_secs(5));
-        let (tuned, _) = dialer.tune(uri("amqp://g:g@h:5672/%2f?heartbeat=9")).unwrap();
+        let (tuned, _) = dialer
+            .tune(uri("amqp://g:g@h:5672/%2f?heartbeat=9"))
+            .unwrap();
         assert_eq!(tuned.query.heartbeat, Some(9));
     }
 

@@ -90,7 +90,10 @@ impl LivenessSettings {
             if value > super::MAX_DURATION {
                 return Err(ConfigError::Invalid {
                     key,
-                    problem: format!("at most {}", humantime::format_duration(super::MAX_DURATION)),
+                    problem: format!(
+                        "at most {}",
+                        humantime::format_duration(super::MAX_DURATION)
+                    ),
                 });
             }
         }

@@ -144,8 +144,11 @@ impl OrderStore for Bounded {
     }
 
     async fn record_replica(&self, instance: &str, version: &str) -> Result<(), StoreError> {
-        self.within("record_replica", self.inner.record_replica(instance, version))
-            .await
+        self.within(
+            "record_replica",
+            self.inner.record_replica(instance, version),
+        )
+        .await
     }
 
     async fn forget_replica(&self, instance: &str) -> Result<(), StoreError> {
@@ -183,8 +186,11 @@ impl OrderStore for Bounded {
         failures: &[OutboxFailure<'_>],
         plan: &(dyn for<'r, 'f> Fn(&'r OutboxFailure<'f>, u32) -> NextAttempt + Send + Sync),
     ) -> Result<Vec<(String, u32, NextAttempt)>, StoreError> {
-        self.within("record_failures", self.inner.record_failures(failures, plan))
-            .await
+        self.within(
+            "record_failures",
+            self.inner.record_failures(failures, plan),
+        )
+        .await
     }
 
     async fn delete_finished(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {

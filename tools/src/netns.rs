@@ -166,11 +166,37 @@ impl Namespace {
         ip(&["link", "set", &port, "up"])?;
         ip(&["link", "set", &inner, "netns", &self.name])?;
         let n = ["-n", self.name.as_str()];
-        ip(&[&n[..], &["addr", "add", &format!("{ns_ip}/24"), "dev", &inner]].concat())?;
+        ip(&[
+            &n[..],
+            &["addr", "add", &format!("{ns_ip}/24"), "dev", &inner],
+        ]
+        .concat())?;
         ip(&[&n[..], &["link", "set", &inner, "up"]].concat())?;
         if k == 0 {
-            ip(&[&n[..], &["route", "add", "default", "via", &host_ip.to_string()]].concat())?;
+            ip(&[
+                &n[..],
+                &["route", "add", "default", "via", &host_ip.to_string()],
+            ]
+            .concat())?;
         }
+        self.static_neighbours(&bridge, &inner, host_ip, ns_ip)?;
+        Ok(Link {
+            host_ip,
+            ns_ip,
+            port,
+        })
+    }
+
+    /// Fixes the neighbours of the link both ways (`nud permanent`): with
+    /// the link cut, packets then vanish, instead of ARP failing and the
+    /// kernel answering "host unreachable".
+    fn static_neighbours(
+        &self,
+        bridge: &str,
+        inner: &str,
+        host_ip: Ipv4Addr,
+        ns_ip: Ipv4Addr,
+    ) -> Result<(), NetnsError> {
         let bridge_mac = run("cat", &[&format!("/sys/class/net/{bridge}/address")])?;
         let inner_mac = run(
             "ip",
@@ -182,37 +208,32 @@ impl Namespace {
                 &format!("/sys/class/net/{inner}/address"),
             ],
         )?;
+        let (ns_ip, host_ip) = (ns_ip.to_string(), host_ip.to_string());
         ip(&[
             "neigh",
             "replace",
-            &ns_ip.to_string(),
+            &ns_ip,
             "lladdr",
             inner_mac.trim(),
             "dev",
-            &bridge,
+            bridge,
             "nud",
             "permanent",
         ])?;
         ip(&[
-            &n[..],
-            &[
-                "neigh",
-                "replace",
-                &host_ip.to_string(),
-                "lladdr",
-                bridge_mac.trim(),
-                "dev",
-                &inner,
-                "nud",
-                "permanent",
-            ],
-        ]
-        .concat())?;
-        Ok(Link {
-            host_ip,
-            ns_ip,
-            port,
-        })
+            "-n",
+            &self.name,
+            "neigh",
+            "replace",
+            &host_ip,
+            "lladdr",
+            bridge_mac.trim(),
+            "dev",
+            inner,
+            "nud",
+            "permanent",
+        ])
+        .map(drop)
     }
 
     /// `ip netns exec` this namespace `program`: a command to complete and
@@ -298,7 +319,10 @@ impl Drop for Namespace {
 fn kill_pids_in(name: &str) {
     for _ in 0..3 {
         let pids = ip(&["netns", "pids", name]).unwrap_or_default();
-        let pids: Vec<i32> = pids.split_whitespace().filter_map(|p| p.parse().ok()).collect();
+        let pids: Vec<i32> = pids
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
         if pids.is_empty() {
             return;
         }

@@ -75,7 +75,8 @@ impl PrivatePostgres {
         self.dir.join("data")
     }
 
-    /// `initdb` as the `postgres` user (the server refuses to run as root).
+    /// `initdb` as the `postgres` user (the server refuses to run as root),
+    /// trusting connections over the link.
     fn init(&self) -> Result<(), NetnsError> {
         let bin = bin_dir()?;
         check(
@@ -93,7 +94,17 @@ impl PrivatePostgres {
                 .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
                 .arg(self.data())
                 .output(),
-        )
+        )?;
+        let hba = self.data().join("pg_hba.conf");
+        let trust = format!("host all all {}/24 trust\n", self.link.host_ip);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&hba)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, trust.as_bytes()))
+            .map_err(|e| NetnsError::Command {
+                command: format!("append to {}", hba.display()),
+                stderr: e.to_string(),
+            })
     }
 
     /// The server, in the namespace, listening on its link's address only.
@@ -101,7 +112,12 @@ impl PrivatePostgres {
         let bin = bin_dir()?;
         let mut command = self.ns.command("setpriv");
         command
-            .args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"])
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
             .arg(bin.join("postgres"))
             .arg("-D")
             .arg(self.data())
@@ -120,12 +136,14 @@ impl PrivatePostgres {
                 "shared_buffers=32MB",
             ])
             .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(self.dir.join("server.log")).map_err(|e| {
-                NetnsError::Command {
-                    command: "create server.log".into(),
-                    stderr: e.to_string(),
-                }
-            })?);
+            .stderr(
+                std::fs::File::create(self.dir.join("server.log")).map_err(|e| {
+                    NetnsError::Command {
+                        command: "create server.log".into(),
+                        stderr: e.to_string(),
+                    }
+                })?,
+            );
         self.ns.spawn(command).map(drop)
     }
 
@@ -145,9 +163,10 @@ impl PrivatePostgres {
             }
             if started.elapsed() > limit {
                 let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(10).collect();
                 return Err(NetnsError::Command {
                     command: "wait for the private PostgreSQL".into(),
-                    stderr: log,
+                    stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
                 });
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -88,7 +88,9 @@ pub struct Figures {
     /// Seconds from the cut until `/readyz` said not ready (`None`: it
     /// never did).
     pub unready_after_cut_s: Option<f64>,
-    /// Seconds from the heal until `/readyz` said ready again.
+    /// Seconds from the heal until `/readyz` said ready again after it
+    /// had gone red (negative: ready again before the heal, on another
+    /// broker node).
     pub ready_after_heal_s: Option<f64>,
     /// Seconds from the heal until the first cancellation after it.
     pub cancelling_after_heal_s: Option<f64>,
@@ -144,7 +146,7 @@ impl Figures {
         shop: &PgPool,
         window: Window,
         orders: usize,
-        readiness: Vec<(DateTime<Utc>, bool)>,
+        readiness: Changes,
     ) -> anyhow::Result<Self> {
         type Row = (DateTime<Utc>, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
         let rows: Vec<Row> = sqlx::query_as(
@@ -159,12 +161,18 @@ impl Figures {
         let late = |lo: Option<DateTime<Utc>>, hi: Option<DateTime<Utc>>| {
             Group::of(
                 rows.iter()
-                    .filter(|(due, _, _)| lo.is_none_or(|lo| *due >= lo) && hi.is_none_or(|hi| *due < hi))
+                    .filter(|(due, _, _)| {
+                        lo.is_none_or(|lo| *due >= lo) && hi.is_none_or(|hi| *due < hi)
+                    })
                     .filter_map(|(due, done, _)| done.map(|done| seconds(done - *due)))
                     .collect(),
             )
         };
         let after_heal = |t: &DateTime<Utc>| (*t >= heal).then(|| seconds(*t - heal));
+        let red = readiness
+            .iter()
+            .find(|(t, up)| !up && *t >= cut)
+            .map(|(t, _)| *t);
         Ok(Self {
             peer: window.peer,
             cut_s: seconds(heal - cut),
@@ -178,12 +186,14 @@ impl Figures {
             before: late(None, Some(cut)),
             during: late(Some(cut), Some(heal)),
             after: late(Some(heal), None),
-            unready_after_cut_s: readiness
+            unready_after_cut_s: red.map(|t| seconds(t - cut)),
+            ready_after_heal_s: red
+                .and_then(|red| readiness.iter().find(|(t, up)| *up && *t > red))
+                .map(|(t, _)| seconds(*t - heal)),
+            cancelling_after_heal_s: rows
                 .iter()
-                .find(|(t, up)| !up && *t >= cut)
-                .map(|(t, _)| seconds(*t - cut)),
-            ready_after_heal_s: readiness.iter().find(|(t, up)| *up && *t >= heal).map(|(t, _)| seconds(*t - heal)),
-            cancelling_after_heal_s: rows.iter().filter_map(|(_, done, _)| done.as_ref().and_then(after_heal)).min_by(f64::total_cmp),
+                .filter_map(|(_, done, _)| done.as_ref().and_then(after_heal))
+                .min_by(f64::total_cmp),
             last_release_after_heal_s: rows
                 .iter()
                 .filter(|(_, done, _)| done.is_some_and(|d| d < heal))
@@ -208,17 +218,20 @@ async fn stock_off(shop: &PgPool) -> Result<i64, sqlx::Error> {
     Ok(now - expected)
 }
 
+/// `/readyz`'s answers as they changed: when, and ready or not.
+type Changes = Vec<(DateTime<Utc>, bool)>;
+
 /// `/readyz` polled every 250 ms through a run: its answers as they
 /// changed.
 pub(super) struct Readiness {
-    seen: Arc<Mutex<Vec<(DateTime<Utc>, bool)>>>,
+    seen: Arc<Mutex<Changes>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Readiness {
     /// Starts polling the service at `addr`.
     pub(super) fn watch(addr: std::net::SocketAddr) -> Self {
-        let seen: Arc<Mutex<Vec<(DateTime<Utc>, bool)>>> = Arc::default();
+        let seen: Arc<Mutex<Changes>> = Arc::default();
         let record = seen.clone();
         let task = tokio::spawn(async move {
             let url = format!("http://{addr}/readyz");
@@ -238,7 +251,7 @@ impl Readiness {
     }
 
     /// Stops polling; the changes seen.
-    pub(super) fn stop(self) -> Vec<(DateTime<Utc>, bool)> {
+    pub(super) fn stop(self) -> Changes {
         self.task.abort();
         self.seen.lock().unwrap().clone()
     }
@@ -252,11 +265,19 @@ pub(super) async fn http_status(url: &str) -> Option<u16> {
     let (host, path) = rest.split_once('/')?;
     let get = async {
         let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
-        let request = format!("GET /{path} HTTP/1.1\r\nHost: partition\r\nConnection: close\r\n\r\n");
+        let request =
+            format!("GET /{path} HTTP/1.1\r\nHost: partition\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw).await.ok()?;
-        String::from_utf8_lossy(&raw).split(' ').nth(1)?.parse().ok()
+        String::from_utf8_lossy(&raw)
+            .split(' ')
+            .nth(1)?
+            .parse()
+            .ok()
     };
-    tokio::time::timeout(Duration::from_secs(10), get).await.ok().flatten()
+    tokio::time::timeout(Duration::from_secs(10), get)
+        .await
+        .ok()
+        .flatten()
 }

@@ -6,8 +6,10 @@
 //! docs/benchmarks-log.md records the figures.
 //!
 //! One run: a service on the world of [`world`], `--orders` orders due
-//! evenly from 5 s to the cut + 25 s after the start, the peer cut 10 s in
-//! for `--cut`, healed, and every order waited for. Figures: orders lost,
+//! evenly from 5 s to the cut + 25 s after the start and a burst of
+//! [`BURST`] more due together 30 ms before the cut (their work is in
+//! flight when the link goes), the peer cut 10 s in for `--cut`, healed,
+//! and every order waited for. Figures: orders lost,
 //! early, and their stock released more than once (none may be); the
 //! lateness of the orders due before, during and after the cut; when
 //! readiness went red and green; for the database, when cancelling resumed
@@ -73,6 +75,12 @@ const CUT_AFTER: Duration = Duration::from_secs(10);
 const FIRST_DUE: Duration = Duration::from_secs(5);
 /// The last order falls due this long after the heal.
 const LAST_DUE_AFTER_HEAL: Duration = Duration::from_secs(25);
+/// Orders due together just before the cut, besides `--orders`: their
+/// cancel statements, releases and publishes are in flight when the link
+/// goes (what a wait for an answer lost in the cut needs).
+const BURST: usize = 100;
+/// How long before the cut the burst falls due.
+const BURST_BEFORE_CUT: Duration = Duration::from_millis(30);
 
 /// Runs `partition` (the command): prints the figures.
 pub async fn command(args: PartitionArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -98,7 +106,10 @@ async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> 
     let addr = service.http_addr;
     let watch = figures::Readiness::watch(addr);
     if !crate::private_broker::wait_for(Duration::from_secs(60), || ready(addr)).await {
-        anyhow::bail!("the service is not ready after 60 s; broker: {}", world.broker_status().await);
+        anyhow::bail!(
+            "the service is not ready after 60 s; broker: {}",
+            world.broker_status().await
+        );
     }
     let start = Utc::now();
     let span = CUT_AFTER + cut + LAST_DUE_AFTER_HEAL - FIRST_DUE;
@@ -109,7 +120,7 @@ async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> 
     sleep_until(cut_at, cut).await;
     world.heal()?;
     let healed_at = Utc::now();
-    let settled = settle(world, args.orders, healed_at).await;
+    let settled = settle(world, args.orders + BURST, healed_at).await;
     let readiness = watch.stop();
     service.stop().await?;
     settled?;
@@ -118,7 +129,7 @@ async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> 
         cut_at,
         healed_at,
     };
-    Figures::measure(&world.shop, window, args.orders, readiness).await
+    Figures::measure(&world.shop, window, args.orders + BURST, readiness).await
 }
 
 fn sku(k: usize) -> String {
@@ -138,8 +149,8 @@ async fn sleep_until(from: DateTime<Utc>, after: Duration) {
 }
 
 /// Creates `n` orders (rows and items) due evenly over `span` from
-/// `start` + [`FIRST_DUE`] and publishes their timeouts as the order
-/// service does.
+/// `start` + [`FIRST_DUE`], and [`BURST`] more due [`BURST_BEFORE_CUT`]
+/// before the cut, and publishes their timeouts as the order service does.
 async fn schedule(
     world: &World,
     n: usize,
@@ -150,20 +161,26 @@ async fn schedule(
     let publisher = Publisher::new(&conn).await?;
     let step = span.as_secs_f64() / n.max(1) as f64;
     let first = start + chrono::Duration::from_std(FIRST_DUE)?;
-    let results: Vec<anyhow::Result<()>> = futures_util::stream::iter(0..n)
+    let burst = start + chrono::Duration::from_std(CUT_AFTER - BURST_BEFORE_CUT)?;
+    let due = |i: usize| match i.checked_sub(n) {
+        None => first + chrono::Duration::milliseconds((step * 1000.0 * i as f64) as i64),
+        Some(_) => burst,
+    };
+    let results: Vec<anyhow::Result<()>> = futures_util::stream::iter(0..n + BURST)
         .map(|i| {
             let publisher = &publisher;
+            let order = crate::shop::NewOrder {
+                id: figures::order_id(i),
+                expires_at: due(i),
+                items: vec![OrderItem {
+                    sku: sku(i % SKUS),
+                    quantity: 1 + (i % 3) as i64,
+                }],
+            };
             async move {
-                let order = crate::shop::NewOrder {
-                    id: figures::order_id(i),
-                    expires_at: first + chrono::Duration::milliseconds((step * 1000.0 * i as f64) as i64),
-                    items: vec![OrderItem {
-                        sku: sku(i % SKUS),
-                        quantity: 1 + (i % 3) as i64,
-                    }],
-                };
                 crate::shop::insert_order(&world.shop, &order).await?;
-                let request = TimeoutRequest::new(OrderId::parse(&order.id)?, Deadline::At(order.expires_at));
+                let request =
+                    TimeoutRequest::new(OrderId::parse(&order.id)?, Deadline::At(order.expires_at));
                 publisher.schedule(&request).await?;
                 Ok(())
             }
@@ -171,7 +188,8 @@ async fn schedule(
         .buffer_unordered(16)
         .collect()
         .await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, "scheduled".into())).await;
+    let closing = conn.close(200, "scheduled".into());
+    let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
     results.into_iter().collect()
 }
 

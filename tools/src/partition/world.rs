@@ -76,6 +76,9 @@ impl World {
         };
         let database_url = scratch::with_path(&database_base, &name)?;
         let shop = shop::prepare_database(&database_url, 10).await?;
+        if peer == Peer::Database {
+            slow_updates(&shop).await?;
+        }
         let (inventory_url, stop_inventory) = serve_inventory(&holder, shop.clone()).await?;
         let mut settings = Settings {
             amqp_url,
@@ -133,10 +136,29 @@ impl World {
         if self.vhost {
             let _ = scratch::delete_vhost(&self.name);
         }
-        if matches!(self.holder, Holder::Broker { .. } | Holder::Inventory { .. }) {
+        if matches!(
+            self.holder,
+            Holder::Broker { .. } | Holder::Inventory { .. }
+        ) {
             let _ = scratch::drop_database(&self.database_base, &self.name).await;
         }
     }
+}
+
+/// Makes each order's status flip take 5 ms (a trigger, as shops have):
+/// the cancel statement of the burst due just before the cut then runs for
+/// half a second, so it is surely in flight when the link goes, and its
+/// answer is lost in the cut.
+async fn slow_updates(shop: &PgPool) -> anyhow::Result<()> {
+    sqlx::raw_sql(
+        "CREATE FUNCTION partition_slow_update() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.005); RETURN NEW; END $$; \
+         CREATE TRIGGER partition_slow_update BEFORE UPDATE ON orders \
+         FOR EACH ROW EXECUTE FUNCTION partition_slow_update();",
+    )
+    .execute(shop)
+    .await?;
+    Ok(())
 }
 
 /// A vhost of the run's own on the machine's broker: the service's URL
@@ -188,6 +210,8 @@ async fn serve_inventory(holder: &Holder, shop: PgPool) -> anyhow::Result<(Secre
     let url = SecretUrl::new(format!("http://{}", listener.local_addr()?));
     let stop = Shutdown::new();
     let stopped = stop.clone();
-    tokio::spawn(ReferenceInventory::new(shop).serve(listener, async move { stopped.wait().await }));
+    tokio::spawn(
+        ReferenceInventory::new(shop).serve(listener, async move { stopped.wait().await }),
+    );
     Ok((url, stop))
 }
