@@ -76,7 +76,9 @@ impl InventoryClient {
     /// A client that connects lazily (and reconnects) to `url`; every call
     /// times out after `timeout`, and a connection whose HTTP/2 pings go
     /// unanswered for the default keep-alive
-    /// (`[liveness].inventory_keepalive`) is dropped.
+    /// (`[liveness].inventory_keepalive`) is dropped. (The service itself
+    /// builds its client with [`InventoryClient::connect_lazy_with`].)
+    #[cfg(feature = "testing")]
     #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) fn connect_lazy(url: &SecretUrl, timeout: Duration) -> Result<Self, InventoryError> {
         let keepalive = crate::settings::LivenessSettings::default().inventory_keepalive;
