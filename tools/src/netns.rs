@@ -48,6 +48,35 @@ const COMMAND_LIMIT: Duration = Duration::from_secs(15);
 /// Namespaces made by this process so far (for unique names).
 static MADE: AtomicU32 = AtomicU32::new(0);
 
+/// Held while a link picks its subnet and takes it: two links made at once
+/// (tests run in parallel threads) must not pick the same one.
+static LINKING: Mutex<()> = Mutex::new(());
+
+/// The same across processes (two test runs at once): an exclusive
+/// `flock` on this file, released when the returned file is dropped.
+const LINKING_FILE: &str = "/tmp/order-timeout-netns.lock";
+
+fn lock_across_processes() -> Result<std::fs::File, NetnsError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LINKING_FILE)
+        .map_err(|e| NetnsError::Command {
+            command: format!("open {LINKING_FILE}"),
+            stderr: e.to_string(),
+        })?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open file descriptor; flock blocks until it is ours.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(NetnsError::Command {
+            command: format!("flock {LINKING_FILE}"),
+            stderr: std::io::Error::last_os_error().to_string(),
+        });
+    }
+    Ok(file)
+}
+
 /// Runs `program args` within [`COMMAND_LIMIT`], returning its stdout.
 fn run(program: &str, args: &[&str]) -> Result<String, NetnsError> {
     let shown = format!("{program} {}", args.join(" "));
@@ -147,6 +176,8 @@ impl Namespace {
     /// neighbours both ways. The first link is the namespace's default
     /// route.
     pub fn link(&self) -> Result<Link, NetnsError> {
+        let _one_at_a_time = LINKING.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_process_at_a_time = lock_across_processes()?;
         let k = self.links.lock().unwrap().len();
         let bridge = format!("otb{}l{k}", self.tag);
         let port = format!("otv{}l{k}", self.tag);

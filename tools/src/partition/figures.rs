@@ -85,6 +85,8 @@ pub struct Figures {
     pub during: Group,
     /// Orders due after the heal.
     pub after: Group,
+    /// Broker sessions the service re-established during the run.
+    pub reconnects: u64,
     /// Seconds from the cut until `/readyz` said not ready (`None`: it
     /// never did).
     pub unready_after_cut_s: Option<f64>,
@@ -112,9 +114,10 @@ impl fmt::Display for Figures {
         writeln!(f, "  due after the heal: {}", self.after)?;
         writeln!(
             f,
-            "  readiness: red {} after the cut, green {} after the heal",
+            "  readiness: red {} after the cut, green {} after the heal; {} broker reconnects",
             s(self.unready_after_cut_s),
-            s(self.ready_after_heal_s)
+            s(self.ready_after_heal_s),
+            self.reconnects
         )?;
         write!(
             f,
@@ -147,6 +150,7 @@ impl Figures {
         window: Window,
         orders: usize,
         readiness: Changes,
+        reconnects: u64,
     ) -> anyhow::Result<Self> {
         type Row = (DateTime<Utc>, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
         let rows: Vec<Row> = sqlx::query_as(
@@ -177,6 +181,7 @@ impl Figures {
             peer: window.peer,
             cut_s: seconds(heal - cut),
             orders,
+            reconnects,
             lost: orders.saturating_sub(rows.len()),
             early: rows
                 .iter()

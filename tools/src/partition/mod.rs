@@ -122,6 +122,7 @@ async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> 
     let healed_at = Utc::now();
     let settled = settle(world, args.orders + BURST, healed_at).await;
     let readiness = watch.stop();
+    let reconnects = service.metrics.reconnects();
     service.stop().await?;
     settled?;
     let window = figures::Window {
@@ -129,7 +130,14 @@ async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> 
         cut_at,
         healed_at,
     };
-    Figures::measure(&world.shop, window, args.orders + BURST, readiness).await
+    Figures::measure(
+        &world.shop,
+        window,
+        args.orders + BURST,
+        readiness,
+        reconnects,
+    )
+    .await
 }
 
 fn sku(k: usize) -> String {
