@@ -116,7 +116,7 @@ async fn a_silent_inventory_holds_no_cancellation_and_releases_follow_the_heal()
         ("after", f.after),
     ] {
         assert!(
-            figures.p99_s < 2.0,
+            figures.p99_s < 5.0,
             "cancellations due {group} the cut on time:\n{f}"
         );
     }
