@@ -181,3 +181,53 @@ async fn a_publish_whose_confirm_never_comes_fails_within_its_bound() {
     drop(conn);
     drop(cluster);
 }
+
+/// The broker cancels the service's consumer (`basic.cancel`: here the due
+/// queue deleted under it; also a queue's leader lost on some versions):
+/// the deliveries stop on a channel that stays open. The service must end
+/// the session at once and start another (declaring the topology again),
+/// not wait on a consumer that will never deliver.
+#[tokio::test]
+async fn a_consumer_the_broker_cancels_ends_the_session_and_consuming_resumes() {
+    use order_timeout::broker::topology::DUE_QUEUE;
+    use order_timeout_tools::private_broker::wait_for;
+
+    let env = crate::common::TestEnv::new().await;
+    env.stock_skus(1).await;
+    let service = env.service().await;
+    let addr = service.http_addr;
+    assert!(
+        wait_for(Duration::from_secs(60), || crate::common::ready(addr)).await,
+        "the service consumes"
+    );
+    let before = service.metrics.reconnects();
+    env.channel
+        .queue_delete(
+            DUE_QUEUE.into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        wait_for(Duration::from_secs(10), || async {
+            service.metrics.reconnects() > before
+        })
+        .await,
+        "the cancelled consumer ended the session"
+    );
+    assert!(
+        wait_for(Duration::from_secs(30), || crate::common::ready(addr)).await,
+        "a new session consumes"
+    );
+    let order = env
+        .create_order("cancelled-consumer-1", Duration::from_secs(2), &[(0, 1)])
+        .await;
+    env.publish_timeout(&order).await;
+    env.eventually(
+        Duration::from_secs(30),
+        "the order cancelled by the new session",
+        || async { env.count("cancelled-consumer-", "CANCELLED").await == 1 },
+    )
+    .await;
+    service.stop().await.unwrap();
+}
