@@ -154,6 +154,7 @@ pub struct Namespace {
 
 impl Namespace {
     /// A new namespace with its loopback up (and no link yet).
+    #[tracing::instrument]
     pub fn new() -> Result<Self, NetnsError> {
         check_preconditions()?;
         sweep_abandoned();
@@ -175,6 +176,7 @@ impl Namespace {
     /// veth pair from the bridge into the namespace (its `.2`), static
     /// neighbours both ways. The first link is the namespace's default
     /// route.
+    #[tracing::instrument(skip(self), fields(ns = %self.name))]
     pub fn link(&self) -> Result<Link, NetnsError> {
         let _one_at_a_time = LINKING.lock().unwrap_or_else(|e| e.into_inner());
         let _one_process_at_a_time = lock_across_processes()?;

@@ -55,6 +55,7 @@ impl PrivatePostgres {
     /// Creates a namespace with one link, initialises a cluster in a
     /// temporary directory and starts the server there; waits (up to 60 s)
     /// until it answers over the link.
+    #[tracing::instrument]
     pub async fn start() -> Result<Self, NetnsError> {
         let ns = Namespace::new()?;
         let link = ns.link()?;

@@ -5,9 +5,9 @@
 //! (`tests/e2e/partitions.rs`) run the same [`run`] with generous bounds;
 //! docs/benchmarks-log.md records the figures.
 //!
-//! One run: a service on the world of [`world`], `--orders` orders due
+//! One run: a service on the world of `world.rs`, `--orders` orders due
 //! evenly from 5 s to the cut + 25 s after the start and a burst of
-//! [`BURST`] more due together 30 ms before the cut (their work is in
+//! 100 more due together 30 ms before the cut (their work is in
 //! flight when the link goes), the peer cut 10 s in for `--cut`, healed,
 //! and every order waited for. Figures: orders lost,
 //! early, and their stock released more than once (none may be); the
@@ -159,6 +159,7 @@ async fn sleep_until(from: DateTime<Utc>, after: Duration) {
 /// Creates `n` orders (rows and items) due evenly over `span` from
 /// `start` + [`FIRST_DUE`], and [`BURST`] more due [`BURST_BEFORE_CUT`]
 /// before the cut, and publishes their timeouts as the order service does.
+#[tracing::instrument(skip(world))]
 async fn schedule(
     world: &World,
     n: usize,
@@ -203,6 +204,7 @@ async fn schedule(
 
 /// Waits (at most 3 minutes after the heal) until every order is
 /// cancelled and its stock released.
+#[tracing::instrument(skip(world))]
 async fn settle(world: &World, n: usize, healed_at: DateTime<Utc>) -> anyhow::Result<()> {
     let limit = Duration::from_secs(180);
     let done = crate::private_broker::wait_for(limit, || async {

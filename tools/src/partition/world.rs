@@ -53,6 +53,7 @@ pub(super) struct World {
 
 impl World {
     /// Sets up the world for `peer`.
+    #[tracing::instrument]
     pub(super) async fn build(peer: Peer) -> anyhow::Result<Self> {
         let name = scratch::owned_name("ot_part");
         let (holder, amqp_url, publish_url, database_base) = match peer {
