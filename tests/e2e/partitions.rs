@@ -231,3 +231,67 @@ async fn a_consumer_the_broker_cancels_ends_the_session_and_consuming_resumes() 
     .await;
     service.stop().await.unwrap();
 }
+
+/// A connection the broker blocks (a memory alarm: `connection.blocked`)
+/// takes publishes and never confirms them while the alarm lasts: each
+/// publish fails within `[liveness].confirm_timeout` instead of hanging,
+/// and publishing works again once the alarm clears. On a private node.
+#[tokio::test]
+async fn a_publish_on_a_connection_the_broker_blocks_fails_within_its_bound() {
+    use order_timeout::broker::connect_amqp;
+    use order_timeout::broker::publisher::{PublishError, Publisher};
+    use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
+    use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster};
+
+    let _watchdog = crate::bounds::Watchdog::start();
+    let cluster = PrivateCluster::start(ClusterConfig::nodes(1))
+        .await
+        .unwrap();
+    let url = order_timeout::settings::SecretUrl::new(cluster.url(1));
+    let settings = order_timeout::settings::Settings {
+        amqp_url: url.clone(),
+        ..Default::default()
+    };
+    order_timeout::broker::declare_topology(&settings)
+        .await
+        .unwrap();
+    let conn = connect_amqp(&url, "test-blocked").await.unwrap();
+    let publisher = Publisher::new(&conn)
+        .await
+        .unwrap()
+        .with_confirm_timeout(Duration::from_secs(2));
+    let request = |n: u32| {
+        TimeoutRequest::new(
+            OrderId::parse(&format!("BLOCKED{n}")).unwrap(),
+            Deadline::At(chrono::Utc::now() + chrono::Duration::hours(1)),
+        )
+    };
+    publisher
+        .schedule(&request(1))
+        .await
+        .expect("published before the alarm");
+    cluster
+        .rabbitmqctl(1, &["set_vm_memory_high_watermark", "0.000001"])
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(20), publisher.schedule(&request(2))).await;
+    let waited = started.elapsed();
+    cluster
+        .rabbitmqctl(1, &["set_vm_memory_high_watermark", "0.4"])
+        .await
+        .unwrap();
+    let err = outcome
+        .unwrap_or_else(|_| panic!("a publish on a blocked connection hung for {waited:?}"))
+        .expect_err("a blocked connection confirms nothing");
+    assert!(
+        matches!(err, PublishError::Unconfirmed { .. }),
+        "the confirm's wait ends as unconfirmed: {err}"
+    );
+    assert!(
+        waited < Duration::from_secs(6),
+        "bounded by confirm_timeout (2 s): {waited:?}"
+    );
+    drop(conn);
+}

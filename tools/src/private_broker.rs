@@ -145,6 +145,54 @@ impl PrivateCluster {
         self.run(&["start-app", &i.to_string()]).await.map(drop)
     }
 
+    /// `rabbitmqctl -n NODE ARGS` against node `i`, with the environment
+    /// the script gives its own calls (the cluster's HOME and cookie), in
+    /// the cluster's namespace if it has one; bounded to 60 s. For what
+    /// the script has no command of its own for (a memory alarm).
+    pub async fn rabbitmqctl(&self, i: usize, args: &[&str]) -> Result<String, ClusterError> {
+        let state = std::fs::read_to_string(self.dir.join("cluster.env"))
+            .map_err(|e| io_error("read cluster.env", e))?;
+        let name = state
+            .lines()
+            .find_map(|l| l.strip_prefix("NAME="))
+            .unwrap_or("ot-cluster")
+            .to_owned();
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "timeout", "60"]);
+                c
+            }
+            None => {
+                let mut c = Command::new("timeout");
+                c.arg("60");
+                c
+            }
+        };
+        command
+            .arg("/usr/lib/rabbitmq/bin/rabbitmqctl")
+            .args(["-n", &format!("{name}-{i}@localhost")])
+            .args(args)
+            .env("HOME", self.dir.join("home"))
+            .env("RABBITMQ_CONF_ENV_FILE", self.dir.join("rabbitmq-env.conf"))
+            .env(
+                "RABBITMQ_CTL_ERL_ARGS",
+                "-kernel inet_dist_use_interface {127,0,0,1}",
+            )
+            .kill_on_drop(true);
+        let shown = format!("rabbitmqctl {}", args.join(" "));
+        let output = command.output().await.map_err(|e| io_error(&shown, e))?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(ClusterError {
+                command: shown,
+                status: output.status.to_string(),
+                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            })
+        }
+    }
+
     /// The script's `status` lines.
     pub async fn status(&self) -> String {
         match self.run(&["status"]).await {
