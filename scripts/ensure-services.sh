@@ -16,7 +16,11 @@
 #   - with --publishers: what the publishers in clients/ need to run in the tests -- a JDK
 #     and the RabbitMQ Java client, PHP with php-amqplib, Go with amqp091-go, Debian's
 #     python3 with pika (Debian packages, apt-get), Node.js and amqplib (npm ci in
-#     clients/node, from its package-lock.json).
+#     clients/node, from its package-lock.json);
+#   - with --rabbitmq4: a private RabbitMQ 4.x test node beside the machine's broker
+#     (scripts/rabbitmq4.sh start: Debian trixie's rabbitmq-server in a debootstrapped root
+#     cached under /var/cache/order-timeout, made once in ~2 minutes; the node on 127.0.0.1:5673
+#     with every deprecated feature denied and Khepri on). Needs root.
 #
 # When a URL points at this machine (127.0.0.1 / localhost / ::1) and nothing answers, the
 # server is installed from the Debian archive if missing (apt-get) and started without
@@ -24,12 +28,15 @@
 # checked, nothing is installed. Idempotent; well under a second when all is up.
 #
 # Usage: scripts/ensure-services.sh [--no-rabbitmqctl] [--mysql] [--ops-tools] [--publishers]
+#                                   [--rabbitmq4]
 #   --no-rabbitmqctl  don't require a working `rabbitmqctl`. The integration tests need it
 #                     (they create and delete a vhost per test); the demo does not.
 #   --mysql           also make sure MariaDB answers at MYSQL_URL (the tests need it).
 #   --ops-tools       also make sure promtool, chromium and kubernetes-validate are installed
 #                     (the tests need them).
 #   --publishers      also make sure each publisher in clients/ can run (the tests run them).
+#   --rabbitmq4       also make sure the RabbitMQ 4.x test node runs (the tests run the broker
+#                     fault tests and an end-to-end set on it, `rabbitmq4::`).
 set -euo pipefail
 
 # rabbitmq-server / rabbitmqctl live in /usr/sbin, which is not on a normal user's PATH.
@@ -39,18 +46,20 @@ NEED_RABBITMQCTL=1
 NEED_MYSQL=0
 NEED_OPS_TOOLS=0
 NEED_PUBLISHERS=0
+NEED_RABBITMQ4=0
 for arg in "$@"; do
     case $arg in
     --no-rabbitmqctl) NEED_RABBITMQCTL=0 ;;
     --mysql) NEED_MYSQL=1 ;;
     --ops-tools) NEED_OPS_TOOLS=1 ;;
     --publishers) NEED_PUBLISHERS=1 ;;
+    --rabbitmq4) NEED_RABBITMQ4=1 ;;
     -h | --help)
         sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
         exit 0
         ;;
     *)
-        echo "usage: $0 [--no-rabbitmqctl] [--mysql] [--ops-tools] [--publishers]" >&2
+        echo "usage: $0 [--no-rabbitmqctl] [--mysql] [--ops-tools] [--publishers] [--rabbitmq4]" >&2
         exit 2
         ;;
     esac
@@ -474,8 +483,8 @@ start_local_mariadb() {
     fi
     log "starting MariaDB"
     as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
-    local i
-    for i in $(seq 1 60); do
+    local _
+    for _ in $(seq 1 60); do
         reachable 127.0.0.1 3306 && break
         sleep 0.5
     done
@@ -587,15 +596,38 @@ ensure_kubernetes_validate() {
     log "kubernetes-validate $KUBERNETES_VALIDATE_VERSION installed"
 }
 
+# ---------------------------------------------------------------------------------------
+# RabbitMQ 4.x (scripts/rabbitmq4.sh), beside the machine's broker
+# ---------------------------------------------------------------------------------------
+# debootstrap comes from apt here, before anything else runs apt-get; the root (a download
+# of 115 packages the first time) and the node are then made in the background while the
+# rest is checked or installed.
+RABBITMQ4=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/rabbitmq4.sh
+start_rabbitmq4() {
+    if [[ $(id -u) -ne 0 ]]; then
+        [[ ${#SUDO[@]} -gt 0 ]] || die "--rabbitmq4 needs root (debootstrap, chroot): run as root or with sudo"
+    fi
+    if ! as_root "$RABBITMQ4" version >/dev/null 2>&1 && ! have debootstrap &&
+        [[ ! -x /usr/sbin/debootstrap ]]; then
+        apt_install --no-install-recommends debootstrap
+    fi
+    as_root "$RABBITMQ4" start </dev/null >&2 &
+    RABBITMQ4_PID=$!
+}
+RABBITMQ4_PID=
+
 ensure_cargo
 ensure_rabbitmq
+if [[ $NEED_RABBITMQ4 -eq 1 ]]; then
+    start_rabbitmq4
+fi
 case ${DATABASE_URL:-} in
 mysql://* | mariadb://*) ensure_mysql_at "$DATABASE_URL" DATABASE_URL ;;
 *) ensure_postgres ;;
 esac
 if [[ $NEED_MYSQL -eq 1 ]]; then
     # The tests need PostgreSQL as well (the reference inventory server keeps its stock there).
-    [[ ${DATABASE_URL:-} == mysql://* ]] && (DATABASE_URL= ensure_postgres)
+    [[ ${DATABASE_URL:-} == mysql://* ]] && (DATABASE_URL='' ensure_postgres)
     ensure_mysql_at "${MYSQL_URL:-mysql://root@127.0.0.1:3306/mysql}" MYSQL_URL
 fi
 if [[ $NEED_OPS_TOOLS -eq 1 ]]; then
@@ -607,4 +639,7 @@ if [[ $NEED_PUBLISHERS -eq 1 ]]; then
 fi
 if [[ -n $RABBITMQCTL_PID ]]; then
     wait "$RABBITMQCTL_PID" || exit 1
+fi
+if [[ -n $RABBITMQ4_PID ]]; then
+    wait "$RABBITMQ4_PID" || die "the RabbitMQ 4.x test node is not running (scripts/rabbitmq4.sh start failed, see above)"
 fi

@@ -28,6 +28,8 @@
 #   stop-node I   graceful `rabbitmqctl stop`, wait until the VM is gone; data kept
 #   stop-app I    `rabbitmqctl stop_app` (the VM stays up)
 #   start-app I   `rabbitmqctl start_app`, wait until the app runs
+#   ctl I ARGS... `rabbitmqctl ARGS` against node I (its cookie, its root if any), its output
+#                 and exit code as they are; bounded by CLUSTER_TIMEOUT
 # kill-node/stop-node on a node that is down and start-node on one that runs succeed
 # (nothing to do). Exit codes: 0 ok, 1 failure, 2 usage error. Progress and errors go to
 # stderr; stdout only carries results (start/urls/status/pid). Waits are bounded by
@@ -48,9 +50,22 @@
 #                           replaced by the node index and @PORT@ by its AMQP port (e.g.
 #                           `listeners.ssl.default = 56@I@1`).
 #   CLUSTER_TIMEOUT (120)   seconds any single wait may take.
-#   CLUSTER_RABBITMQ_BIN (/usr/lib/rabbitmq/bin)  where rabbitmq-server and rabbitmqctl are.
-# `start` records CLUSTER_NODES, CLUSTER_PORT and CLUSTER_NAME in CLUSTER_DIR/cluster.env;
-# the other commands take them from there, so only CLUSTER_DIR has to match.
+#   CLUSTER_RABBITMQ_BIN (/usr/lib/rabbitmq/bin)  where rabbitmq-server and rabbitmqctl are
+#                           (inside CLUSTER_ROOT when that is set).
+#   CLUSTER_ROOT            optional: a Debian root holding another RabbitMQ and its Erlang
+#                           (scripts/rabbitmq4.sh makes one with Debian trixie's 4.x). Every
+#                           rabbitmq-server, rabbitmqctl and epmd of the cluster then runs
+#                           chrooted there (as root), each in a private mount namespace with
+#                           /proc, /dev and CLUSTER_DIR bind-mounted at the same paths, so paths
+#                           and pids read the same inside and out; the mounts go away with the
+#                           process. Needs root, unshare and chroot.
+#   CLUSTER_EPMD_PORT       optional: the epmd port of the cluster's nodes and CLI calls
+#                           (ERL_EPMD_PORT). With CLUSTER_ROOT, an epmd of the root is started
+#                           on it (127.0.0.1) when nothing listens there, and left running like
+#                           the shared one. Default: Erlang's 4369, the machine's own epmd.
+# `start` records CLUSTER_NODES, CLUSTER_PORT, CLUSTER_NAME, CLUSTER_ROOT and
+# CLUSTER_EPMD_PORT in CLUSTER_DIR/cluster.env; the other commands take them from there, so
+# only CLUSTER_DIR has to match.
 #
 # The generated rabbitmq.conf (CLUSTER_DIR/nodeI/rabbitmq.conf): AMQP on 127.0.0.1 only,
 # guest/guest (allowed from loopback, the default), no plugins (no management UI),
@@ -71,6 +86,9 @@
 # pid file. epmd is shared and left running.
 set -euo pipefail
 
+# chroot lives in /usr/sbin, not on every user's PATH.
+PATH=$PATH:/usr/sbin:/sbin
+
 PROG=scripts/rabbitmq-cluster.sh
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
@@ -79,13 +97,15 @@ REPO_DIR=$(cd "$SCRIPT_DIR/.." && pwd)
 # CLI (RABBITMQ_NODENAME, RABBITMQ_MNESIA_BASE, ... would point them elsewhere).
 while IFS= read -r var; do
     unset "$var"
-done < <(compgen -e | grep -E '^(RABBITMQ_|ERL_(FLAGS|AFLAGS|ZFLAGS|LIBS)$)' || true)
+done < <(compgen -e | grep -E '^(RABBITMQ_|ERL_(FLAGS|AFLAGS|ZFLAGS|LIBS|EPMD_PORT)$)' || true)
 # If epmd is not running yet the first node starts it: on loopback only.
 export ERL_EPMD_ADDRESS=${ERL_EPMD_ADDRESS:-127.0.0.1}
 
 ENV_NODES=${CLUSTER_NODES-}
 ENV_PORT=${CLUSTER_PORT-}
 ENV_NAME=${CLUSTER_NAME-}
+ENV_ROOT=${CLUSTER_ROOT-}
+ENV_EPMD_PORT=${CLUSTER_EPMD_PORT-}
 NODES=${CLUSTER_NODES:-3}
 PORT=${CLUSTER_PORT:-5681}
 NAME=${CLUSTER_NAME:-ot-cluster}
@@ -94,6 +114,8 @@ ADVANCED_CONFIG=${CLUSTER_ADVANCED_CONFIG:-$REPO_DIR/deploy/rabbitmq/advanced.co
 CONF_EXTRA=${CLUSTER_CONF_EXTRA:-}
 TIMEOUT=${CLUSTER_TIMEOUT:-120}
 BIN=${CLUSTER_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}
+ROOT=${CLUSTER_ROOT:-}
+EPMD_PORT=${CLUSTER_EPMD_PORT:-}
 STOP_LIMIT=15 # seconds for a graceful stop in `stop` before kill -9
 
 log() { printf '[rabbitmq-cluster %s] %s\n' "$NAME" "$*" >&2; }
@@ -139,6 +161,16 @@ load_state() {
                 log "note: CLUSTER_NAME=$ENV_NAME ignored, $DIR was started with $value"
             NAME=$value
             ;;
+        ROOT)
+            [[ -n $ENV_ROOT && $ENV_ROOT != "$value" ]] &&
+                log "note: CLUSTER_ROOT=$ENV_ROOT ignored, $DIR was started with ${value:-none}"
+            ROOT=$value
+            ;;
+        EPMD_PORT)
+            [[ -n $ENV_EPMD_PORT && $ENV_EPMD_PORT != "$value" ]] &&
+                log "note: CLUSTER_EPMD_PORT=$ENV_EPMD_PORT ignored, $DIR was started with ${value:-4369}"
+            EPMD_PORT=$value
+            ;;
         esac
     done <"$STATE"
     return 0
@@ -154,6 +186,72 @@ validate() {
     [[ $NAME != rabbit ]] || die "CLUSTER_NAME must not be 'rabbit'"
     in_range "$TIMEOUT" 1 86400 || die "CLUSTER_TIMEOUT must be a number of seconds, got '$TIMEOUT'"
     TIMEOUT=$((10#$TIMEOUT))
+    if [[ -n $EPMD_PORT ]]; then
+        in_range "$EPMD_PORT" 1024 65535 || die "CLUSTER_EPMD_PORT must be 1024..65535, got '$EPMD_PORT'"
+        EPMD_PORT=$((10#$EPMD_PORT))
+    fi
+    if [[ -n $ROOT ]]; then
+        ROOT=$(realpath -m -- "$ROOT")
+        [[ $ROOT != / ]] || die "CLUSTER_ROOT must not be /"
+        case $DIR/ in
+        "$ROOT"/*) die "CLUSTER_DIR must not be inside CLUSTER_ROOT" ;;
+        esac
+    fi
+    set_runner
+}
+
+# ------------------------------------------------------------------- the root, if any
+
+# RUN: the command prefix every rabbitmq-server and rabbitmqctl runs under. Without
+# CLUSTER_ROOT nothing; with it, a private mount namespace in which the root gets /proc, /dev
+# and CLUSTER_DIR (at the same path), then chroot into it. The namespace, and its mounts,
+# end with the process; the host's mounts are never changed.
+# shellcheck disable=SC2016 # a program for the inner bash
+IN_ROOT='root=$1 dir=$2
+shift 2
+mount -t proc proc "$root/proc" &&
+    mount --rbind /dev "$root/dev" &&
+    mount --bind "$dir" "$root$dir" || exit 1
+exec chroot "$root" /usr/bin/env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 "$@"'
+RUN=()
+set_runner() {
+    RUN=()
+    [[ -n $ROOT ]] || return 0
+    RUN=(unshare --mount --propagation private -- bash -c "$IN_ROOT" in-root "$ROOT" "$DIR")
+}
+
+# The root's side of CLUSTER_DIR's bind mount is an empty directory in the root; `start`
+# makes it and notes the first directory it had to create, which `stop` removes again
+# (empty directories only).
+MOUNTPOINT_NOTE=root-mountpoint
+make_mountpoint() {
+    [[ -n $ROOT ]] || return 0
+    local d=$ROOT$DIR first=
+    while [[ ! -e $d ]]; do
+        first=$d
+        d=$(dirname -- "$d")
+    done
+    mkdir -p -- "$ROOT$DIR"
+    [[ -z $first ]] || printf '%s\n' "$first" >"$DIR/$MOUNTPOINT_NOTE"
+}
+remove_mountpoint() { # FIRST: the directory make_mountpoint created first
+    [[ -n $ROOT && -n $1 && $1 == "$ROOT"/* && -d $1 ]] || return 0
+    find "$1" -depth -type d -empty -delete 2>/dev/null || true
+}
+
+# epmd: the root's own on CLUSTER_EPMD_PORT (a node would start one itself, inside its
+# mount namespace, which would then stay with the epmd).
+ensure_epmd() {
+    [[ -n $ROOT ]] || return 0
+    local port=${EPMD_PORT:-4369} deadline
+    port_in_use "$port" && return 0
+    log "starting the root's epmd on 127.0.0.1:$port"
+    ERL_EPMD_ADDRESS=127.0.0.1 chroot "$ROOT" /usr/bin/epmd -daemon -port "$port" </dev/null >/dev/null 2>&1 || true
+    deadline=$(($(now) + 10))
+    until port_in_use "$port"; do
+        (($(now) < deadline)) || die "the root's epmd did not listen on 127.0.0.1:$port"
+        sleep 0.1
+    done
 }
 
 node_name() { printf '%s-%s@localhost' "$NAME" "$1"; }
@@ -222,6 +320,9 @@ common_env() {
         "HOME=$DIR/home" \
         "RABBITMQ_CONF_ENV_FILE=$DIR/rabbitmq-env.conf" \
         "RABBITMQ_CTL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}"
+    if [[ -n $EPMD_PORT ]]; then
+        printf '%s\n' "ERL_EPMD_PORT=$EPMD_PORT"
+    fi
 }
 
 # ctl SECONDS I ARGS...: rabbitmqctl against node I, bounded in time.
@@ -229,7 +330,7 @@ ctl() {
     local secs=$1 i=$2 env=()
     shift 2
     mapfile -t env < <(common_env)
-    timeout -k 5 "$secs" env "${env[@]}" "$BIN/rabbitmqctl" -n "$(node_name "$i")" "$@"
+    timeout -k 5 "$secs" env "${env[@]}" "${RUN[@]}" "$BIN/rabbitmqctl" -n "$(node_name "$i")" "$@"
 }
 
 # Boot node I in the background, detached from this script (own session, no inherited
@@ -255,7 +356,10 @@ launch_node() {
     printf '\n==== %s: starting %s\n' "$(date '+%F %T')" "$(node_name "$i")" >>"$dir/console.log"
     (
         cd "$dir"
-        exec setsid env "${env[@]}" "$BIN/rabbitmq-server" >>"$dir/console.log" 2>&1 </dev/null
+        # The open-file limit a node gets is its soft limit: raise it to the hard one (a soft
+        # 1024 leaves a node ~900 handles, fewer than a few vhosts of quorum queues need).
+        ulimit -S -n "$(ulimit -H -n)" 2>/dev/null || true
+        exec setsid env "${env[@]}" "${RUN[@]}" "$BIN/rabbitmq-server" >>"$dir/console.log" 2>&1 </dev/null
     ) &
     echo $! >"$dir/server.pid"
 }
@@ -333,8 +437,13 @@ view() {
                 false -> case catch rabbit:is_booting() of true -> booting; _ -> stopped end
             end,
         P = case catch rabbit_node_monitor:partitions() of Ps when is_list(Ps) -> Ps; _ -> [] end,
+        %% Members: rabbit_nodes:list_members/0 on 3.13+ (with Khepri, Mnesia knows none).
+        M = case catch rabbit_nodes:list_members() of
+                Ms when is_list(Ms) -> Ms;
+                _ -> rabbit_mnesia:cluster_nodes(all)
+            end,
         io:format("view: ~s ~s ~s ~s~n",
-                  [A, F(rabbit_nodes:all_running()), F(rabbit_mnesia:cluster_nodes(all)), F(P)]).' \
+                  [A, F(rabbit_nodes:all_running()), F(M), F(P)]).' \
         2>/dev/null) || return 1
     out=$(grep -m1 '^view: ' <<<"$out") || return 1
     read -r _ app running members partitions <<<"$out"
@@ -355,7 +464,7 @@ wait_formed() {
     while :; do
         v=$(view 1 || true)
         [[ $v == *"$want"* ]] && return 0
-        if (($(now) >= $2)); then
+        if (($(now) >= $1)); then
             die "the cluster did not form within ${TIMEOUT}s; node 1 reports: ${v:-nothing}"
         fi
         sleep 0.5
@@ -390,7 +499,10 @@ port_in_use() {
 }
 
 name_registered() { # SHORTNAME: known to epmd (some node of that name runs)
-    epmd -names 2>/dev/null | grep -q "^name $1 at port "
+    local epmd=(epmd)
+    [[ -z $ROOT ]] || epmd=(chroot "$ROOT" /usr/bin/epmd)
+    [[ -z $EPMD_PORT ]] || epmd+=(-port "$EPMD_PORT")
+    "${epmd[@]}" -names 2>/dev/null | grep -q "^name $1 at port "
 }
 
 # check_free I: node I's ports and name are not taken (waits briefly for epmd to notice a
@@ -416,7 +528,8 @@ write_files() {
     mkdir -p "$DIR/home"
     chmod 700 "$DIR" "$DIR/home"
     touch "$MARKER"
-    printf 'NODES=%s\nPORT=%s\nNAME=%s\n' "$NODES" "$PORT" "$NAME" >"$STATE"
+    printf 'NODES=%s\nPORT=%s\nNAME=%s\nROOT=%s\nEPMD_PORT=%s\n' "$NODES" "$PORT" "$NAME" "$ROOT" "$EPMD_PORT" >"$STATE"
+    make_mountpoint
     : >"$DIR/rabbitmq-env.conf" # replaces /etc/rabbitmq/rabbitmq-env.conf (NODENAME=...)
     echo '[].' >"$DIR/enabled_plugins"
     # The cluster's own cookie, shared by its nodes and its rabbitmqctl calls.
@@ -487,8 +600,17 @@ start_cleanup() {
 cmd_start() {
     local i t0 deadline running pids=() failed=0
     validate
-    [[ -x $BIN/rabbitmq-server && -x $BIN/rabbitmqctl ]] ||
-        die "no RabbitMQ in $BIN (apt-get install rabbitmq-server, or set CLUSTER_RABBITMQ_BIN)"
+    if [[ -n $ROOT ]]; then
+        [[ -x $ROOT$BIN/rabbitmq-server && -x $ROOT$BIN/rabbitmqctl && -x $ROOT/usr/bin/epmd ]] ||
+            die "no RabbitMQ in $ROOT$BIN (CLUSTER_ROOT; scripts/rabbitmq4.sh prepare makes one)"
+        [[ $(id -u) -eq 0 ]] || die "CLUSTER_ROOT needs root (chroot, mount namespaces)"
+        if ! command -v unshare >/dev/null || ! command -v chroot >/dev/null; then
+            die "CLUSTER_ROOT needs unshare and chroot (util-linux, coreutils)"
+        fi
+    else
+        [[ -x $BIN/rabbitmq-server && -x $BIN/rabbitmqctl ]] ||
+            die "no RabbitMQ in $BIN (apt-get install rabbitmq-server, or set CLUSTER_RABBITMQ_BIN)"
+    fi
     [[ -r $ADVANCED_CONFIG ]] || die "CLUSTER_ADVANCED_CONFIG not readable: $ADVANCED_CONFIG"
     [[ -z $CONF_EXTRA || -r $CONF_EXTRA ]] || die "CLUSTER_CONF_EXTRA not readable: $CONF_EXTRA"
     if [[ -e $DIR ]]; then
@@ -507,6 +629,7 @@ cmd_start() {
     trap 'exit 130' INT
     trap 'exit 143' TERM
     write_files
+    ensure_epmd
     deadline=$(($(now) + TIMEOUT))
     if ((NODES == 1)); then
         log "starting node $(node_name 1) (AMQP on 127.0.0.1:$PORT) in $DIR"
@@ -556,7 +679,10 @@ cmd_stop() {
     if ((failed)) || [[ -n $running ]]; then
         die "could not stop every node (still running, node:pid: ${running:-?}); $DIR kept"
     fi
+    local first=
+    [[ ! -f $DIR/$MOUNTPOINT_NOTE ]] || first=$(cat "$DIR/$MOUNTPOINT_NOTE")
     rm -rf -- "$DIR"
+    remove_mountpoint "$first"
     log "stopped; $DIR deleted"
 }
 
@@ -597,6 +723,7 @@ cmd_start_node() {
         return 0
     fi
     check_free "$i"
+    ensure_epmd
     log "starting node $i ($(node_name "$i")) with its data"
     launch_node "$i"
     wait_up "$i" $(($(now) + TIMEOUT)) || exit 1
@@ -641,6 +768,7 @@ case $CMD in
 start) cmd_start ;;
 stop)
     load_state
+    set_runner
     cmd_stop
     ;;
 status)
@@ -666,6 +794,13 @@ pid | kill-node | start-node | stop-node | stop-app | start-app)
     stop-app) cmd_stop_app "$ARG" ;;
     start-app) cmd_start_app "$ARG" ;;
     esac
+    ;;
+ctl)
+    load_state
+    validate
+    check_index "$ARG"
+    shift 2
+    ctl "$TIMEOUT" "$((10#$ARG))" "$@"
     ;;
 -h | --help | help) usage 0 ;;
 *) usage ;;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README and CI run exactly this):
 # services, formatting, lints, then the unit and integration tests.
-# The integration tests need RabbitMQ (with a working rabbitmqctl) and PostgreSQL; they
+# The integration tests need RabbitMQ (with a working rabbitmqctl), a RabbitMQ 4.x test node
+# (scripts/rabbitmq4.sh), PostgreSQL and MariaDB; they
 # create and drop their own vhosts and databases. Extra arguments go to `cargo test`,
 # e.g. scripts/test.sh cascade
 set -euo pipefail
@@ -24,10 +25,13 @@ if [[ -n $avail_kb && $avail_kb -lt 6000000 ]]; then
     echo "warning: only $((avail_kb / 1024)) MiB free on $(df -P . | awk 'NR == 2 { print $6 }'); the build needs a few GiB" >&2
 fi
 
-section "services: scripts/ensure-services.sh --mysql --ops-tools --publishers"
-scripts/ensure-services.sh --mysql --ops-tools --publishers
+section "services: scripts/ensure-services.sh --mysql --ops-tools --publishers --rabbitmq4"
+scripts/ensure-services.sh --mysql --ops-tools --publishers --rabbitmq4
 # Every publisher in clients/ was just made runnable: its test must run, not skip.
 export ORDER_TIMEOUT_REQUIRE_PUBLISHERS=1
+# The RabbitMQ 4.x test node was just started: the `rabbitmq4::` tests must run on it, and
+# fail if it is not there.
+export ORDER_TIMEOUT_REQUIRE_RABBITMQ4=1
 
 section "format: cargo fmt --all -- --check"
 cargo fmt --all -- --check

@@ -1,6 +1,6 @@
 //! One broker session: two connections (consume, publish), the topology
 //! declared, and the session's tasks — consumer, batcher, sweeper, the
-//! timers' watches, pending poller (`ops::pending`, the queue depths) — started and, when the
+//! timers' watches, the parked keeper, pending poller (`ops::pending`, the queue depths) — started and, when the
 //! session ends (connection lost or shutdown), drained within
 //! `shutdown_timeout`.
 
@@ -24,7 +24,7 @@ use crate::pipeline::context::Context;
 use crate::pipeline::job::Job;
 use crate::pipeline::retry::RetryPolicy;
 use crate::pipeline::worker::Worker;
-use crate::pipeline::{batcher, sweeper, watch};
+use crate::pipeline::{batcher, keep_parked, sweeper, watch};
 use crate::settings::Settings;
 use crate::shutdown::Shutdown;
 use crate::store::Stores;
@@ -80,6 +80,13 @@ pub(super) async fn run(
         metrics.clone(),
         board.clone(),
         stop_depths.clone(),
+    ));
+    // Parked messages move from their queue into the parked store.
+    tracker.spawn(keep_parked::run(
+        broker.consume.clone(),
+        stores.default_timer().clone(),
+        metrics.clone(),
+        session_stop.clone(),
     ));
     let acks = ctx.acks.clone();
     let result = consume(
@@ -184,8 +191,9 @@ async fn drain(tracker: &TaskTracker, timeout: Duration) {
 
 /// The broker connections of one session.
 struct Connections {
-    /// Consuming connection: deliveries and acks.
-    consume: Connection,
+    /// Consuming connection: deliveries and acks (shared with the parked
+    /// keeper).
+    consume: Arc<Connection>,
     /// Publishing connection, with the publisher's channels.
     publish: Connection,
     /// The index (in `AMQP_URL`) of the node `consume` is on.
@@ -217,7 +225,7 @@ impl Connections {
         let depth_channel = consume.create_channel().await?;
         let publish_channels = publisher.channels().to_vec();
         let connections = Self {
-            consume,
+            consume: Arc::new(consume),
             publish,
             consume_node,
             publish_node,

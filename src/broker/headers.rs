@@ -23,6 +23,9 @@ pub(crate) const H_SOURCE_EXCHANGE: &str = "x-source-exchange";
 pub(crate) const H_SOURCE_ROUTING_KEY: &str = "x-source-routing-key";
 /// Header on parked messages: when it was parked (RFC 3339).
 pub(crate) const H_PARKED_AT: &str = "x-parked-at";
+/// Names one parked copy (a random UUID): the parked store keeps a copy
+/// moved into it twice (a crash between its insert and its ack) once.
+pub(crate) const H_PARKED_ID: &str = "x-parked-id";
 
 /// Header: failed attempts so far.
 pub(crate) const H_ATTEMPTS: &str = "x-attempts";

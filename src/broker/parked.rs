@@ -21,11 +21,12 @@ use serde::Serialize;
 
 use super::headers::{
     Attempts, H_ATTEMPTS, H_DEADLINE_MS, H_DELIVERY_COUNT, H_ERROR, H_ERROR_KIND, H_FIRST_FAILURE,
-    H_LAST_FAILURE, H_ORDER_ID, H_PARKED_AT, H_SOURCE_EXCHANGE, H_SOURCE_QUEUE,
+    H_LAST_FAILURE, H_ORDER_ID, H_PARKED_AT, H_PARKED_ID, H_SOURCE_EXCHANGE, H_SOURCE_QUEUE,
     H_SOURCE_ROUTING_KEY, header_int, header_str,
 };
 use crate::message::{OrderId, ParkReason, format_instant};
 use crate::settings::DEFAULT_TIMER;
+use crate::store::{NewParked, ParkedRow};
 
 /// The headers this service writes on a parked message: the park record.
 /// A replay removes them all, so the message starts over with a fresh
@@ -41,6 +42,7 @@ pub(crate) const PARK_HEADERS: &[&str] = &[
     H_SOURCE_EXCHANGE,
     H_SOURCE_ROUTING_KEY,
     H_PARKED_AT,
+    H_PARKED_ID,
 ];
 
 /// Headers RabbitMQ adds to a delivery (`x-death` and its
@@ -107,6 +109,7 @@ pub(crate) fn park_properties(
     text(H_SOURCE_EXCHANGE, &info.source_exchange);
     text(H_SOURCE_ROUTING_KEY, &info.source_routing_key);
     text(H_PARKED_AT, &format_instant(now));
+    text(H_PARKED_ID, &uuid::Uuid::new_v4().to_string());
     if let Some(id) = &info.order_id {
         text(H_ORDER_ID, id.as_str());
     }
@@ -127,6 +130,14 @@ pub(crate) fn replay_properties(parked: &BasicProperties) -> BasicProperties {
     kept_properties(parked)
         .with_content_type(content_type)
         .with_headers(filtered_headers(parked, dropped_on_replay))
+}
+
+/// `properties` without broker bookkeeping (the parked queue's own
+/// `x-delivery-count`): what the parked store keeps of a copy it moves in.
+pub(crate) fn without_bookkeeping(properties: &BasicProperties) -> BasicProperties {
+    properties
+        .clone()
+        .with_headers(filtered_headers(properties, is_broker_bookkeeping))
 }
 
 /// The headers of `properties` without those `dropped` names.
@@ -181,6 +192,9 @@ pub(crate) fn kept_properties(original: &BasicProperties) -> BasicProperties {
 /// One parked message, decoded from its headers, for display and selection.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ParkedMessage {
+    /// Its row id in the parked store (`None` for a copy read from the
+    /// queue, not yet moved).
+    pub id: Option<i64>,
     /// The order id (`x-order-id`, else the body's `order_id` if valid).
     pub order_id: Option<String>,
     /// The timer the body is for: its `"timer"` field, `cancel_unpaid`
@@ -210,8 +224,12 @@ pub struct ParkedMessage {
     pub redeliveries: Option<i64>,
     /// The AMQP properties it was parked with.
     pub properties: BasicProperties,
-    /// The original body, unchanged.
+    /// The original body, unchanged; or, read in a listing or kept from a
+    /// body over the parked store's 4 MiB, its
+    /// first bytes ([`ParkedMessage::body_is_whole`]).
     pub body: Vec<u8>,
+    /// The original body's length in bytes.
+    pub body_size: u64,
 }
 
 impl ParkedMessage {
@@ -231,6 +249,8 @@ impl ParkedMessage {
         let int = |k: &str| map.get(k).and_then(header_int);
         let order_id = text(H_ORDER_ID).or_else(|| order_id_from_body(&body));
         Self {
+            id: None,
+            body_size: body.len() as u64,
             order_id,
             timer: timer_from_body(&body),
             error_kind: text(H_ERROR_KIND),
@@ -246,6 +266,64 @@ impl ParkedMessage {
             properties,
             body,
         }
+    }
+
+    /// Decodes a message kept in the parked store. The order id, timer and
+    /// reason are the ones recorded when it was moved (read from the whole
+    /// body then, so a listing's excerpt does not change them).
+    pub fn from_row(row: ParkedRow) -> Self {
+        let properties = serde_json::from_str::<BasicProperties>(&row.properties).unwrap_or_else(|e| {
+            tracing::warn!(id = row.id, error = %e, "a parked message's properties do not read back; shown without them");
+            BasicProperties::default()
+        });
+        let mut message = Self::from_parts(properties, row.body);
+        message.id = Some(row.id);
+        message.body_size = u64::try_from(row.body_size).unwrap_or(0);
+        message.order_id = row.order_id;
+        message.timer = row.timer;
+        message.error_kind = row.error_kind;
+        message.parked_at = message.parked_at.or(Some(row.parked_at));
+        message
+    }
+
+    /// What the parked store keeps of this copy, its properties written as
+    /// `properties` (JSON, [`ParkedMessage::properties_json`]).
+    pub(crate) fn to_new<'a>(
+        &'a self,
+        key: &'a str,
+        properties: &'a str,
+        now: DateTime<Utc>,
+    ) -> NewParked<'a> {
+        NewParked {
+            key,
+            parked_at: self.parked_at.unwrap_or(now),
+            order_id: self.order_id.as_deref(),
+            timer: self.timer.as_deref(),
+            error_kind: self.error_kind.as_deref(),
+            properties,
+            body: &self.body,
+        }
+    }
+
+    /// The properties as the parked store keeps them: JSON, read back by
+    /// [`ParkedMessage::from_row`].
+    pub(crate) fn properties_json(&self) -> String {
+        serde_json::to_string(&self.properties).unwrap_or_else(|_| "{}".to_owned())
+    }
+
+    /// The key the parked store keeps this copy under: its `x-parked-id`,
+    /// or, for a copy parked by a release without it, a digest of its park
+    /// record and body ([`ParkedMessage::key`]).
+    pub(crate) fn store_key(&self) -> String {
+        let headers = self.properties.headers().clone().unwrap_or_default();
+        header_str(headers.inner().get(H_PARKED_ID))
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| format!("digest:{}", self.key()))
+    }
+
+    /// Whether [`ParkedMessage::body`] is the whole body (not an excerpt).
+    pub fn body_is_whole(&self) -> bool {
+        self.body.len() as u64 >= self.body_size
     }
 
     /// Time since it was parked, if the message says when.
@@ -309,6 +387,9 @@ impl ParkedMessage {
             None => (None, Some(self.body_base64())),
         };
         ParkedJson {
+            id: self.id,
+            body_size: Some(self.body_size),
+            body_whole: Some(self.body_is_whole()),
             order_id: self.order_id.clone(),
             timer: self.timer.clone(),
             error_kind: self.error_kind.clone(),
@@ -337,6 +418,16 @@ impl ParkedMessage {
 /// a stable contract for scripts.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct ParkedJson {
+    /// See [`ParkedMessage::id`]: what `parked show` and `--id` take.
+    #[serde(default)]
+    pub id: Option<i64>,
+    /// See [`ParkedMessage::body_size`].
+    #[serde(default)]
+    pub body_size: Option<u64>,
+    /// `false` when `body` is only the first bytes of it (a body over the
+    /// store's 4 MiB, or an excerpt).
+    #[serde(default)]
+    pub body_whole: Option<bool>,
     /// See [`ParkedMessage::order_id`].
     pub order_id: Option<String>,
     /// See [`ParkedMessage::timer`].

@@ -1,5 +1,7 @@
-//! `order-timeout parked list|replay|purge`: argument parsing and printing
-//! around [`crate::ops::parked`].
+//! `order-timeout parked list|show|replay|purge`: argument parsing and
+//! printing around [`crate::ops::parked`]. Every command first moves the
+//! messages waiting in the parked queue into the parked store, then works
+//! on the store: reading delivers nothing.
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -10,20 +12,21 @@ use clap::{Args, Subcommand};
 use lapin::Connection;
 
 use super::connect;
-use crate::ops::parked::{self, ParkedMessage, PurgePlan, Selection};
+use crate::ops::parked::{self, Page, ParkedMessage, PurgePlan, Selection};
 use crate::settings::Settings;
+use crate::store::{self, Store};
 
 /// `order-timeout parked …`.
 #[derive(Debug, Subcommand)]
 pub enum ParkedCommand {
-    /// Show parked messages with their reason; removes and reorders nothing.
-    ///
-    /// Reads the whole queue once (holding each message unacknowledged),
-    /// then returns every message in its original order. Each listing adds
-    /// one to every message's x-delivery-count.
+    /// Show parked messages with their reason, oldest first; changes
+    /// nothing (they are read from the parked store, not delivered).
     List(ListArgs),
+    /// Show one parked message (by the ID `list` prints) with its whole
+    /// body.
+    Show(ShowArgs),
     /// Republish parked messages to the entry exchange with a fresh
-    /// attempt budget (publisher confirms; removed from the parked queue
+    /// attempt budget (publisher confirms; removed from the parked store
     /// only once confirmed).
     Replay(ReplayArgs),
     /// Delete parked messages (all, or those parked longer ago than
@@ -40,6 +43,28 @@ pub struct ListArgs {
     /// Print one JSON object per line (with the body) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Show the messages after this ID (the next page).
+    #[arg(long, value_name = "ID", default_value_t = 0)]
+    pub after: i64,
+    /// Show only the messages of this order.
+    #[arg(long, value_name = "ID")]
+    pub order_id: Option<String>,
+    /// Show only the messages with this reason (x-error-kind).
+    #[arg(long, value_name = "KIND")]
+    pub reason: Option<String>,
+}
+
+/// Arguments of `parked show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The message's ID (the first column of `parked list`).
+    pub id: i64,
+    /// Print it as one JSON object instead.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the body alone, byte for byte (for a file or a pipe).
+    #[arg(long, conflicts_with = "json")]
+    pub body: bool,
 }
 
 /// Arguments of `parked replay`.
@@ -71,38 +96,130 @@ pub struct PurgeArgs {
 /// Runs `parked …`.
 pub(super) async fn run(settings: Settings, command: ParkedCommand) -> anyhow::Result<ExitCode> {
     let conn = connect(&settings, "order-timeout-parked-cli").await?;
-    let result = match command {
-        ParkedCommand::List(args) => list(&conn, args).await,
-        ParkedCommand::Replay(args) => replay(&conn, args).await,
-        ParkedCommand::Purge(args) => purge(&conn, args).await,
-    };
+    let pool = store::PoolSettings::of(&settings).with_max_connections(1);
+    let stores = store::connect_timers(&settings.database_url, pool, &settings.timers()?)?;
+    let store = stores.default_timer().clone();
+    let result = async {
+        parked::take_in(&conn, &store).await?;
+        match command {
+            ParkedCommand::List(args) => list(&store, args).await,
+            ParkedCommand::Show(args) => show(&store, args).await,
+            ParkedCommand::Replay(args) => replay(&conn, &store, args).await,
+            ParkedCommand::Purge(args) => purge(&store, args).await,
+        }
+    }
+    .await;
     crate::broker::close_quietly(&conn).await;
     result
 }
 
-async fn list(conn: &Connection, args: ListArgs) -> anyhow::Result<ExitCode> {
-    let listing = parked::list(conn, Some(args.limit)).await?;
+/// How many messages `list --json` reads at a time (whole bodies).
+const JSON_PAGE: u32 = 20;
+
+async fn list(store: &Store, args: ListArgs) -> anyhow::Result<ExitCode> {
+    let selection = match (args.order_id, args.reason) {
+        (Some(id), _) => Selection::OrderId(id),
+        (None, Some(kind)) => Selection::Reason(kind),
+        (None, None) => Selection::All,
+    };
+    let limit = u32::try_from(args.limit).unwrap_or(u32::MAX);
     let now = Utc::now();
     let mut out = std::io::stdout().lock();
     if args.json {
-        for msg in &listing.messages {
-            serde_json::to_writer(&mut out, &msg.to_json(now))?;
-            writeln!(out)?;
+        // Page by page: at most JSON_PAGE whole bodies in memory.
+        let (mut after, mut left) = (args.after, limit);
+        while left > 0 {
+            let page = Page {
+                selection: selection.clone(),
+                after,
+                limit: left.min(JSON_PAGE),
+                excerpt: None,
+            };
+            let listing = parked::list(store, &page).await?;
+            let Some(last) = listing.messages.last() else {
+                break;
+            };
+            after = last.id.unwrap_or(i64::MAX);
+            left -= u32::try_from(listing.messages.len()).unwrap_or(left);
+            for msg in &listing.messages {
+                serde_json::to_writer(&mut out, &msg.to_json(now))?;
+                writeln!(out)?;
+            }
         }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let page = Page {
+        selection,
+        after: args.after,
+        limit,
+        excerpt: Some(1),
+    };
+    let listing = parked::list(store, &page).await?;
+    write_table(&mut out, &listing.messages, now)?;
+    let shown = listing.messages.len();
+    if shown < listing.total {
+        let next = listing
+            .messages
+            .last()
+            .and_then(|m| m.id)
+            .map_or(String::new(), |id| format!("; next: --after {id}"));
+        writeln!(
+            out,
+            "{shown} of {} parked messages shown (--limit{next})",
+            listing.total
+        )?;
     } else {
-        write_table(&mut out, &listing.messages, now)?;
-        let shown = listing.messages.len();
-        if shown < listing.total {
-            writeln!(
-                out,
-                "{shown} of {} parked messages shown (--limit)",
-                listing.total
-            )?;
-        } else {
-            writeln!(out, "{} parked messages", listing.total)?;
-        }
+        writeln!(out, "{} parked messages", listing.total)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn show(store: &Store, args: ShowArgs) -> anyhow::Result<ExitCode> {
+    let Some(msg) = parked::show(store, args.id).await? else {
+        eprintln!("no parked message {} (replayed or purged?)", args.id);
+        return Ok(ExitCode::FAILURE);
+    };
+    let mut out = std::io::stdout().lock();
+    if args.body {
+        out.write_all(&msg.body)?;
+    } else if args.json {
+        serde_json::to_writer(&mut out, &msg.to_json(Utc::now()))?;
+        writeln!(out)?;
+    } else {
+        write_details(&mut out, &msg)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One message, field by field, then its body.
+fn write_details(out: &mut impl Write, msg: &ParkedMessage) -> std::io::Result<()> {
+    let json = msg.to_json(Utc::now());
+    let value = serde_json::to_value(&json).unwrap_or_default();
+    if let serde_json::Value::Object(fields) = value {
+        for (name, value) in fields {
+            if name == "body" || name == "body_base64" || value.is_null() {
+                continue;
+            }
+            let text = match value {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            writeln!(out, "{name:<20} {}", clip(&text, 200))?;
+        }
+    }
+    if !msg.body_is_whole() {
+        writeln!(
+            out,
+            "(the store keeps only the first {} of {} bytes of this body)",
+            msg.body.len(),
+            msg.body_size
+        )?;
+    }
+    writeln!(out, "body:")?;
+    match msg.body_text() {
+        Some(text) => writeln!(out, "{text}"),
+        None => writeln!(out, "(not UTF-8; base64) {}", msg.body_base64()),
+    }
 }
 
 /// At most `max` characters, with `…` when cut; one line.
@@ -129,10 +246,11 @@ fn write_table(
         t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
             .unwrap_or_else(|| "-".into())
     };
-    let rows: Vec<[String; 7]> = messages
+    let rows: Vec<[String; 8]> = messages
         .iter()
         .map(|m| {
             [
+                m.id.map_or("-".into(), |id| id.to_string()),
                 clip(m.order_id.as_deref().unwrap_or("-"), 32),
                 clip(m.timer.as_deref().unwrap_or("-"), 32),
                 m.attempts.map_or("-".into(), |a| a.to_string()),
@@ -146,6 +264,7 @@ fn write_table(
         })
         .collect();
     let header = [
+        "ID",
         "ORDER ID",
         "TIMER",
         "ATTEMPTS",
@@ -160,7 +279,7 @@ fn write_table(
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |out: &mut dyn Write, cells: [&str; 7]| -> std::io::Result<()> {
+    let line = |out: &mut dyn Write, cells: [&str; 8]| -> std::io::Result<()> {
         for (i, cell) in cells.iter().enumerate() {
             if i + 1 == cells.len() {
                 writeln!(out, "{cell}")?;
@@ -177,13 +296,13 @@ fn write_table(
     Ok(())
 }
 
-async fn replay(conn: &Connection, args: ReplayArgs) -> anyhow::Result<ExitCode> {
+async fn replay(conn: &Connection, store: &Store, args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let selection = match (args.order_id, args.timer) {
         (Some(id), _) => Selection::OrderId(id),
         (None, Some(timer)) => Selection::Timer(timer),
         (None, None) => Selection::All,
     };
-    let report = parked::replay(conn, &selection).await?;
+    let report = parked::replay(conn, store, &selection).await?;
     println!(
         "replayed {} parked message{} to {}/{} ({} left parked)",
         report.replayed,
@@ -192,6 +311,14 @@ async fn replay(conn: &Connection, args: ReplayArgs) -> anyhow::Result<ExitCode>
         crate::broker::topology::SCHEDULE_ROUTING_KEY,
         report.kept
     );
+    if report.cut > 0 {
+        println!(
+            "{} selected message{} kept parked: the store keeps only the first bytes of {} body (see `parked show ID`)",
+            report.cut,
+            if report.cut == 1 { "" } else { "s" },
+            if report.cut == 1 { "its" } else { "their" },
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -204,15 +331,15 @@ fn parked_before(now: DateTime<Utc>, older_than: Duration) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
-async fn purge(conn: &Connection, args: PurgeArgs) -> anyhow::Result<ExitCode> {
+async fn purge(store: &Store, args: PurgeArgs) -> anyhow::Result<ExitCode> {
     let selection = match args.older_than {
         Some(d) => Selection::ParkedBefore(parked_before(Utc::now(), d)),
         None => Selection::All,
     };
-    let plan = PurgePlan::prepare(conn, &selection).await?;
+    let plan = PurgePlan::prepare(store, &selection).await?;
     let n = plan.selected();
     if n == 0 {
-        let report = plan.abort().await?;
+        let report = plan.abort();
         println!("deleted 0 parked messages ({} kept)", report.kept);
         return Ok(ExitCode::SUCCESS);
     }
@@ -223,7 +350,7 @@ async fn purge(conn: &Connection, args: PurgeArgs) -> anyhow::Result<ExitCode> {
         );
         let yes = tokio::task::spawn_blocking(move || ask(&question)).await??;
         if !yes {
-            let report = plan.abort().await?;
+            let report = plan.abort();
             println!("deleted 0 parked messages ({} kept)", report.kept);
             return Ok(ExitCode::SUCCESS);
         }

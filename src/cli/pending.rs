@@ -13,6 +13,7 @@ use crate::ops::leftovers::{self, LeftoverReport};
 use crate::ops::parked;
 use crate::ops::pending::{self, PARKED_SCAN_LIMIT, PendingReport};
 use crate::settings::Settings;
+use crate::store;
 
 /// Arguments of `pending`.
 #[derive(Debug, Args)]
@@ -20,8 +21,8 @@ pub struct PendingArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     pub json: bool,
-    /// Count parked messages by reason (one listing pass) only when at most
-    /// this many are parked; 0 never reads the parked queue.
+    /// Count parked messages by reason (one query of the parked store) only
+    /// when the store keeps at most this many; 0 never reads the store.
     #[arg(long, value_name = "N", default_value_t = PARKED_SCAN_LIMIT)]
     pub parked_scan_limit: u32,
 }
@@ -31,10 +32,22 @@ pub(super) async fn run(settings: Settings, args: PendingArgs) -> anyhow::Result
     let conn = connect(&settings, "order-timeout-pending").await?;
     let result = measure(&conn, &settings, &args).await;
     crate::broker::close_quietly(&conn).await;
-    let (report, reasons, leftovers) = result?;
+    let (report, kept, leftovers) = result?;
+    // The reasons only while the store keeps at most --parked-scan-limit.
+    let reasons: Option<BTreeMap<String, usize>> = kept
+        .as_ref()
+        .filter(|k| k.total <= args.parked_scan_limit as usize)
+        .map(|k| k.by_reason.clone());
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut json = serde_json::to_value(report.to_json(reasons.as_ref()))?;
+        if let (Some(parked), Some(kept)) = (json["parked"].as_object_mut(), &kept) {
+            // `messages`: every parked message, kept or still waiting.
+            let waiting = parked["messages"].as_u64().unwrap_or(0);
+            parked.insert("waiting".into(), waiting.into());
+            parked.insert("kept".into(), kept.total.into());
+            parked.insert("messages".into(), (waiting + kept.total as u64).into());
+        }
         if let Some(object) = json.as_object_mut() {
             // Queues of earlier layouts: their timeouts are not in the
             // figures above, and are delivered where they are.
@@ -47,7 +60,7 @@ pub(super) async fn run(settings: Settings, args: PendingArgs) -> anyhow::Result
         serde_json::to_writer(&mut out, &json)?;
         writeln!(out)?;
     } else {
-        write_text(&mut out, &report, reasons.as_ref(), args.parked_scan_limit)?;
+        write_text(&mut out, &report, kept.as_ref(), args.parked_scan_limit)?;
         for line in leftovers::lines(&leftovers, &Layout::of(&settings)) {
             writeln!(out, "{line}")?;
         }
@@ -59,33 +72,53 @@ pub(super) async fn run(settings: Settings, args: PendingArgs) -> anyhow::Result
     })
 }
 
-/// The report, the parked messages by reason when they were counted, and
-/// the queues earlier layouts left.
+/// The report, what the parked store keeps (unless `--parked-scan-limit
+/// 0`), and the queues earlier layouts left.
 async fn measure(
     conn: &lapin::Connection,
     settings: &Settings,
     args: &PendingArgs,
-) -> anyhow::Result<(
-    PendingReport,
-    Option<BTreeMap<String, usize>>,
-    LeftoverReport,
-)> {
+) -> anyhow::Result<(PendingReport, Option<Kept>, LeftoverReport)> {
     let report = pending::measure(conn, &Layout::of(settings)).await?;
     let leftovers = leftovers::find(conn, &Layout::of(settings)).await?;
-    let reasons = match report.parked {
-        Some(parked) if parked.messages > 0 && parked.messages <= args.parked_scan_limit => {
-            Some(parked::list(conn, Some(0)).await?.by_reason)
-        }
-        Some(parked) if parked.messages == 0 => Some(BTreeMap::new()),
-        _ => None,
+    let kept: Option<Kept> = if args.parked_scan_limit == 0 {
+        None
+    } else {
+        Some(kept_parked(settings).await?)
     };
-    Ok((report, reasons, leftovers))
+    Ok((report, kept, leftovers))
+}
+
+/// The parked messages the parked store keeps, by reason.
+async fn kept_parked(settings: &Settings) -> anyhow::Result<Kept> {
+    let pool = store::PoolSettings::of(settings).with_max_connections(1);
+    let stores = store::connect_timers(&settings.database_url, pool, &settings.timers()?)?;
+    let listing = parked::list(
+        stores.default_timer(),
+        &parked::Page {
+            selection: parked::Selection::All,
+            after: 0,
+            limit: 0,
+            excerpt: Some(1),
+        },
+    )
+    .await?;
+    Ok(Kept {
+        total: listing.total,
+        by_reason: listing.by_reason,
+    })
+}
+
+/// What the parked store keeps.
+struct Kept {
+    total: usize,
+    by_reason: BTreeMap<String, usize>,
 }
 
 fn write_text(
     out: &mut impl Write,
     report: &PendingReport,
-    reasons: Option<&BTreeMap<String, usize>>,
+    kept: Option<&Kept>,
     scan_limit: u32,
 ) -> std::io::Result<()> {
     let due = |s: Option<u64>| s.map_or("-".to_owned(), human);
@@ -134,7 +167,7 @@ fn write_text(
     );
     write_table(out, &rows)?;
     write_lanes(out, report)?;
-    write_queues(out, report, reasons, scan_limit)
+    write_queues(out, report, kept, scan_limit)
 }
 
 /// What falls due when: the delay store by due window, with a bar each,
@@ -204,7 +237,7 @@ fn write_lanes(out: &mut impl Write, report: &PendingReport) -> std::io::Result<
 fn write_queues(
     out: &mut impl Write,
     report: &PendingReport,
-    reasons: Option<&BTreeMap<String, usize>>,
+    kept: Option<&Kept>,
     scan_limit: u32,
 ) -> std::io::Result<()> {
     match report.due {
@@ -217,27 +250,37 @@ fn write_queues(
         )?,
         None => writeln!(out, "{DUE_QUEUE}: MISSING")?,
     }
-    match (report.parked, reasons) {
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    match (report.parked, kept) {
         (None, _) => writeln!(out, "{PARKED_QUEUE}: MISSING")?,
-        (Some(p), Some(reasons)) => {
-            let by: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} {n}")).collect();
-            let by = if by.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", by.join(", "))
-            };
-            writeln!(
-                out,
-                "{PARKED_QUEUE}: {} message{}{by}",
-                p.messages,
-                if p.messages == 1 { "" } else { "s" }
-            )?
-        }
         (Some(p), None) => writeln!(
             out,
-            "{PARKED_QUEUE}: {} messages (by reason: not counted, more than --parked-scan-limit {scan_limit}; see `order-timeout parked list --json`)",
-            p.messages
+            "{PARKED_QUEUE}: {} message{} waiting to be moved into the parked store (the store not read, by reason: not counted: --parked-scan-limit 0)",
+            p.messages,
+            plural(p.messages as usize)
         )?,
+        (Some(p), Some(kept)) => {
+            let by = if kept.total > scan_limit as usize {
+                format!(" (by reason: not counted, more than --parked-scan-limit {scan_limit})")
+            } else if kept.by_reason.is_empty() {
+                String::new()
+            } else {
+                let by: Vec<String> = kept
+                    .by_reason
+                    .iter()
+                    .map(|(r, n)| format!("{r} {n}"))
+                    .collect();
+                format!(" ({})", by.join(", "))
+            };
+            let all = kept.total + p.messages as usize;
+            writeln!(
+                out,
+                "{PARKED_QUEUE}: {all} message{}{by}: {} in the parked store (`order-timeout parked list`), {} waiting in the queue",
+                plural(all),
+                kept.total,
+                p.messages
+            )?
+        }
     }
     for queue in report.missing_queues() {
         writeln!(
@@ -311,7 +354,11 @@ mod tests {
             parked: Some(QueueDepth::default()),
         };
         let mut out = Vec::new();
-        write_text(&mut out, &report, Some(&BTreeMap::new()), 10).unwrap();
+        let kept = Kept {
+            total: 0,
+            by_reason: BTreeMap::new(),
+        };
+        write_text(&mut out, &report, Some(&kept), 10).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("At the latest"), "{text}");
         assert!(text.contains("not an exact time"), "{text}");

@@ -238,6 +238,7 @@ pub struct Metrics {
     late_message_deadlines: Family<TimerLabel, Counter>,
     task_panics: Family<TaskLabel, Counter>,
     queue_messages: Family<QueueLabel, Gauge>,
+    parked_messages: Gauge,
     /// What waits in the delay cascade (`observe/pending.rs`).
     pending: super::pending::PendingGauges,
 }
@@ -435,6 +436,12 @@ impl Metrics {
                 "queue_messages",
                 "Messages ready in the service's queues (due, parked)",
                 Family::default(),
+            ),
+            parked_messages: register(
+                &mut r,
+                "parked_messages",
+                "Parked messages kept in the parked store (order_timeout_parked), where operators read, replay and purge them; those not yet moved there are order_timeout_queue_messages{queue=\"order-timeout.parked\"}",
+                Gauge::default(),
             ),
             pending: super::pending::PendingGauges::register(&mut r),
             registry: r,
@@ -806,6 +813,17 @@ impl Metrics {
         self.queue_messages
             .get_or_create(&QueueLabel { queue })
             .set(i64::from(messages));
+    }
+
+    /// Sets how many parked messages the parked store keeps.
+    pub fn set_parked_messages(&self, messages: u64) {
+        self.parked_messages
+            .set(i64::try_from(messages).unwrap_or(i64::MAX));
+    }
+
+    /// Parked messages in the parked store, as last counted.
+    pub fn parked_messages(&self) -> i64 {
+        self.parked_messages.get()
     }
 
     /// The pending-timeout gauges (`observe/pending.rs`).

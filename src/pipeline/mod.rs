@@ -21,7 +21,8 @@
 //! step that settles jobs), [`context`] (the session's context, the patient
 //! publish), [`failure`] (why a step failed, and whether waiting can fix
 //! it), [`park`] (how a parked message is written), [`retry`] (**the retry
-//! policy**, pure).
+//! policy**, pure). [`keep_parked`] moves parked messages from their queue
+//! into the parked store, where operators read them.
 //!
 //! Dependencies point downwards, with no cycle:
 //! consumer, batcher → cancel → finish → worker → job → park → context →
@@ -34,6 +35,7 @@ pub(crate) mod context;
 pub(crate) mod failure;
 pub(crate) mod finish;
 pub(crate) mod job;
+pub(crate) mod keep_parked;
 pub(crate) mod park;
 pub(crate) mod retry;
 pub(crate) mod sweeper;

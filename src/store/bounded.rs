@@ -17,8 +17,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{
-    IdRejected, NextAttempt, OrderItem, OrderState, OrderStore, OutboxFailure, Page, RowCursor,
-    SchemaReport, SetAsideRow, Store, StoreError, WatchMark,
+    IdRejected, NewParked, NextAttempt, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
+    ParkedFilter, ParkedRow, RowCursor, SchemaReport, SetAsideRow, Store, StoreError, WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::Timer;
@@ -158,6 +158,45 @@ impl OrderStore for Bounded {
 
     async fn live_replicas(&self, within: Duration) -> Result<Vec<(String, String)>, StoreError> {
         self.within("live_replicas", self.inner.live_replicas(within))
+            .await
+    }
+
+    async fn keep_parked(&self, message: &NewParked<'_>) -> Result<bool, StoreError> {
+        self.within("keep_parked", self.inner.keep_parked(message))
+            .await
+    }
+
+    async fn parked_page(
+        &self,
+        filter: &ParkedFilter,
+        after: i64,
+        limit: u32,
+        excerpt: Option<usize>,
+    ) -> Result<Vec<ParkedRow>, StoreError> {
+        self.within(
+            "parked_page",
+            self.inner.parked_page(filter, after, limit, excerpt),
+        )
+        .await
+    }
+
+    async fn parked_ids(&self, filter: &ParkedFilter, upto: i64) -> Result<Vec<i64>, StoreError> {
+        self.within("parked_ids", self.inner.parked_ids(filter, upto))
+            .await
+    }
+
+    async fn parked_last_id(&self) -> Result<i64, StoreError> {
+        self.within("parked_last_id", self.inner.parked_last_id())
+            .await
+    }
+
+    async fn parked_counts(&self) -> Result<Vec<(Option<String>, u64)>, StoreError> {
+        self.within("parked_counts", self.inner.parked_counts())
+            .await
+    }
+
+    async fn delete_parked(&self, ids: &[i64]) -> Result<u64, StoreError> {
+        self.within("delete_parked", self.inner.delete_parked(ids))
             .await
     }
 

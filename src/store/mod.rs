@@ -40,6 +40,7 @@ mod mysql;
 mod outbox;
 #[cfg(test)]
 mod outbox_words_tests;
+mod parked;
 mod postgres;
 mod releases;
 mod shape;
@@ -51,6 +52,10 @@ mod values;
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use error::StoreError;
 pub(crate) use ids::IdRejected;
+pub use parked::ParkedFilter;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use parked::{NewParked, ParkedRow};
 pub(crate) use releases::{Expansion, Migrated};
 pub(crate) use shape::{IdKind, SchemaReport};
 #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -180,6 +185,39 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// The replicas that recorded themselves within `within`: `(instance,
     /// release)`.
     async fn live_replicas(&self, within: Duration) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Keeps a parked message in the parked store (`order_timeout_parked`,
+    /// the same table for every timer): `true` if no message with its key
+    /// was kept before.
+    async fn keep_parked(&self, message: &NewParked<'_>) -> Result<bool, StoreError>;
+
+    /// The parked messages `filter` names after the row id `after`, in the
+    /// order they arrived, at most `limit`, each with the first `excerpt`
+    /// bytes of its body (`None`: the whole body kept). Reading changes
+    /// nothing.
+    async fn parked_page(
+        &self,
+        filter: &ParkedFilter,
+        after: i64,
+        limit: u32,
+        excerpt: Option<usize>,
+    ) -> Result<Vec<ParkedRow>, StoreError>;
+
+    /// The row ids of the parked messages `filter` names, none above
+    /// `upto`, in the order they arrived: what a replay or a purge acts on.
+    async fn parked_ids(&self, filter: &ParkedFilter, upto: i64) -> Result<Vec<i64>, StoreError>;
+
+    /// The highest parked row id now (0: none): where an operation's
+    /// selection ends, so that messages parked meanwhile are left alone.
+    async fn parked_last_id(&self) -> Result<i64, StoreError>;
+
+    /// How many parked messages are kept, by reason (`None`: none
+    /// recorded).
+    async fn parked_counts(&self) -> Result<Vec<(Option<String>, u64)>, StoreError>;
+
+    /// Deletes the parked messages with these row ids (replayed, or
+    /// purged); how many it deleted.
+    async fn delete_parked(&self, ids: &[i64]) -> Result<u64, StoreError>;
 
     /// How many rows of the timer are set aside (the gauge).
     async fn set_aside_count(&self) -> Result<u64, StoreError>;

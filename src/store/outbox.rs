@@ -100,6 +100,13 @@ pub(crate) enum Value<'a> {
     Micros(i64),
     /// Order ids: one array, or one placeholder each.
     Ids(&'a [&'a str]),
+    /// Text or NULL.
+    MaybeText(Option<&'a str>),
+    /// Bytes (a parked body).
+    Bytes(&'a [u8]),
+    /// Row ids of the service's own tables: one array, or one placeholder
+    /// each.
+    Nums(&'a [i64]),
 }
 
 /// A rendered statement: its text in the dialect's words and the values
@@ -156,11 +163,19 @@ pub(crate) fn render<'a, V: Vocabulary>(
                 sql.push_str(&V::in_ids(next, ids.len()));
                 next += V::id_placeholders(ids.len());
             }
+            Value::Nums(nums) => {
+                sql.push_str(&V::in_ids(next, nums.len()));
+                next += V::id_placeholders(nums.len());
+            }
             Value::Micros(_) => {
                 sql.push_str(&V::micros(next));
                 next += 1;
             }
-            Value::Text(_) | Value::Int(_) | Value::Time(_) => {
+            Value::Text(_)
+            | Value::Int(_)
+            | Value::Time(_)
+            | Value::MaybeText(_)
+            | Value::Bytes(_) => {
                 sql.push_str(&V::placeholder(next));
                 next += 1;
             }
@@ -652,6 +667,17 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
             .map(|id| format!("'{}'", id.replace('\'', "''")))
             .collect::<Vec<_>>()
             .join(", "),
+        Value::MaybeText(None) => "NULL".into(),
+        Value::MaybeText(Some(s)) => format!("'{}'", s.replace('\'', "''")),
+        Value::Bytes(b) => format!(
+            "x'{}'",
+            b.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+        Value::Nums(nums) => nums
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
     };
     let mut out = statement.sql.clone();
     match dialect {
@@ -659,7 +685,7 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
         Dialect::Postgres => {
             for (n, value) in statement.values.iter().enumerate().rev() {
                 let text = match value {
-                    Value::Ids(_) => format!("ARRAY[{}]", literal(value)),
+                    Value::Ids(_) | Value::Nums(_) => format!("ARRAY[{}]", literal(value)),
                     _ => literal(value),
                 };
                 out = out.replace(&format!("${}", n + 1), &text);

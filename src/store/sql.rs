@@ -24,6 +24,7 @@ use sqlx::{Connection, Pool};
 use super::catalog::Columns;
 use super::ids::{IdColumn, IdRejected, IdValue};
 use super::outbox::{self, OwnRow, OwnTables, Statement, Vocabulary};
+use super::parked::{self, NewParked, ParkedFilter, ParkedRow};
 use super::releases::{Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
@@ -877,6 +878,36 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     #[tracing::instrument(skip(self))]
     async fn live_replicas(&self, within: Duration) -> Result<Vec<(String, String)>, StoreError> {
         outbox::live_replicas(self, within).await
+    }
+
+    async fn keep_parked(&self, message: &NewParked<'_>) -> Result<bool, StoreError> {
+        parked::keep(self, message).await
+    }
+
+    async fn parked_page(
+        &self,
+        filter: &ParkedFilter,
+        after: i64,
+        limit: u32,
+        excerpt: Option<usize>,
+    ) -> Result<Vec<ParkedRow>, StoreError> {
+        parked::page(self, filter, after, limit, excerpt).await
+    }
+
+    async fn parked_ids(&self, filter: &ParkedFilter, upto: i64) -> Result<Vec<i64>, StoreError> {
+        parked::ids(self, filter, upto).await
+    }
+
+    async fn parked_last_id(&self) -> Result<i64, StoreError> {
+        parked::last_id(self).await
+    }
+
+    async fn parked_counts(&self) -> Result<Vec<(Option<String>, u64)>, StoreError> {
+        parked::counts(self).await
+    }
+
+    async fn delete_parked(&self, ids: &[i64]) -> Result<u64, StoreError> {
+        parked::delete(self, ids).await
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]

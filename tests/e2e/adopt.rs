@@ -152,7 +152,7 @@ fn settled(service: &order_timeout::app::RunningService) -> u64 {
     m.total() - m.count(Outcome::Rescheduled) - m.count(Outcome::Retried) - m.count(Outcome::Locked)
 }
 
-fn header(m: &lapin::message::BasicGetMessage, name: &str) -> Option<String> {
+fn header(m: &order_timeout::ops::parked::ParkedMessage, name: &str) -> Option<String> {
     order_timeout::broker::headers::header_str(m.properties.headers().as_ref()?.inner().get(name))
 }
 
@@ -308,6 +308,7 @@ async fn a_mall_shop_on_mariadb_adopts_by_config_alone() {
             "oms_order_setting",
             "order_timeout_cancel_outbox",
             "order_timeout_migrations",
+            "order_timeout_parked",
             "order_timeout_replicas",
             "order_timeout_set_aside",
             "order_timeout_watch",

@@ -6,6 +6,11 @@
 //! none lost, none early, stock exact, the latest order at most the outage
 //! plus a few seconds late, and orders due after recovery on time.
 //!
+//! Each runs on both RabbitMQ versions ([`on_both_brokers!`]):
+//! `rabbitmq3::…` on private nodes of the machine's RabbitMQ 3.10,
+//! `rabbitmq4::…` on private nodes of RabbitMQ 4.x from the root of
+//! `scripts/rabbitmq4.sh` (deprecated features denied, Khepri on).
+//!
 //! The figures are printed (`--nocapture`); docs/benchmarks-log.md "Broker
 //! crashes" records them, with `crash_levers_measured` (ignored: ~10 min)
 //! comparing the broker setting and the service's catch-up sweeps.
@@ -20,7 +25,7 @@ use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster, wait_for};
 
-use crate::common::{TestEnv, ready};
+use crate::common::{Broker, TestEnv, on_both_brokers, ready};
 
 const SKUS: usize = 8;
 
@@ -327,13 +332,12 @@ fn on(cluster: &PrivateCluster, env: &TestEnv, first: usize) -> Settings {
     settings
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_single_broker_killed_and_restarted_gracefully_loses_nothing_and_catches_up() {
+async fn a_single_broker_killed_and_restarted_gracefully_loses_nothing_and_catches_up(
+    broker: Broker,
+) {
     let env = TestEnv::new().await;
     env.stock_skus(SKUS).await;
-    let cluster = PrivateCluster::start(ClusterConfig::nodes(1))
-        .await
-        .unwrap();
+    let cluster = PrivateCluster::start(broker.cluster(1)).await.unwrap();
     let settings = on(&cluster, &env, 1);
     // The issue's run: 600 orders due over 3-30 s, kill -9, 8 s down.
     let kill = Plan::new("kill -9, 8 s down", "k-", 600, 30, Fault::Kill, 1, 8);
@@ -355,13 +359,12 @@ async fn a_single_broker_killed_and_restarted_gracefully_loses_nothing_and_catch
 
 /// A 3-node cluster with quorum queue leaders spread over the nodes (what
 /// `deploy/rabbitmq/cluster.conf` sets): the service lists all three.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_a_cluster_losing_the_connected_node_or_a_leader_node_loses_nothing() {
+async fn in_a_cluster_losing_the_connected_node_or_a_leader_node_loses_nothing(broker: Broker) {
     let env = TestEnv::new().await;
     env.stock_skus(SKUS).await;
     let cluster = PrivateCluster::start(ClusterConfig {
         extra_conf: Some(include_str!("../../deploy/rabbitmq/cluster.conf").into()),
-        ..ClusterConfig::nodes(3)
+        ..broker.cluster(3)
     })
     .await
     .unwrap();
@@ -390,6 +393,11 @@ async fn in_a_cluster_losing_the_connected_node_or_a_leader_node_loses_nothing()
     assert_bounds(&run(&env, &cluster, settings, leader).await);
     env.assert_stock_exact(SKUS).await;
 }
+
+on_both_brokers!(
+    a_single_broker_killed_and_restarted_gracefully_loses_nothing_and_catches_up,
+    in_a_cluster_losing_the_connected_node_or_a_leader_node_loses_nothing,
+);
 
 /// Both levers, measured on the issue's run (600 orders due over 3-30 s,
 /// `kill -9`, 8 s down): RabbitMQ's default dead-letter retry (180 s, as

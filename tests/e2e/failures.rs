@@ -7,12 +7,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::common::{Dialect, STOCK, TestEnv, http_get, on_both_dialects, ready};
+use crate::common::{Dialect, STOCK, TestEnv, http_get, on_both_dialects, on_rabbitmq4, ready};
 use chrono::Utc;
 use order_timeout::broker::headers::{header_int, header_str};
 use order_timeout::message::format_instant;
 use order_timeout::observe::metrics::Outcome;
-use order_timeout_tools::scratch;
 
 /// Generous lateness bound for "on time" on a busy 2-core machine.
 fn late_ok() -> chrono::Duration {
@@ -24,19 +23,10 @@ fn late_ok() -> chrono::Duration {
 async fn parked(env: &TestEnv) -> Vec<(String, String, i64, Vec<u8>)> {
     let mut out = Vec::new();
     for msg in env.drain_parked().await {
-        let headers = msg
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
+        let headers = msg.properties.headers().clone().unwrap_or_default();
         let h = headers.inner();
         assert_eq!(
-            msg.delivery
-                .properties
-                .content_type()
-                .as_ref()
-                .map(|t| t.as_str()),
+            msg.properties.content_type().as_ref().map(|t| t.as_str()),
             Some("application/json"),
             "the sender's properties are kept"
         );
@@ -56,7 +46,7 @@ async fn parked(env: &TestEnv) -> Vec<(String, String, i64, Vec<u8>)> {
             header_str(h.get("x-error-kind")).unwrap_or_default(),
             header_str(h.get("x-error")).unwrap_or_default(),
             h.get("x-attempts").and_then(header_int).unwrap_or(0),
-            msg.delivery.data.clone(),
+            msg.body.clone(),
         ));
     }
     out
@@ -451,17 +441,17 @@ async fn database_connections_killed_mid_run_every_order_still_ends_right(dialec
     service.stop().await.unwrap();
 }
 
-/// Erlang pids of the service's own broker connections in `vhost` (not
-/// the harness's), for `rabbitmqctl close_connection`.
-fn service_connections(vhost: &str) -> Vec<String> {
-    let out = scratch::rabbitmqctl(&[
+/// Erlang pids of the service's own broker connections in the test's
+/// vhost (not the harness's), for `rabbitmqctl close_connection`.
+fn service_connections(env: &TestEnv) -> Vec<String> {
+    let vhost = env.name.as_str();
+    let out = env.rabbitmqctl(&[
         "list_connections",
         "--no-table-headers",
         "pid",
         "vhost",
         "client_properties",
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
+    ]);
     out.lines()
         .filter_map(|line| {
             let mut cols = line.split('\t');
@@ -487,7 +477,7 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows(dialect
             .await;
         env.publish_timeout(&order).await;
     }
-    let names = service_connections(&env.name);
+    let names = service_connections(&env);
     assert_eq!(names.len(), 1, "one service connection: {names:?}");
     // Lose the connection, and keep the broker refusing the service for a
     // while (its user loses its permissions on the vhost; the harness's
@@ -497,7 +487,7 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows(dialect
         .username()
         .to_owned();
     let rabbitmqctl = |args: &[&str]| {
-        scratch::rabbitmqctl(args).unwrap_or_else(|e| panic!("{e}"));
+        env.rabbitmqctl(args);
     };
     rabbitmqctl(&["clear_permissions", "-p", &env.name, &user]);
     rabbitmqctl(&["close_connection", &names[0], "test: connection lost"]);
@@ -516,7 +506,7 @@ async fn a_lost_broker_connection_is_reestablished_and_readiness_follows(dialect
     .await;
     rabbitmqctl(&["set_permissions", "-p", &env.name, &user, ".*", ".*", ".*"]);
     env.eventually(Duration::from_secs(40), "ready again", || async {
-        ready(addr).await && service_connections(&env.name).len() == 1
+        ready(addr).await && service_connections(&env).len() == 1
     })
     .await;
     for i in 0..10 {
@@ -653,4 +643,13 @@ on_both_dialects!(
     a_lost_broker_connection_is_reestablished_and_readiness_follows,
     orders_without_any_message_are_swept_once_even_by_two_replicas,
     metrics_health_and_readiness_are_served,
+);
+
+// The same on RabbitMQ 4.x: every kind of bad input (17), retries held
+// in process that park, and a lost connection with the broker refusing
+// the service for a while.
+on_rabbitmq4!(
+    every_kind_of_bad_input_is_parked_and_valid_orders_stay_on_time,
+    sub_second_retries_held_in_process_still_count_attempts_and_park,
+    a_lost_broker_connection_is_reestablished_and_readiness_follows,
 );

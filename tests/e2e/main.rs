@@ -9,6 +9,7 @@ mod adopt;
 mod alerts;
 mod bounds;
 mod broker_faults;
+mod broker_versions;
 mod browser;
 mod common;
 mod console;

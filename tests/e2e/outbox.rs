@@ -197,17 +197,12 @@ async fn parked(env: &TestEnv) -> Vec<(String, String, Vec<u8>)> {
         .await
         .into_iter()
         .map(|msg| {
-            let headers = msg
-                .delivery
-                .properties
-                .headers()
-                .clone()
-                .unwrap_or_default();
+            let headers = msg.properties.headers().clone().unwrap_or_default();
             let h = headers.inner();
             (
                 header_str(h.get("x-error-kind")).unwrap_or_default(),
                 header_str(h.get("x-order-id")).unwrap_or_default(),
-                msg.delivery.data.clone(),
+                msg.body.clone(),
             )
         })
         .collect()

@@ -281,3 +281,122 @@ async fn passwords_never_appear_in_logs() {
         let _ = std::fs::remove_file(log);
     }
 }
+
+/// The resident memory of process `pid`, in bytes (`VmRSS`).
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Four parked bodies of 25 MB (of `<`, which HTML escaping quadruples),
+/// viewed by six readers at once on every parked page: each page stays
+/// small and the service's memory grows by less than 64 MiB, far under the
+/// 256 MiB limit of `deploy/kubernetes/deployment.yaml`. Before the parked
+/// store, one view of the parked page held every whole body and escaped it
+/// into one response (a 400 MB page, 959 MB resident).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_pages_take_bounded_memory_whatever_the_bodies() {
+    const BODY: usize = 25 * 1024 * 1024;
+    const GROWTH: u64 = 64 * 1024 * 1024;
+    let env = TestEnv::new().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let log = temp_log("parked-memory");
+    let mut child = serve(
+        &env,
+        env.settings.amqp_url.expose(),
+        env.settings.database_url.expose(),
+        &log,
+        &[("HTTP_ADDR", &addr.to_string())],
+    );
+    let pid = child.0.id();
+    let body = vec![b'<'; BODY];
+    for _ in 0..4 {
+        env.publish_raw(&body).await;
+    }
+    drop(body);
+    env.eventually(
+        Duration::from_secs(60),
+        "four too_large bodies kept",
+        || async { env.parked_kept().await == 4 },
+    )
+    .await;
+    let ids: Vec<i64> = env
+        .parked_listing()
+        .await
+        .messages
+        .iter()
+        .filter_map(|m| m.id)
+        .collect();
+    let pages: Vec<String> = std::iter::once("/console/parked?limit=200".to_owned())
+        .chain(ids.iter().map(|id| format!("/console/parked/{id}")))
+        .chain(ids.iter().map(|id| format!("/console/parked/{id}/body")))
+        .collect();
+    // Settle after the large deliveries, then measure from here.
+    for page in &pages {
+        let (status, _) = crate::common::http_get(addr, page).await;
+        assert_eq!(status, 200, "{page}");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = rss(pid);
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
+    let sampling = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(rss(pid), std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let readers = (0..6).map(|_| {
+        let pages = pages.clone();
+        tokio::spawn(async move {
+            let mut largest = 0;
+            for _ in 0..5 {
+                for page in &pages {
+                    let (status, text) = crate::common::http_get(addr, page).await;
+                    assert!(status == 200 || status == 503, "{page}: {status}");
+                    if !page.ends_with("/body") {
+                        largest = largest.max(text.len());
+                    }
+                }
+            }
+            largest
+        })
+    });
+    let largest = futures_util::future::join_all(readers)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .max()
+        .unwrap();
+    sampling.abort();
+    let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "rss before {} MiB, peak {} MiB; largest page {} KiB",
+        before >> 20,
+        peak >> 20,
+        largest >> 10
+    );
+    assert!(largest < 1024 * 1024, "a page under 1 MiB: {largest} bytes");
+    assert!(
+        peak.saturating_sub(before) < GROWTH,
+        "memory grew by {} MiB (before {} MiB, peak {} MiB)",
+        (peak - before) >> 20,
+        before >> 20,
+        peak >> 20
+    );
+    assert!(peak < 256 * 1024 * 1024, "peak {} MiB", peak >> 20);
+    signal(&child, "-TERM");
+    wait_exit(&mut child, Duration::from_secs(30)).await;
+    let _ = std::fs::remove_file(&log);
+}

@@ -25,7 +25,7 @@ use order_timeout::store::Dialect;
 use order_timeout_tools::scratch::ScratchDatabase;
 use order_timeout_tools::shop::ShopDb;
 
-use crate::common::TestEnv;
+use crate::common::{TestEnv, on_rabbitmq4};
 use crate::store::mysql_base;
 
 /// The shop's database for one dialect: the test's PostgreSQL database, or
@@ -177,7 +177,7 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
     .await;
     // Parked once each, however many sweeps pass.
     let parked_once = || async {
-        let listing = parked::list(&env.amqp, None).await.unwrap();
+        let listing = env.parked_listing().await;
         let mut kinds: Vec<(String, String)> = listing
             .messages
             .iter()
@@ -240,7 +240,9 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
     // Fixed, and replayed: cancelled, effects once, the marks forgotten.
     shop.exec("DELETE FROM released WHERE order_id LIKE 'net-poison%'")
         .await;
-    let replayed = parked::replay(&env.amqp, &Selection::All).await.unwrap();
+    let replayed = parked::replay(&env.amqp, &env.parked_store(), &Selection::All)
+        .await
+        .unwrap();
     assert_eq!(replayed.replayed, 3);
     env.eventually(
         Duration::from_secs(15),
@@ -333,6 +335,9 @@ mod mysql {
         super::rows_the_flip_leaves_alone_never_hide_the_rows_behind_them(Dialect::MySql).await;
     }
 }
+
+// On RabbitMQ 4.x: a poison row parked once while the sweeper goes on.
+on_rabbitmq4!(a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on);
 
 /// How late the sweeper cancels an unpublished order with the **default**
 /// sweeper settings while a poison row (its flip fails for good) or 600

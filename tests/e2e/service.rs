@@ -1,7 +1,8 @@
 //! End-to-end behaviour of the service against the real RabbitMQ and
 //! the shop's database, PostgreSQL and MariaDB (every test runs on both,
-//! `postgres::…` and `mariadb::…`): schedule → delay cascade → cancel
-//! exactly once → release.
+//! `postgres::…` and `mariadb::…`, and a set on RabbitMQ 4.x too,
+//! `rabbitmq4::…`): schedule → delay cascade → cancel exactly once →
+//! release.
 //!
 //! Timing assertions are one-sided where it matters ("never early" is
 //! exact, from the database's own timestamps) and generous where it does
@@ -10,7 +11,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::common::{Dialect, STOCK, TestEnv, on_both_dialects};
+use crate::common::{Dialect, STOCK, TestEnv, on_both_dialects, on_rabbitmq4};
 use chrono::Utc;
 use order_timeout::message::format_instant;
 use order_timeout::observe::metrics::Outcome;
@@ -529,21 +530,13 @@ async fn bad_messages_are_parked_with_their_reason_and_do_not_block(dialect: Dia
     assert_eq!(parked.len(), 2);
     let mut reasons = Vec::new();
     for msg in &parked {
-        let headers = msg
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
+        let headers = msg.properties.headers().clone().unwrap_or_default();
         let kind = order_timeout::broker::headers::header_str(headers.inner().get("x-error-kind"))
             .unwrap();
         let error =
             order_timeout::broker::headers::header_str(headers.inner().get("x-error")).unwrap();
         assert!(!error.is_empty());
-        reasons.push((
-            kind,
-            String::from_utf8_lossy(&msg.delivery.data).into_owned(),
-        ));
+        reasons.push((kind, String::from_utf8_lossy(&msg.body).into_owned()));
     }
     reasons.sort();
     assert_eq!(reasons[0].0, "not_json");
@@ -632,4 +625,17 @@ on_both_dialects!(
     raw_json_in_every_accepted_form_is_handled,
     bad_messages_are_parked_with_their_reason_and_do_not_block,
     a_row_the_shop_holds_delays_only_its_own_order,
+);
+
+// The same on RabbitMQ 4.x (the orders on PostgreSQL): the happy path with
+// bare-id bodies, every accepted form, bad messages parked, duplicates,
+// a killed service's redeliveries, and the cascade under mixed timeouts.
+on_rabbitmq4!(
+    an_unpaid_order_is_cancelled_after_never_before_its_deadline,
+    an_extended_deadline_is_respected,
+    duplicated_messages_release_stock_once,
+    a_killed_service_loses_nothing_and_releases_once,
+    mixed_timeouts_do_not_block_each_other,
+    raw_json_in_every_accepted_form_is_handled,
+    bad_messages_are_parked_with_their_reason_and_do_not_block,
 );

@@ -716,6 +716,7 @@ mod cases {
             [
                 "order_timeout_cancel_outbox",
                 "order_timeout_migrations",
+                "order_timeout_parked",
                 "order_timeout_replicas",
                 "order_timeout_set_aside",
                 "order_timeout_watch"

@@ -25,7 +25,7 @@ use order_timeout::store::Dialect;
 use order_timeout_tools::scratch;
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 
-use crate::common::TestEnv;
+use crate::common::{TestEnv, on_rabbitmq4};
 use crate::store::{mysql_base, mysql_pool};
 use crate::worked_configs::{keyed, read_events};
 
@@ -642,5 +642,11 @@ macro_rules! on_both_dialects {
 on_both_dialects!(
     timers_flip_only_their_own_rows,
     backfill_schedules_one_timer_at_a_time,
+    a_watch_flips_unpublished_rows_on_time_across_replicas,
+);
+
+// On RabbitMQ 4.x, with the orders on PostgreSQL.
+on_rabbitmq4!(
+    timers_flip_only_their_own_rows,
     a_watch_flips_unpublished_rows_on_time_across_replicas,
 );

@@ -2,6 +2,12 @@
 //! cluster of 1..N nodes of this run's own (own names, ports, data, cookie),
 //! driven through `scripts/rabbitmq-cluster.sh` — the script users run —
 //! and removed on drop. The machine's own broker is never touched.
+//!
+//! The nodes are the machine's RabbitMQ (Debian bookworm's 3.10), or with
+//! [`ClusterConfig::rabbitmq4`] RabbitMQ 4.x from the root that
+//! `scripts/rabbitmq4.sh` prepares (Debian trixie's 4.0.5), started through
+//! `scripts/rabbitmq4.sh cluster start`: every deprecated feature denied,
+//! Khepri on, their own epmd.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,11 +19,16 @@ pub fn cluster_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rabbitmq-cluster.sh")
 }
 
+/// Where the RabbitMQ 4.x script lives in this repository.
+pub fn rabbitmq4_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/rabbitmq4.sh")
+}
+
 /// A failed script command, with what it printed.
 #[derive(Debug, thiserror::Error)]
-#[error("scripts/rabbitmq-cluster.sh {command} failed ({status}): {stderr}")]
+#[error("{command} failed ({status}): {stderr}")]
 pub struct ClusterError {
-    /// The command line after the script's name.
+    /// The command line (`scripts/rabbitmq-cluster.sh start`, …).
     pub command: String,
     /// Its exit status.
     pub status: String,
@@ -40,6 +51,9 @@ pub struct ClusterConfig {
     /// script command with them: a node behind a link a test cuts
     /// ([`crate::netns`]). `None`: the host's network.
     pub netns: Option<String>,
+    /// RabbitMQ 4.x nodes from `scripts/rabbitmq4.sh`'s root instead of
+    /// the machine's RabbitMQ.
+    pub rabbitmq4: bool,
 }
 
 impl ClusterConfig {
@@ -50,6 +64,7 @@ impl ClusterConfig {
             advanced_config: None,
             extra_conf: None,
             netns: None,
+            rabbitmq4: false,
         }
     }
 }
@@ -99,7 +114,13 @@ impl PrivateCluster {
             nodes: config.nodes,
             port,
         };
-        cluster.run_with(&["start"], &env).await?;
+        if config.rabbitmq4 {
+            cluster
+                .run_script(&rabbitmq4_script(), &["cluster", "start"], &env)
+                .await?;
+        } else {
+            cluster.run_with(&["start"], &env).await?;
+        }
         Ok(cluster)
     }
 
@@ -145,52 +166,14 @@ impl PrivateCluster {
         self.run(&["start-app", &i.to_string()]).await.map(drop)
     }
 
-    /// `rabbitmqctl -n NODE ARGS` against node `i`, with the environment
-    /// the script gives its own calls (the cluster's HOME and cookie), in
-    /// the cluster's namespace if it has one; bounded to 60 s. For what
-    /// the script has no command of its own for (a memory alarm).
+    /// `rabbitmqctl ARGS` against node `i` (the script's `ctl`: its
+    /// cookie, its root if any), in the cluster's namespace if it has one.
+    /// For what the script has no command of its own for (a memory alarm).
     pub async fn rabbitmqctl(&self, i: usize, args: &[&str]) -> Result<String, ClusterError> {
-        let state = std::fs::read_to_string(self.dir.join("cluster.env"))
-            .map_err(|e| io_error("read cluster.env", e))?;
-        let name = state
-            .lines()
-            .find_map(|l| l.strip_prefix("NAME="))
-            .unwrap_or("ot-cluster")
-            .to_owned();
-        let mut command = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "timeout", "60"]);
-                c
-            }
-            None => {
-                let mut c = Command::new("timeout");
-                c.arg("60");
-                c
-            }
-        };
-        command
-            .arg("/usr/lib/rabbitmq/bin/rabbitmqctl")
-            .args(["-n", &format!("{name}-{i}@localhost")])
-            .args(args)
-            .env("HOME", self.dir.join("home"))
-            .env("RABBITMQ_CONF_ENV_FILE", self.dir.join("rabbitmq-env.conf"))
-            .env(
-                "RABBITMQ_CTL_ERL_ARGS",
-                "-kernel inet_dist_use_interface {127,0,0,1}",
-            )
-            .kill_on_drop(true);
-        let shown = format!("rabbitmqctl {}", args.join(" "));
-        let output = command.output().await.map_err(|e| io_error(&shown, e))?;
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(ClusterError {
-                command: shown,
-                status: output.status.to_string(),
-                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-            })
-        }
+        let node = i.to_string();
+        let mut all = vec!["ctl", node.as_str()];
+        all.extend_from_slice(args);
+        self.run(&all).await
     }
 
     /// The script's `status` lines.
@@ -201,9 +184,8 @@ impl PrivateCluster {
         }
     }
 
-    /// `bash scripts/rabbitmq-cluster.sh`, in the cluster's namespace if it
-    /// has one.
-    fn script_command(&self) -> std::process::Command {
+    /// `bash SCRIPT`, in the cluster's namespace if it has one.
+    fn script_command(&self, script: &Path) -> std::process::Command {
         let mut command = match &self.netns {
             Some(ns) => {
                 let mut c = std::process::Command::new("ip");
@@ -212,7 +194,7 @@ impl PrivateCluster {
             }
             None => std::process::Command::new("bash"),
         };
-        command.arg(cluster_script());
+        command.arg(script);
         command
     }
 
@@ -225,7 +207,16 @@ impl PrivateCluster {
         args: &[&str],
         env: &[(&str, String)],
     ) -> Result<String, ClusterError> {
-        let mut command = Command::from(self.script_command());
+        self.run_script(&cluster_script(), args, env).await
+    }
+
+    async fn run_script(
+        &self,
+        script: &Path,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> Result<String, ClusterError> {
+        let mut command = Command::from(self.script_command(script));
         command
             .args(args)
             .env("CLUSTER_DIR", &self.dir)
@@ -242,8 +233,9 @@ impl PrivateCluster {
         } else {
             let stderr = String::from_utf8_lossy(&output.stderr);
             let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
+            let name = script.file_name().unwrap_or_default().to_string_lossy();
             Err(ClusterError {
-                command: args.join(" "),
+                command: format!("scripts/{name} {}", args.join(" ")),
                 status: output.status.to_string(),
                 stderr: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
             })
@@ -255,7 +247,7 @@ impl Drop for PrivateCluster {
     fn drop(&mut self) {
         // Blocking on purpose: the nodes must be gone when the test ends.
         let _ = self
-            .script_command()
+            .script_command(&cluster_script())
             .arg("stop")
             .env("CLUSTER_DIR", &self.dir)
             .stdout(std::process::Stdio::null())

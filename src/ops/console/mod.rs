@@ -5,9 +5,9 @@
 //!
 //! Server-rendered HTML, no script, no external resource ([`html`]). Pages
 //! read what the service already knows (its metrics, readiness and the
-//! latest [`PendingReport`](super::pending::PendingReport)); only the
-//! parked page talks to the broker, on a connection of its own per page
-//! view or action, and does exactly what `order-timeout parked …` does
+//! latest [`PendingReport`](super::pending::PendingReport)); the parked
+//! pages read the parked store, and a replay talks to the broker on a
+//! connection of its own, doing exactly what `order-timeout parked …` does
 //! ([`super::parked`]). Read-only unless `ADMIN_TOKEN` is set; then the
 //! write actions need a login and a CSRF token ([`auth`]).
 //!
@@ -53,10 +53,11 @@ pub struct Console {
     /// [`SET_ASIDE_FRESH`] whatever the traffic, so that page views cannot
     /// take the connections the service's own tables need.
     set_aside: tokio::sync::Mutex<SetAsideCache>,
-    /// One pass over the parked queue at a time from this console: two
-    /// tabs listing at once would each see only what the other is not
-    /// holding.
-    passes: tokio::sync::Mutex<()>,
+    /// One replay at a time from this console (reads never wait for it).
+    writes: tokio::sync::Mutex<()>,
+    /// Turns for the reads of the parked store (`parked::READS_AT_ONCE`),
+    /// which bound the memory parked pages take.
+    parked_reads: tokio::sync::Semaphore,
 }
 
 impl Console {
@@ -78,7 +79,8 @@ impl Console {
             board,
             stores: Stores::new(Vec::new()),
             set_aside: tokio::sync::Mutex::new(None),
-            passes: tokio::sync::Mutex::new(()),
+            writes: tokio::sync::Mutex::new(()),
+            parked_reads: tokio::sync::Semaphore::new(parked::READS_AT_ONCE),
         }
     }
 
@@ -117,14 +119,13 @@ impl Console {
             .map_err(|e| format!("connecting to {}: {e}", self.amqp_url))
     }
 
-    /// Runs `work` on a connection of its own, one pass over the parked
-    /// queue at a time (a listing, a replay and a purge each take every
-    /// parked message once), and closes the connection afterwards.
-    async fn parked_pass<T, E: std::fmt::Display>(
+    /// Runs `work` (a replay) on a broker connection of its own, one at a
+    /// time, and closes the connection afterwards.
+    async fn parked_write<T, E: std::fmt::Display>(
         &self,
         work: impl AsyncFnOnce(&lapin::Connection) -> Result<T, E>,
     ) -> Result<T, String> {
-        let _one_pass = self.passes.lock().await;
+        let _one_at_a_time = self.writes.lock().await;
         let conn = self.connect().await?;
         let result = work(&conn).await;
         crate::broker::close_quietly(&conn).await;
@@ -149,6 +150,8 @@ pub fn router(console: Console) -> Router {
         .route("/console", get(views::overview))
         .route("/console/pending", get(views::pending))
         .route("/console/parked", get(parked::page))
+        .route("/console/parked/{id}", get(parked::message))
+        .route("/console/parked/{id}/body", get(parked::download))
         .route("/console/set-aside", get(views::set_aside))
         .route("/console/parked/replay", post(parked::replay))
         .route("/console/parked/purge", post(parked::purge))

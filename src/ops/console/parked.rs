@@ -1,42 +1,93 @@
-//! The parked queue in the console: the listing (one pass per page view,
-//! as `parked list` does), and replay and purge of one message or a
-//! selection, through the same functions as `parked replay|purge`: a
-//! replayed message is acked from the parked queue only after its
-//! republish is confirmed; a purge deletes exactly the messages chosen, and
-//! asks first.
+//! The parked messages in the console: the listing and one message's page,
+//! read from the parked store (reading delivers nothing, however often),
+//! and replay and purge of one message or a selection, through the same
+//! functions as `parked replay|purge`: a replayed message is deleted from
+//! the store only after its republish is confirmed; a purge deletes the
+//! messages chosen that are still there, after asking with their count.
+//!
+//! Memory is bounded per request: a listing shows at most [`MAX_LIMIT`]
+//! messages with the first [`EXCERPT_BYTES`] of each body, a message's
+//! page the first [`PAGE_BODY_BYTES`] (the whole body is a download, at
+//! most the store's 4 MiB), and at most [`READS_AT_ONCE`] such reads run at
+//! once; more wait briefly, then get 503.
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 
 use super::auth::{self, Access};
 use super::html::{Page, esc, secs, time};
 use super::{Console, Form, failed, refused};
 use crate::broker::parked::ParkedMessage;
-use crate::ops::parked::{self, PurgePlan, Selection};
+use crate::ops::parked::{self, Listing, PurgePlan, Selection};
+use crate::store::Store;
 
-/// Messages shown by default (the pass still counts all of them).
-const DEFAULT_LIMIT: usize = 100;
+/// Messages shown by default.
+const DEFAULT_LIMIT: u32 = 50;
 /// Most messages one page shows.
-const MAX_LIMIT: usize = 1000;
-/// Body characters shown before "more".
-const BODY_PREVIEW: usize = 120;
+const MAX_LIMIT: u32 = 200;
+/// Body bytes a listing shows of each message.
+pub(super) const EXCERPT_BYTES: usize = 1024;
+/// Body bytes a message's page shows; the rest is a download.
+pub(super) const PAGE_BODY_BYTES: usize = 64 * 1024;
+/// Parked reads (listings, message pages, downloads) served at once.
+pub(super) const READS_AT_ONCE: usize = 4;
+/// How long a read waits for its turn before it is refused with 503.
+const READ_WAIT: Duration = Duration::from_secs(5);
 
-/// The query of `GET /console/parked`: `limit`, and the outcome of the
-/// action that redirected here (`replayed`/`deleted`, `kept`).
-fn query_number(query: Option<&str>, name: &str) -> Option<usize> {
+/// A value of the page's query string.
+fn query_value(query: Option<&str>, name: &str) -> Option<String> {
     url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
         .find(|(k, _)| k == name)
-        .and_then(|(_, v)| v.parse().ok())
+        .map(|(_, v)| v.into_owned())
+        .filter(|v| !v.is_empty())
 }
 
-/// `GET /console/parked`.
+/// The store the parked messages are kept in (the default timer's
+/// database), or why there is none.
+fn store_of(console: &Console) -> Result<Store, String> {
+    console
+        .stores
+        .iter()
+        .next()
+        .cloned()
+        .ok_or_else(|| "this console has no database to read parked messages from".to_owned())
+}
+
+/// A turn to read the parked store: one of the [`READS_AT_ONCE`], if one
+/// is free within [`READ_WAIT`], and the store.
+async fn read_turn(
+    console: &Console,
+) -> Result<(tokio::sync::SemaphorePermit<'_>, Store), (StatusCode, String)> {
+    let store = store_of(console).map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e))?;
+    match tokio::time::timeout(READ_WAIT, console.parked_reads.acquire()).await {
+        Ok(Ok(turn)) => Ok((turn, store)),
+        _ => Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy: too many parked reads at once; try again".to_owned(),
+        )),
+    }
+}
+
+/// The parked message `id`, read in a turn.
+async fn read_one(
+    console: &Console,
+    id: i64,
+) -> Result<Option<ParkedMessage>, (StatusCode, String)> {
+    let (_turn, store) = read_turn(console).await?;
+    parked::show(&store, id)
+        .await
+        .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+}
+
+/// `GET /console/parked`: `after` (a message id: the next page), `limit`,
+/// `reason`, `order_id`.
 pub(super) async fn page(
     State(console): State<Arc<Console>>,
     headers: HeaderMap,
@@ -44,48 +95,55 @@ pub(super) async fn page(
 ) -> Response {
     let access = console.access(&headers);
     let q = query.as_deref();
-    let limit = query_number(q, "limit")
+    let limit = query_value(q, "limit")
+        .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_LIMIT)
-        .min(MAX_LIMIT);
-    let listing = console
-        .parked_pass(async |conn| parked::list(conn, Some(limit)).await)
-        .await;
+        .clamp(1, MAX_LIMIT);
+    let after = query_value(q, "after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let selection = match (query_value(q, "order_id"), query_value(q, "reason")) {
+        (Some(id), _) => Selection::OrderId(id),
+        (None, Some(kind)) => Selection::Reason(kind),
+        (None, None) => Selection::All,
+    };
+    let request = parked::Page {
+        selection: selection.clone(),
+        after,
+        limit,
+        excerpt: Some(EXCERPT_BYTES),
+    };
+    let listing = match read_turn(&console).await {
+        Ok((_turn, store)) => parked::list(&store, &request)
+            .await
+            .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Err(e) => Err(e),
+    };
     let listing = match listing {
         Ok(listing) => listing,
-        Err(e) => {
-            return failed(
-                &access,
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Parked messages",
-                &e,
-            );
-        }
+        Err((status, e)) => return failed(&access, status, "Parked messages", &e),
     };
-    let mut body = notice(q);
-    let _ = write!(
-        body,
-        "<p>{} parked message{} in order-timeout.parked{}.</p>",
-        listing.total,
-        if listing.total == 1 { "" } else { "s" },
-        if listing.messages.len() < listing.total {
-            format!(", the oldest {} shown", listing.messages.len())
-        } else {
-            String::new()
-        }
-    );
-    if !listing.by_reason.is_empty() {
-        body.push_str("<table><tr><th>reason</th><th>messages</th></tr>");
-        for (reason, n) in &listing.by_reason {
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td class=\"num\">{n}</td></tr>",
-                esc(reason)
-            );
-        }
-        body.push_str("</table>");
-    }
+    let mut body = String::new();
+    summary(&mut body, &listing, &selection);
     body.push_str(&write_hint(&access));
     messages_table(&mut body, &listing.messages, &access);
+    if listing.messages.len() as u32 == limit
+        && let Some(last) = listing.messages.last().and_then(|m| m.id)
+    {
+        let mut next = url::form_urlencoded::Serializer::new(String::new());
+        next.append_pair("after", &last.to_string());
+        next.append_pair("limit", &limit.to_string());
+        match &selection {
+            Selection::OrderId(id) => drop(next.append_pair("order_id", id)),
+            Selection::Reason(kind) => drop(next.append_pair("reason", kind)),
+            _ => {}
+        }
+        let _ = write!(
+            body,
+            "<p><a href=\"/console/parked?{}\">Next {limit} →</a></p>",
+            esc(&next.finish())
+        );
+    }
     Page {
         title: "Parked messages",
         access: &access,
@@ -95,25 +153,39 @@ pub(super) async fn page(
     .ok()
 }
 
-/// The result of the action that redirected here.
-fn notice(query: Option<&str>) -> String {
-    let kept = query_number(query, "kept").unwrap_or(0);
-    let plural = |n: usize| if n == 1 { "" } else { "s" };
-    if let Some(n) = query_number(query, "replayed") {
-        format!(
-            "<p class=\"notice\">Replayed {n} parked message{} to order-timeout/schedule ({kept} left parked).</p>",
-            plural(n)
-        )
-    } else if let Some(n) = query_number(query, "deleted") {
-        format!(
-            "<p class=\"notice\">Deleted {n} parked message{} ({kept} kept).</p>",
-            plural(n)
-        )
-    } else if query_number(query, "none").is_some() {
-        "<p class=\"notice\">Nothing was selected.</p>".into()
-    } else {
-        String::new()
+/// How many are parked, by reason, and the search box.
+fn summary(body: &mut String, listing: &Listing, selection: &Selection) {
+    let _ = write!(
+        body,
+        "<p>{} parked message{} kept (oldest first; reading them changes nothing).</p>",
+        listing.total,
+        if listing.total == 1 { "" } else { "s" },
+    );
+    if !listing.by_reason.is_empty() {
+        body.push_str("<table><tr><th>reason</th><th>messages</th></tr>");
+        for (reason, n) in &listing.by_reason {
+            let mut link = url::form_urlencoded::Serializer::new(String::new());
+            link.append_pair("reason", reason);
+            let _ = write!(
+                body,
+                "<tr><td><a href=\"/console/parked?{}\">{}</a></td><td class=\"num\">{n}</td></tr>",
+                esc(&link.finish()),
+                esc(reason)
+            );
+        }
+        body.push_str("</table>");
     }
+    let shown = match selection {
+        Selection::OrderId(id) => id.clone(),
+        _ => String::new(),
+    };
+    let _ = write!(
+        body,
+        "<form method=\"get\" action=\"/console/parked\"><p><label>Order id \
+         <input name=\"order_id\" value=\"{}\"></label> <button type=\"submit\">Find</button> \
+         <a href=\"/console/parked\">All</a></p></form>",
+        esc(&shown)
+    );
 }
 
 fn write_hint(access: &Access) -> String {
@@ -150,7 +222,7 @@ fn messages_table(body: &mut String, messages: &[ParkedMessage], access: &Access
         body.push_str("<th></th>");
     }
     body.push_str(
-        "<th>order id</th><th>reason</th><th>attempts</th><th>first failure</th>\
+        "<th>id</th><th>order id</th><th>reason</th><th>attempts</th><th>first failure</th>\
          <th>last failure</th><th>parked</th><th>body</th>",
     );
     if admin.is_some() {
@@ -167,33 +239,53 @@ fn messages_table(body: &mut String, messages: &[ParkedMessage], access: &Access
     }
 }
 
+/// The body as text, or base64 with a note when it is not UTF-8; the first
+/// `max` bytes of it and whether more follow.
+fn body_text(m: &ParkedMessage, max: usize) -> (String, &'static str, bool) {
+    let shown = &m.body[..m.body.len().min(max)];
+    let more = shown.len() as u64 > 0 && (shown.len() as u64) < m.body_size;
+    match std::str::from_utf8(shown) {
+        Ok(text) => (text.to_owned(), "", more),
+        // Cut inside a character: the valid part.
+        Err(e) if e.error_len().is_none() => (
+            String::from_utf8_lossy(&shown[..e.valid_up_to()]).into_owned(),
+            "",
+            true,
+        ),
+        Err(_) => {
+            use base64::Engine as _;
+            (
+                base64::engine::general_purpose::STANDARD.encode(shown),
+                " (base64: not UTF-8)",
+                more,
+            )
+        }
+    }
+}
+
 fn row(body: &mut String, m: &ParkedMessage, admin: bool, now: chrono::DateTime<Utc>) {
-    let key = esc(&m.key());
+    let id = m.id.unwrap_or_default();
     body.push_str("<tr>");
     if admin {
         let _ = write!(
             body,
-            "<td><input type=\"checkbox\" name=\"key\" value=\"{key}\" aria-label=\"select\"></td>"
+            "<td><input type=\"checkbox\" name=\"id\" value=\"{id}\" aria-label=\"select\"></td>"
         );
     }
-    let (text, note) = match m.body_text() {
-        Some(text) => (text.to_owned(), ""),
-        None => (m.body_base64(), " (base64: not UTF-8)"),
-    };
-    let preview: String = text.chars().take(BODY_PREVIEW).collect();
-    let body_cell = if preview.len() < text.len() {
+    let (text, note, more) = body_text(m, EXCERPT_BYTES);
+    let more = if more || m.body_size > EXCERPT_BYTES as u64 {
         format!(
-            "<details><summary><code>{}</code>…{note}</summary><pre>{}</pre></details>",
-            esc(&preview),
-            esc(&text)
+            " <a href=\"/console/parked/{id}\">… all {} bytes</a>",
+            m.body_size
         )
     } else {
-        format!("<pre>{}</pre>{note}", esc(&text))
+        String::new()
     };
     let _ = write!(
         body,
-        "<td>{}</td><td><b>{}</b><br>{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td>\
-         <td>{}<br><span class=\"muted\">{} ago</span></td><td>{body_cell}</td>",
+        "<td><a href=\"/console/parked/{id}\">{id}</a></td><td>{}</td><td><b>{}</b><br>{}</td>\
+         <td class=\"num\">{}</td><td>{}</td><td>{}</td>\
+         <td>{}<br><span class=\"muted\">{} ago</span></td><td><pre>{}</pre>{note}{more}</td>",
         timer_note(m),
         esc(m.error_kind.as_deref().unwrap_or("–")),
         esc(m.error.as_deref().unwrap_or("")),
@@ -202,24 +294,140 @@ fn row(body: &mut String, m: &ParkedMessage, admin: bool, now: chrono::DateTime<
         time(m.last_failure),
         time(m.parked_at),
         m.age(now).map_or("–".into(), |d| secs(d.as_secs())),
+        esc(&text),
     );
     if admin {
         let _ = write!(
             body,
-            "<td><button type=\"submit\" name=\"only\" value=\"{key}\" formaction=\"/console/parked/replay\">Replay</button>\
-             <button type=\"submit\" name=\"only\" value=\"{key}\" formaction=\"/console/parked/purge\">Purge…</button></td>"
+            "<td><button type=\"submit\" name=\"only\" value=\"{id}\" formaction=\"/console/parked/replay\">Replay</button>\
+             <button type=\"submit\" name=\"only\" value=\"{id}\" formaction=\"/console/parked/purge\">Purge…</button></td>"
         );
     }
     body.push_str("</tr>");
 }
 
-/// The messages a write form names: the row's button (`only`), else the
-/// ticked boxes (`key`).
-fn chosen(form: &Form) -> BTreeSet<String> {
-    match form.get("only") {
-        Some(one) => [one.to_owned()].into(),
-        None => form.all("key").map(str::to_owned).collect(),
+/// `GET /console/parked/{id}`: one message, with the first
+/// [`PAGE_BODY_BYTES`] of its body and a link to download all of it.
+pub(super) async fn message(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+) -> Response {
+    let access = console.access(&headers);
+    let m = match read_one(&console, id).await {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            return failed(
+                &access,
+                StatusCode::NOT_FOUND,
+                "Parked message",
+                &format!("no parked message {id} (replayed or purged?)"),
+            );
+        }
+        Err((status, e)) => return failed(&access, status, "Parked message", &e),
+    };
+    let mut body = String::from("<table>");
+    let json = serde_json::to_value(m.to_json(Utc::now())).unwrap_or_default();
+    if let serde_json::Value::Object(fields) = json {
+        for (name, value) in fields {
+            if matches!(name.as_str(), "body" | "body_base64") || value.is_null() {
+                continue;
+            }
+            let text = match value {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            let _ = write!(
+                body,
+                "<tr><th>{}</th><td>{}</td></tr>",
+                esc(&name),
+                esc(&text)
+            );
+        }
     }
+    body.push_str("</table>");
+    let (text, note, _) = body_text(&m, PAGE_BODY_BYTES);
+    let _ = write!(body, "<h2>Body{note}</h2><pre>{}</pre>", esc(&text));
+    let kept = m.body.len();
+    let _ = write!(
+        body,
+        "<p>{} of {} bytes shown{}. <a href=\"/console/parked/{id}/body\">Download the body as kept ({kept} bytes)</a>.</p>\
+         <p><a href=\"/console/parked\">Back to the parked messages</a></p>",
+        text.len().min(kept),
+        m.body_size,
+        if m.body_is_whole() {
+            ""
+        } else {
+            "; the store keeps only the first 4 MiB of this body"
+        },
+    );
+    Page {
+        title: "Parked message",
+        access: &access,
+        refresh: false,
+        body,
+    }
+    .ok()
+}
+
+/// `GET /console/parked/{id}/body`: the body as kept, as a download (never
+/// rendered by the browser).
+pub(super) async fn download(
+    State(console): State<Arc<Console>>,
+    headers: HeaderMap,
+    Path(id): Path<i64>,
+) -> Response {
+    let access = console.access(&headers);
+    match read_one(&console, id).await {
+        Ok(Some(m)) => {
+            let mut response = m.body.into_response();
+            let h = response.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+            if let Ok(v) =
+                HeaderValue::from_str(&format!("attachment; filename=\"parked-{id}.body\""))
+            {
+                h.insert(header::CONTENT_DISPOSITION, v);
+            }
+            response
+        }
+        Ok(None) => failed(
+            &access,
+            StatusCode::NOT_FOUND,
+            "Parked message",
+            &format!("no parked message {id}"),
+        ),
+        Err((status, e)) => failed(&access, status, "Parked message", &e),
+    }
+}
+
+/// The messages a write form names: the row's button (`only`), else the
+/// ticked boxes (`id`). Anything that is not a message id is ignored.
+fn chosen(form: &Form) -> Vec<i64> {
+    let mut ids: Vec<i64> = match form.get("only") {
+        Some(one) => one.parse().into_iter().collect(),
+        None => form.all("id").filter_map(|v| v.parse().ok()).collect(),
+    };
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// What a write action did, on a page of its own (not in the address, so a
+/// link cannot show a made-up outcome).
+fn outcome(access: &Access, title: &str, text: String) -> Response {
+    Page {
+        title,
+        access,
+        refresh: false,
+        body: format!(
+            "<p class=\"notice\">{}</p><p><a href=\"/console/parked\">Back to the parked messages</a></p>",
+            esc(&text)
+        ),
+    }
+    .ok()
 }
 
 /// `POST /console/parked/replay`.
@@ -234,13 +442,24 @@ pub(super) async fn replay(
     {
         return refused(&access, refusal);
     }
-    let keys = chosen(&form);
-    if keys.is_empty() {
-        return Redirect::to("/console/parked?none=1").into_response();
+    let ids = chosen(&form);
+    if ids.is_empty() {
+        return outcome(&access, "Replay", "Nothing was selected.".into());
     }
-    let selected = keys.len();
+    let store = match store_of(&console) {
+        Ok(store) => store,
+        Err(e) => {
+            return failed(
+                &access,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Replay failed",
+                &e,
+            );
+        }
+    };
+    let selected = ids.len();
     let result = console
-        .parked_pass(async |conn| parked::replay(conn, &Selection::Keys(keys)).await)
+        .parked_write(async |conn| parked::replay(conn, &store, &Selection::Ids(ids)).await)
         .await;
     match result {
         Ok(report) => {
@@ -250,18 +469,30 @@ pub(super) async fn replay(
                 kept = report.kept,
                 "console: replayed parked messages"
             );
-            Redirect::to(&format!(
-                "/console/parked?replayed={}&kept={}",
-                report.replayed, report.kept
-            ))
-            .into_response()
+            let plural = if report.replayed == 1 { "" } else { "s" };
+            let cut = if report.cut > 0 {
+                format!(
+                    " {} kept parked: the store keeps only the first bytes of their body.",
+                    report.cut
+                )
+            } else {
+                String::new()
+            };
+            outcome(
+                &access,
+                "Replay",
+                format!(
+                    "Replayed {} parked message{plural} to order-timeout/schedule ({} left parked).{cut}",
+                    report.replayed, report.kept
+                ),
+            )
         }
         Err(e) => failed(&access, StatusCode::BAD_GATEWAY, "Replay failed", &e),
     }
 }
 
-/// `POST /console/parked/purge`: without `confirm=yes`, the question;
-/// with it, the deletion.
+/// `POST /console/parked/purge`: without `confirm=yes`, the question with
+/// the number of chosen messages still parked; with it, the deletion.
 pub(super) async fn purge(
     State(console): State<Arc<Console>>,
     headers: HeaderMap,
@@ -273,23 +504,30 @@ pub(super) async fn purge(
     {
         return refused(&access, refusal);
     }
-    let keys = chosen(&form);
-    if keys.is_empty() {
-        return Redirect::to("/console/parked?none=1").into_response();
+    let ids = chosen(&form);
+    if ids.is_empty() {
+        return outcome(&access, "Purge", "Nothing was selected.".into());
     }
+    let store = match store_of(&console) {
+        Ok(store) => store,
+        Err(e) => return failed(&access, StatusCode::SERVICE_UNAVAILABLE, "Purge failed", &e),
+    };
+    let plan = match PurgePlan::prepare(&store, &Selection::Ids(ids)).await {
+        Ok(plan) => plan,
+        Err(e) => {
+            return failed(
+                &access,
+                StatusCode::BAD_GATEWAY,
+                "Purge failed",
+                &e.to_string(),
+            );
+        }
+    };
     if form.get("confirm") != Some("yes") {
-        return confirm_purge(&access, &keys);
+        return confirm_purge(&access, &plan);
     }
-    let selected = keys.len();
-    let result = console
-        .parked_pass(async |conn| {
-            PurgePlan::prepare(conn, &Selection::Keys(keys))
-                .await?
-                .commit()
-                .await
-        })
-        .await;
-    match result {
+    let selected = plan.selected();
+    match plan.commit().await {
         Ok(report) => {
             tracing::info!(
                 selected,
@@ -297,17 +535,26 @@ pub(super) async fn purge(
                 kept = report.kept,
                 "console: purged parked messages"
             );
-            Redirect::to(&format!(
-                "/console/parked?deleted={}&kept={}",
-                report.deleted, report.kept
-            ))
-            .into_response()
+            let plural = if report.deleted == 1 { "" } else { "s" };
+            outcome(
+                &access,
+                "Purge",
+                format!(
+                    "Deleted {} parked message{plural} ({} kept).",
+                    report.deleted, report.kept
+                ),
+            )
         }
-        Err(e) => failed(&access, StatusCode::BAD_GATEWAY, "Purge failed", &e),
+        Err(e) => failed(
+            &access,
+            StatusCode::BAD_GATEWAY,
+            "Purge failed",
+            &e.to_string(),
+        ),
     }
 }
 
-fn confirm_purge(access: &Access, keys: &BTreeSet<String>) -> Response {
+fn confirm_purge(access: &Access, plan: &PurgePlan) -> Response {
     let Access::Admin { csrf } = access else {
         return refused(access, auth::Refusal::NotLoggedIn);
     };
@@ -316,20 +563,23 @@ fn confirm_purge(access: &Access, keys: &BTreeSet<String>) -> Response {
          <input type=\"hidden\" name=\"csrf\" value=\"{}\"><input type=\"hidden\" name=\"confirm\" value=\"yes\">",
         esc(csrf)
     );
-    for key in keys {
+    for id in plan.ids() {
+        let _ = write!(body, "<input type=\"hidden\" name=\"id\" value=\"{id}\">");
+    }
+    let n = plan.selected();
+    if n == 0 {
+        body =
+            "<p>None of the chosen messages is parked any more (replayed or purged meanwhile).</p>\
+                <p><a href=\"/console/parked\">Back to the parked messages</a></p>"
+                .into();
+    } else {
         let _ = write!(
             body,
-            "<input type=\"hidden\" name=\"key\" value=\"{}\">",
-            esc(key)
+            "<p>Delete {n} parked message{} for good?</p>\
+             <p><button type=\"submit\">Delete</button> <a href=\"/console/parked\">Cancel</a></p></form>",
+            if n == 1 { "" } else { "s" }
         );
     }
-    let n = keys.len();
-    let _ = write!(
-        body,
-        "<p>Delete {n} parked message{} for good? Messages parked since the page was shown are never deleted.</p>\
-         <p><button type=\"submit\">Delete</button> <a href=\"/console/parked\">Cancel</a></p></form>",
-        if n == 1 { "" } else { "s" }
-    );
     Page {
         title: "Purge parked messages",
         access,

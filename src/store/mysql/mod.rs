@@ -689,6 +689,10 @@ fn arg<'a>(value: &Value<'a>) -> Vec<Arg<'a>> {
         Value::Int(n) | Value::Micros(n) => vec![Arg::Int(n)],
         Value::Time(t) => vec![Arg::Time(t)],
         Value::Ids(ids) => ids.iter().map(|id| Arg::Text(id)).collect(),
+        Value::MaybeText(Some(s)) => vec![Arg::Text(s)],
+        Value::MaybeText(None) => vec![Arg::Null],
+        Value::Bytes(b) => vec![Arg::Bytes(b)],
+        Value::Nums(nums) => nums.iter().map(|n| Arg::Int(*n)).collect(),
     }
 }
 

@@ -59,6 +59,8 @@ pub(super) enum Arg<'a> {
     Uuid(&'a [u8; 16]),
     /// An instant (the outbox's UTC times).
     Time(DateTime<Utc>),
+    /// Bytes (a parked body).
+    Bytes(&'a [u8]),
 }
 
 /// Binds `values`, in order: the one place a value becomes a parameter.
@@ -85,6 +87,7 @@ pub(super) fn add(out: &mut MySqlArguments, value: Arg<'_>) -> Result<(), BoxDyn
         Arg::Decimal(digits, decimal) => out.add(DecimalArg(digits, decimal)),
         Arg::Uuid(bytes) => out.add(uuid_text(bytes)),
         Arg::Time(t) => out.add(t),
+        Arg::Bytes(b) => out.add(b),
     }
 }
 

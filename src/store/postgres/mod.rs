@@ -516,6 +516,9 @@ fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreE
             Value::Int(n) | Value::Micros(n) => out.add(n),
             Value::Time(t) => out.add(t),
             Value::Ids(ids) => out.add(ids),
+            Value::MaybeText(s) => out.add(s),
+            Value::Bytes(b) => out.add(b),
+            Value::Nums(nums) => out.add(nums),
         }
         .map_err(|e| StoreError::Sql(sqlx::Error::Encode(e)))?;
     }

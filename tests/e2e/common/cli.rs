@@ -78,9 +78,22 @@ impl TestEnv {
         command
     }
 
-    /// Messages ready in the parked queue (passive declare).
+    /// Parked messages: those kept in the parked store and those still
+    /// waiting in the parked queue to be moved there. Before this
+    /// release's migrations ran (the upgrade test), the store does not
+    /// exist and counts none.
     pub async fn parked_count(&self) -> u32 {
-        self.queue_depth(topology::PARKED_QUEUE).await
+        let kept = order_timeout::ops::parked::count(&self.parked_store())
+            .await
+            .unwrap_or(0);
+        self.queue_depth(topology::PARKED_QUEUE).await + u32::try_from(kept).unwrap()
+    }
+
+    /// Parked messages kept in the parked store (moved out of the queue).
+    pub async fn parked_kept(&self) -> u64 {
+        order_timeout::ops::parked::count(&self.parked_store())
+            .await
+            .unwrap()
     }
 
     /// Messages ready in `queue` (passive declare; the queue must exist).

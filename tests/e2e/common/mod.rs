@@ -12,6 +12,10 @@
 //! PostgreSQL and (for the MariaDB worlds) MariaDB; `scripts/test.sh` makes
 //! sure they run. `AMQP_URL`, `DATABASE_URL` and `MYSQL_URL` name the
 //! servers (their vhost / database part is replaced).
+//!
+//! The vhost is made on the broker of [`Broker::current`]: the machine's,
+//! or the RabbitMQ 4.x test node for the tests [`on_rabbitmq4!`] and
+//! [`on_both_brokers!`] make ([`brokers`]).
 
 #![allow(dead_code)]
 
@@ -21,15 +25,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions,
-    ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection};
 use order_timeout::app::RunningService;
 use order_timeout::broker::{connect_amqp, declare_topology, topology};
 use order_timeout::observe::metrics::Outcome;
-use order_timeout::settings::{self, SecretUrl, Settings, Shards};
+use order_timeout::settings::{SecretUrl, Settings, Shards};
 use order_timeout::shutdown::Shutdown;
 use order_timeout::store::OrderItem;
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
@@ -169,6 +173,9 @@ pub struct TestEnv {
     /// Confirm-mode channel on `amqp`.
     pub channel: Channel,
     stop_inventory: std::sync::Mutex<Shutdown>,
+    /// The database of the service started last (its parked store), when
+    /// it is not [`Settings::database_url`] (a shop of its own).
+    service_database: std::sync::Mutex<Option<SecretUrl>>,
     inventory_addr: std::net::SocketAddr,
     base_db_url: SecretUrl,
     /// The MariaDB server holding the orders database, when
@@ -176,6 +183,9 @@ pub struct TestEnv {
     mysql_base: Option<SecretUrl>,
     /// The vhost was made for this test (and is deleted with it).
     owns_vhost: bool,
+    /// The broker of the test's vhost ([`Broker::current`] when it was
+    /// made).
+    pub broker: Broker,
     /// Ends the run, naming the test, if it hangs.
     _watchdog: crate::bounds::Watchdog,
 }
@@ -229,14 +239,12 @@ impl TestEnv {
         sweep_abandoned().await;
         let name = scratch::owned_name("ot_test");
         let owns_vhost = own_broker.is_none();
+        let broker = Broker::current();
         let amqp_url = match own_broker {
             Some(url) => url,
-            None => {
-                let amqp_base =
-                    std::env::var("AMQP_URL").unwrap_or_else(|_| settings::DEFAULT_AMQP_URL.into());
-                scratch::create_vhost(&SecretUrl::new(amqp_base), &name)
-                    .expect("create the test's vhost")
-            }
+            None => broker
+                .create_vhost(&name)
+                .unwrap_or_else(|e| panic!("create the test's vhost on {broker:?}: {e}")),
         };
 
         let base_db_url = scratch::test_pg_server();
@@ -340,12 +348,22 @@ impl TestEnv {
             amqp,
             channel,
             stop_inventory: std::sync::Mutex::new(stop_inventory),
+            service_database: std::sync::Mutex::new(None),
             inventory_addr,
             base_db_url,
             mysql_base,
             owns_vhost,
+            broker,
             _watchdog: watchdog,
         }
+    }
+
+    /// `rabbitmqctl -q ARGS` against the broker of this test's vhost
+    /// ([`TestEnv::broker`]); panics with its output when it fails.
+    pub fn rabbitmqctl(&self, args: &[&str]) -> String {
+        self.broker
+            .rabbitmqctl(args)
+            .unwrap_or_else(|e| panic!("rabbitmqctl on {:?}: {e}", self.broker))
     }
 
     /// Starts an in-process service instance on this world.
@@ -355,6 +373,7 @@ impl TestEnv {
 
     /// Starts an in-process service instance with other settings.
     pub async fn service_with(&self, settings: Settings) -> RunningService {
+        *self.service_database.lock().unwrap() = Some(settings.database_url.clone());
         RunningService::start(settings)
             .await
             .expect("start the service")
@@ -426,7 +445,7 @@ impl Drop for TestEnv {
     fn drop(&mut self) {
         self.stop_inventory();
         if self.owns_vhost {
-            let _ = scratch::delete_vhost(&self.name);
+            let _ = self.broker.delete_vhost(&self.name);
         }
         let _ = scratch::drop_database_blocking(&self.base_db_url, &self.name);
         if let Some(base) = &self.mysql_base {
@@ -446,12 +465,15 @@ async fn pg_pool(url: &SecretUrl) -> PgPool {
         .expect("connect to the test database")
 }
 
+pub mod brokers;
 mod cli;
 mod doubles;
 mod orders;
 mod probes;
 mod shop_tx;
 
+pub use brokers::Broker;
+pub(crate) use brokers::{on_both_brokers, on_rabbitmq4};
 pub use cli::CliOutput;
 pub use doubles::RuleInventory;
 pub use orders::refusing_trigger;

@@ -279,19 +279,44 @@ impl TestEnv {
             .unwrap()
     }
 
-    /// Takes every message now in the parked queue (acking them).
-    pub async fn drain_parked(&self) -> Vec<lapin::message::BasicGetMessage> {
-        let channel = self.amqp.create_channel().await.unwrap();
-        let mut out = Vec::new();
-        while let Some(msg) = channel
-            .basic_get(topology::PARKED_QUEUE.into(), BasicGetOptions::default())
-            .await
+    /// The parked store (`order_timeout_parked`) of the database of the
+    /// service started last, else of this test's database.
+    pub fn parked_store(&self) -> order_timeout::store::Store {
+        let url = self
+            .service_database
+            .lock()
             .unwrap()
-        {
-            msg.ack(BasicAckOptions::default()).await.unwrap();
-            out.push(msg);
-        }
-        out
+            .clone()
+            .unwrap_or_else(|| self.settings.database_url.clone());
+        order_timeout::store::connect_lazy(&url, 2, &order_timeout::store::ShopSchema::default())
+            .unwrap()
+    }
+
+    /// Every parked message, oldest first, with whole bodies, after moving
+    /// those waiting in the parked queue into the parked store (reading
+    /// changes nothing).
+    pub async fn parked_listing(&self) -> order_timeout::ops::parked::Listing {
+        use order_timeout::ops::parked;
+        let store = self.parked_store();
+        parked::take_in(&self.amqp, &store).await.unwrap();
+        let page = parked::Page {
+            selection: parked::Selection::All,
+            after: 0,
+            limit: u32::MAX,
+            excerpt: None,
+        };
+        parked::list(&store, &page).await.unwrap()
+    }
+
+    /// Takes every parked message: moves those waiting in the parked queue
+    /// into the parked store, then reads and deletes every one kept there,
+    /// in the order they were parked.
+    pub async fn drain_parked(&self) -> Vec<order_timeout::ops::parked::ParkedMessage> {
+        let messages = self.parked_listing().await.messages;
+        let store = self.parked_store();
+        let ids: Vec<i64> = messages.iter().filter_map(|m| m.id).collect();
+        store.delete_parked(&ids).await.unwrap();
+        messages
     }
 
     /// `(status, expires_at, cancelled_at)` of an order.
