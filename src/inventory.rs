@@ -74,9 +74,30 @@ fn to_pb(items: &[OrderItem]) -> Vec<pb::Item> {
 
 impl InventoryClient {
     /// A client that connects lazily (and reconnects) to `url`; every call
-    /// times out after `timeout`.
+    /// times out after `timeout`, and a connection whose HTTP/2 pings go
+    /// unanswered for the default keep-alive
+    /// (`[liveness].inventory_keepalive`) is dropped. (The service itself
+    /// builds its client with [`InventoryClient::connect_lazy_with`].)
+    #[cfg(feature = "testing")]
     #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) fn connect_lazy(url: &SecretUrl, timeout: Duration) -> Result<Self, InventoryError> {
+        let keepalive = crate::settings::LivenessSettings::default().inventory_keepalive;
+        Self::connect_lazy_with(url, timeout, keepalive)
+    }
+
+    /// [`InventoryClient::connect_lazy`] with HTTP/2 pings every
+    /// `keepalive`, idle or not, each answered within `keepalive`: an
+    /// inventory cut off by the network (no reset, every packet dropped)
+    /// loses its connection after about twice `keepalive`, and the next
+    /// calls open a new one (within `timeout`) instead of waiting on the
+    /// dead one until TCP gives up. TCP keep-alive as well, for the
+    /// moments no stream is open.
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn connect_lazy_with(
+        url: &SecretUrl,
+        timeout: Duration,
+        keepalive: Duration,
+    ) -> Result<Self, InventoryError> {
         let endpoint = Endpoint::from_shared(url.expose().to_owned())
             .map_err(|e| InventoryError::Url {
                 url: url.clone(),
@@ -84,7 +105,11 @@ impl InventoryClient {
             })?
             .timeout(timeout)
             .connect_timeout(timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(keepalive)
+            .keep_alive_timeout(keepalive)
+            .keep_alive_while_idle(true)
+            .tcp_keepalive(Some(keepalive));
         Ok(Self {
             client: pb::inventory_client::InventoryClient::new(endpoint.connect_lazy()),
         })

@@ -52,6 +52,11 @@
 //!   through the delay store, retried, parked); how a parked message is
 //!   written: `pipeline/park.rs`; what the steps share: `pipeline/context.rs`
 //!   and `pipeline/worker.rs`;
+//! - **silent peers** (`[liveness]`, `settings/liveness.rs`): the broker
+//!   node to try and the heartbeat asked for, `broker/nodes.rs`; a publish
+//!   confirm bounded, `broker/publisher.rs`; every store operation bounded
+//!   and its connection closed when it ran out, `store/bounded.rs`; the
+//!   inventory's HTTP/2 keep-alive, `inventory.rs`;
 //! - [`message`]: the accepted message formats and the park reasons;
 //! - `observe/`: metrics (and the pending gauges), `/metrics` `/healthz`
 //!   `/readyz`, logs;

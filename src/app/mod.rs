@@ -51,8 +51,11 @@ impl Service {
             store::PoolSettings::of(&settings),
             &settings.timers()?,
         )?;
-        let inventory =
-            InventoryClient::connect_lazy(&settings.inventory_url, settings.inventory_timeout)?;
+        let inventory = InventoryClient::connect_lazy_with(
+            &settings.inventory_url,
+            settings.inventory_timeout,
+            settings.liveness.inventory_keepalive,
+        )?;
         let listener = tokio::net::TcpListener::bind(settings.http_addr)
             .await
             .map_err(|e| {
@@ -123,10 +126,12 @@ impl Service {
         ));
 
         let mut backoff = reconnect_backoff();
+        let dialer = crate::broker::Dialer::of(&settings.liveness);
         loop {
             let started = std::time::Instant::now();
             let result = session::run(
                 &settings, &instance, &stores, &inventory, &shutdown, &metrics, &health, &board,
+                &dialer,
             )
             .await;
             health.set_broker(false);

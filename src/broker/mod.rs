@@ -10,11 +10,14 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties};
 
 use crate::settings::SecretUrl;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use nodes::Dialer;
 
 #[cfg(feature = "testing")]
 pub mod acks;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod acks;
+pub(crate) mod alarms;
 #[cfg(feature = "testing")]
 pub mod cascade;
 #[cfg(not(feature = "testing"))]
@@ -29,6 +32,7 @@ pub mod lanes;
 pub(crate) mod lanes;
 pub(crate) mod layout;
 pub(crate) mod layouts;
+pub(crate) mod nodes;
 pub(crate) mod parked;
 #[cfg(feature = "testing")]
 pub mod publisher;
@@ -41,33 +45,40 @@ pub mod topology;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod topology;
 
-/// How long opening a broker connection (TCP, AMQP handshake, vhost) may
-/// take. A broker that accepts TCP but never answers the handshake would
-/// otherwise hold a (re)connect forever; with this it is an error, which the
-/// reconnect loop retries with backoff (and readiness stays red).
-pub(crate) const AMQP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Connects to RabbitMQ with this service's connection name, each attempt
-/// within [`AMQP_CONNECT_TIMEOUT`]. `url` may list several broker nodes
-/// separated by commas (`amqp://u:p@n1/shop,amqp://u:p@n2/shop`): they are
-/// tried in turn, and the first that accepts is used; the error is the last
-/// node's.
+/// Connects to RabbitMQ with this service's connection name, with the
+/// default `[liveness]` heartbeat and per-node connect timeout
+/// ([`Dialer`]). `url` may list several broker nodes separated by commas
+/// (`amqp://u:p@n1/shop,amqp://u:p@n2/shop`): they are tried in turn, and
+/// the first that accepts is used; the error is the last node's.
 ///
 /// `amqps://` nodes connect over TLS with the CA file and client
 /// certificate their query parameters name ([`tls`]); a node whose TLS
 /// files cannot be used fails like a refusing one, with the parameter's name
 /// in the error.
-#[tracing::instrument(skip_all, fields(url = %url))]
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
+    Ok(connect_amqp_with(url, name, &Dialer::default()).await?.0)
+}
+
+/// [`connect_amqp`] with `dialer`'s heartbeat, connect timeout and node
+/// order (the node whose session failed last is tried last); also returns
+/// the index of the node connected to, for [`Dialer::failed`].
+#[tracing::instrument(skip_all, fields(url = %url))]
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) async fn connect_amqp_with(
+    url: &SecretUrl,
+    name: &str,
+    dialer: &Dialer,
+) -> Result<(Connection, usize), lapin::Error> {
     let nodes = broker_nodes(url.expose());
     let mut last = None;
-    for node in &nodes {
-        match connect_amqp_within(node, name, AMQP_CONNECT_TIMEOUT).await {
-            Ok(connection) => return Ok(connection),
+    for index in dialer.order(nodes.len()) {
+        let node = nodes[index];
+        match connect_node(node, name, dialer).await {
+            Ok(connection) => return Ok((connection, index)),
             Err(e) => {
                 if nodes.len() > 1 {
-                    tracing::warn!(node = %crate::settings::redact_url(node), error = %e, "broker node refused; trying the next");
+                    tracing::warn!(node = %crate::settings::redact_url(node), error = %e, "broker node refused or silent; trying the next");
                 }
                 last = Some(e);
             }
@@ -76,6 +87,20 @@ pub(crate) async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connecti
     Err(last.unwrap_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, "AMQP_URL names no broker").into()
     }))
+}
+
+/// One node: its URL tuned by `dialer` (heartbeat, connect limit).
+async fn connect_node(url: &str, name: &str, dialer: &Dialer) -> Result<Connection, lapin::Error> {
+    let (uri, limit) = dialer.tune(parse_node(url)?).map_err(|reason| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "AMQP_URL node {}: {reason}",
+                crate::settings::redact_url(url)
+            ),
+        )
+    })?;
+    connect_uri_within(url, uri, name, limit).await
 }
 
 /// The broker nodes of an `AMQP_URL`: its comma-separated URLs.
@@ -107,14 +132,16 @@ fn parse_node(url: &str) -> Result<lapin::uri::AMQPUri, lapin::Error> {
     })
 }
 
-async fn connect_amqp_within(
+/// Opens a connection to `uri` (the node `url`, for its TLS files),
+/// within `limit`.
+async fn connect_uri_within(
     url: &str,
+    uri: lapin::uri::AMQPUri,
     name: &str,
     limit: Duration,
 ) -> Result<Connection, lapin::Error> {
     let tls = tls::node_config(url)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let uri = parse_node(url)?;
     let connect = lapin::Connect::connect_with_config(
         uri,
         ConnectionProperties::default().with_connection_name(name.into()),
@@ -247,8 +274,10 @@ mod tests {
             drop(socket);
         });
         let started = std::time::Instant::now();
-        let err = connect_amqp_within(
-            &format!("amqp://guest:guest@{addr}/%2f"),
+        let url = format!("amqp://guest:guest@{addr}/%2f");
+        let err = connect_uri_within(
+            &url,
+            parse_node(&url).unwrap(),
             "test",
             Duration::from_millis(500),
         )
@@ -257,5 +286,82 @@ mod tests {
         assert!(err.to_string().contains("did not complete"), "{err}");
         assert!(started.elapsed() < Duration::from_secs(10));
         silent.abort();
+    }
+
+    /// A listener that accepts TCP and never says a word: a wedged or
+    /// cut-off broker as a client sees it.
+    async fn silent_node() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        (addr, task)
+    }
+
+    #[tokio::test]
+    async fn a_silent_node_costs_its_connect_timeout_then_the_next_is_used() {
+        let (silent, task) = silent_node().await;
+        let liveness = crate::settings::LivenessSettings {
+            broker_connect_timeout: Duration::from_millis(700),
+            ..Default::default()
+        };
+        let dialer = Dialer::of(&liveness);
+        let url = SecretUrl::new(format!(
+            "amqp://guest:guest@{silent}/%2f,{}",
+            crate::settings::DEFAULT_AMQP_URL
+        ));
+        let started = std::time::Instant::now();
+        let (connection, index) = connect_amqp_with(&url, "test", &dialer).await.unwrap();
+        assert_eq!(index, 1);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the silent node took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            connection.configuration().heartbeat(),
+            5,
+            "the service asks for its own heartbeat, not the broker's 60 s"
+        );
+        close_quietly(&connection).await;
+        // Its session failed: the silent node is now tried last, so the
+        // next connect costs nothing.
+        dialer.failed(0);
+        let dialer_slow = Dialer::of(&crate::settings::LivenessSettings {
+            broker_connect_timeout: Duration::from_secs(30),
+            ..Default::default()
+        });
+        dialer_slow.failed(0);
+        let started = std::time::Instant::now();
+        let (connection, index) = connect_amqp_with(&url, "test", &dialer_slow).await.unwrap();
+        assert_eq!(index, 1);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        close_quietly(&connection).await;
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_node_url_s_heartbeat_and_connection_timeout_are_honoured() {
+        let url = SecretUrl::new(format!("{}?heartbeat=7", crate::settings::DEFAULT_AMQP_URL));
+        let connection = connect_amqp(&url, "test").await.unwrap();
+        assert_eq!(connection.configuration().heartbeat(), 7);
+        close_quietly(&connection).await;
+        let (silent, task) = silent_node().await;
+        let url = SecretUrl::new(format!(
+            "amqp://guest:guest@{silent}/%2f?connection_timeout=400"
+        ));
+        let started = std::time::Instant::now();
+        let err = connect_amqp(&url, "test").await.unwrap_err();
+        assert!(err.to_string().contains("did not complete"), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "connection_timeout=400 was not the limit: {:?}",
+            started.elapsed()
+        );
+        task.abort();
     }
 }

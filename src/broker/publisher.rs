@@ -38,6 +38,20 @@ pub enum PublishError {
         /// With which key.
         routing_key: String,
     },
+    /// The broker did not confirm the message in time (a connection it
+    /// blocks on a resource alarm, a node cut off, a dead channel): it may
+    /// or may not have been taken, so the work is retried.
+    #[error(
+        "the broker did not confirm the message to {exchange:?} with key {routing_key:?} within {waited:?}"
+    )]
+    Unconfirmed {
+        /// Where it was published.
+        exchange: String,
+        /// With which key.
+        routing_key: String,
+        /// How long the publisher waited.
+        waited: std::time::Duration,
+    },
     /// A mandatory message matched no queue: the topology is missing.
     #[error(
         "message to {exchange:?} with key {routing_key:?} was unroutable (is the topology declared?)"
@@ -80,6 +94,7 @@ pub(crate) struct TimerEvent {
 pub(crate) struct Publisher {
     channels: std::sync::Arc<[Channel]>,
     next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    confirm_timeout: std::time::Duration,
 }
 
 /// Channels a [`Publisher`] opens.
@@ -100,7 +115,18 @@ impl Publisher {
         Ok(Self {
             channels: channels.into(),
             next: Default::default(),
+            confirm_timeout: crate::settings::LivenessSettings::default().confirm_timeout,
         })
+    }
+
+    /// The same publisher, waiting at most `limit` for each confirm
+    /// (`[liveness].confirm_timeout`).
+    #[cfg_attr(feature = "testing", visibility::make(pub))]
+    pub(crate) fn with_confirm_timeout(self, limit: std::time::Duration) -> Self {
+        Self {
+            confirm_timeout: limit,
+            ..self
+        }
     }
 
     /// The first channel (for declarations).
@@ -132,21 +158,28 @@ impl Publisher {
             routing_key: routing_key.into(),
             error,
         };
-        let confirm = self
-            .pick()
-            .basic_publish(
-                ShortString::from(exchange),
-                ShortString::from(routing_key),
-                BasicPublishOptions {
-                    mandatory,
-                    ..Default::default()
-                },
-                body,
-                properties.with_delivery_mode(2),
-            )
+        let confirmed = async {
+            self.pick()
+                .basic_publish(
+                    ShortString::from(exchange),
+                    ShortString::from(routing_key),
+                    BasicPublishOptions {
+                        mandatory,
+                        ..Default::default()
+                    },
+                    body,
+                    properties.with_delivery_mode(2),
+                )
+                .await?
+                .await
+        };
+        let confirm = tokio::time::timeout(self.confirm_timeout, confirmed)
             .await
-            .map_err(amqp)?
-            .await
+            .map_err(|_| PublishError::Unconfirmed {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+                waited: self.confirm_timeout,
+            })?
             .map_err(amqp)?;
         if confirm.is_nack() {
             return Err(PublishError::Nacked {

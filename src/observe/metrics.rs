@@ -231,6 +231,7 @@ pub struct Metrics {
     console_overviews: Counter,
     http_refused: Family<ReasonLabel, Counter>,
     ready: Gauge,
+    broker_session_up: Gauge,
     timer_failing: Family<TimerLabel, Gauge>,
     /// Which statements of which timers fail for a reason of the
     /// environment: the gauge is 1 while any of a timer's do.
@@ -412,6 +413,12 @@ impl Metrics {
                 &mut r,
                 "ready",
                 "1 when broker, database and inventory are reachable, else 0",
+                Gauge::default(),
+            ),
+            broker_session_up: register(
+                &mut r,
+                "broker_session_up",
+                "1 while a broker session is up (connected, consuming), else 0: a node cut off is noticed within twice the heartbeat ([liveness])",
                 Gauge::default(),
             ),
             timer_failing: register(
@@ -740,6 +747,12 @@ impl Metrics {
     /// Sets the readiness gauge.
     pub fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));
+    }
+
+    /// Records whether a broker session is up (the alert
+    /// `OrderTimeoutBrokerSessionDown` fires after a minute without one).
+    pub fn set_broker_session_up(&self, up: bool) {
+        self.broker_session_up.set(i64::from(up));
     }
 
     /// Records whether `timer`'s `statements` fail for a reason of the

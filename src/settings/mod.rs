@@ -16,6 +16,7 @@ use serde::Deserialize;
 mod examples;
 mod http;
 mod lanes;
+mod liveness;
 #[cfg(test)]
 mod reference;
 mod schema;
@@ -24,6 +25,7 @@ mod timers;
 mod validate;
 pub use http::HttpSettings;
 pub use lanes::{DEFAULT_LANE_SHARDS, Lane};
+pub use liveness::LivenessSettings;
 pub use schema::{
     DeadlineUnit, InventorySettings, ItemsMapping, OrdersMapping, Release, StatusValue,
     is_identifier,
@@ -319,6 +321,9 @@ pub struct Settings {
     pub retry: RetrySettings,
     /// The sweeper.
     pub sweeper: SweeperSettings,
+    /// How soon a silent broker, database or inventory is noticed
+    /// (`[liveness]`).
+    pub liveness: LivenessSettings,
     /// What to do with messages for unknown orders.
     pub unknown_order: UnknownOrderPolicy,
     /// Bodies above this size are parked unread.
@@ -364,6 +369,7 @@ impl Default for Settings {
             outbox_lease: Duration::from_secs(15),
             retry: RetrySettings::default(),
             sweeper: SweeperSettings::default(),
+            liveness: LivenessSettings::default(),
             unknown_order: UnknownOrderPolicy::Park,
             max_body_bytes: 64 * 1024,
             shutdown_timeout: Duration::from_secs(20),

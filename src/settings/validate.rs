@@ -20,6 +20,7 @@ impl Settings {
         self.check_statuses()?;
         self.check_counts()?;
         self.check_durations()?;
+        self.liveness.check()?;
         self.check_timers()?;
         self.check_lanes()?;
         Ok(())

@@ -40,6 +40,19 @@ pub enum StoreError {
     /// A query or connection failed; transient as far as we can tell.
     #[error("database: {0}")]
     Sql(sqlx::Error),
+    /// The database did not answer one operation within
+    /// `[liveness].database_timeout` (a server cut off by the network, or
+    /// one too slow): abandoned on the client's side, its connection
+    /// closed. The environment's, like a lost connection: retried.
+    #[error(
+        "database: no answer to {operation} within {limit:?} (the connection is closed; [liveness].database_timeout)"
+    )]
+    Unanswered {
+        /// The store operation, e.g. `cancel_due`.
+        operation: &'static str,
+        /// The limit it ran out.
+        limit: std::time::Duration,
+    },
     /// Applying migrations failed.
     #[error("migrations: {0}")]
     Migrate(sqlx::migrate::MigrateError),

@@ -31,6 +31,7 @@ use chrono::{DateTime, Utc};
 use crate::message::OrderId;
 use crate::settings::{ConfigError, SecretUrl, Settings, Timer, TimerName};
 
+mod bounded;
 mod catalog;
 mod check;
 mod error;
@@ -378,6 +379,9 @@ pub(crate) struct PoolSettings {
     /// MariaDB `max_statement_time`, MySQL `max_execution_time`, which
     /// bounds only `SELECT`s).
     pub statement_timeout: Duration,
+    /// Longest one store operation may take on the client's side, answered
+    /// or not (`[liveness].database_timeout`, [`bounded`]).
+    pub client_timeout: Duration,
 }
 
 impl PoolSettings {
@@ -390,6 +394,7 @@ impl PoolSettings {
             max_connections,
             lock_timeout: defaults.db_lock_timeout,
             statement_timeout: defaults.db_statement_timeout,
+            client_timeout: defaults.liveness.database_timeout,
         }
     }
 
@@ -400,6 +405,7 @@ impl PoolSettings {
             max_connections: settings.db_max_connections,
             lock_timeout: settings.db_lock_timeout,
             statement_timeout: settings.db_statement_timeout,
+            client_timeout: settings.liveness.database_timeout,
         }
     }
 
@@ -447,10 +453,11 @@ pub(crate) fn connect_timer(
     pool: PoolSettings,
     timer: &Timer,
 ) -> Result<Store, StoreError> {
-    Ok(match Dialect::of(url)? {
+    let store: Store = match Dialect::of(url)? {
         Dialect::Postgres => Arc::new(PgStore::connect_lazy(url, pool, timer)?),
         Dialect::MySql => Arc::new(MySqlStore::connect_lazy(url, pool, timer)?),
-    })
+    };
+    Ok(Arc::new(bounded::Bounded::new(store, pool.client_timeout)))
 }
 
 /// The stores of every timer of `settings` ([`Settings::timers`]), lazily:
@@ -486,8 +493,8 @@ pub(crate) fn connect_timers(
                     p
                 }
             };
-            let store = sql::SqlStore::<D>::on_pool(on, own, timer);
-            stores.push(Arc::new(store));
+            let store: Store = Arc::new(sql::SqlStore::<D>::on_pool(on, own, timer));
+            stores.push(Arc::new(bounded::Bounded::new(store, pool.client_timeout)));
         }
         Ok(stores)
     }
@@ -720,6 +727,7 @@ impl StoreError {
             Self::Sql(e) => sql(e),
             Self::Migrate(e) => migrate(e),
             Self::Widespread { error, .. } => error.is_permanent(),
+            Self::Unanswered { .. } => false,
             Self::Url { .. }
             | Self::Tls(_)
             | Self::TlsWithoutMode { .. }

@@ -21,6 +21,7 @@ mod lanes;
 mod layout_changes;
 mod operations;
 mod outbox;
+mod partitions;
 mod permanent_failures;
 mod privileges;
 mod process;

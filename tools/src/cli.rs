@@ -44,6 +44,12 @@ pub enum Command {
     /// coming due with nobody publishing (`--part lateness`), on
     /// PostgreSQL or MariaDB (see docs/benchmarks-log.md).
     BenchWatch(Box<crate::bench::watch::WatchArgs>),
+    /// Cut a peer of the service off silently (a network namespace whose
+    /// link goes down: no reset, every packet dropped) while orders come
+    /// due, heal it, and print what it did to them: lateness before,
+    /// during and after the cut, readiness, resumption (needs root;
+    /// docs/benchmarks-log.md "Silent peers").
+    Partition(crate::partition::PartitionArgs),
     /// Run the reference gRPC inventory service (stock in `inventory.stock`
     /// of DATABASE_URL's database).
     InventoryServer {
@@ -67,7 +73,10 @@ impl Command {
     /// through their progress bars and summaries.
     pub fn default_log_filter(&self) -> &'static str {
         match self {
-            Command::Demo(_) | Command::Bench(_) | Command::BenchWatch(_) => "warn",
+            Command::Demo(_)
+            | Command::Bench(_)
+            | Command::BenchWatch(_)
+            | Command::Partition(_) => "warn",
             _ => "info",
         }
     }
@@ -80,6 +89,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => crate::demo::run(settings, args).await,
         Command::Bench(args) => crate::bench::run(settings, cli.config, *args).await,
         Command::BenchWatch(args) => crate::bench::watch::run(settings, cli.config, *args).await,
+        Command::Partition(args) => crate::partition::command(args).await,
         Command::InventoryServer { addr } => {
             let pool = shop::prepare_database(&settings.database_url, 10).await?;
             ReferenceInventory::new(pool)

@@ -9,6 +9,9 @@
 //! - [`scratch`]: a fresh vhost and database per bench or test run;
 //! - [`private_broker`]: private RabbitMQ nodes and clusters for the
 //!   broker-fault tests;
+//! - [`netns`]: network namespaces with links a test cuts (real silence),
+//!   [`private_pg`] a PostgreSQL behind one, and [`partition`] the runs
+//!   that cut the broker, the database or the inventory off and measure;
 //! - [`cli`]: the `order-timeout-tools` command line.
 //!
 //! Depends on the `order-timeout` crate; that crate never depends on this
@@ -22,6 +25,9 @@ pub mod bench;
 pub mod cli;
 pub mod demo;
 pub mod inventory;
+pub mod netns;
+pub mod partition;
 pub mod private_broker;
+pub mod private_pg;
 pub mod scratch;
 pub mod shop;

@@ -47,6 +47,10 @@ pub struct ClusterConfig {
     /// Lines appended to every node's `rabbitmq.conf` (`@I@` and `@PORT@`
     /// are replaced by the script).
     pub extra_conf: Option<String>,
+    /// The network namespace (`ip netns`) the nodes run in, and every
+    /// script command with them: a node behind a link a test cuts
+    /// ([`crate::netns`]). `None`: the host's network.
+    pub netns: Option<String>,
     /// RabbitMQ 4.x nodes from `scripts/rabbitmq4.sh`'s root instead of
     /// the machine's RabbitMQ.
     pub rabbitmq4: bool,
@@ -59,6 +63,7 @@ impl ClusterConfig {
             nodes,
             advanced_config: None,
             extra_conf: None,
+            netns: None,
             rabbitmq4: false,
         }
     }
@@ -67,6 +72,7 @@ impl ClusterConfig {
 /// A running private cluster; stopped and deleted on drop.
 pub struct PrivateCluster {
     dir: PathBuf,
+    netns: Option<String>,
     /// Number of nodes.
     pub nodes: usize,
     /// AMQP port of node 1 (node `i` listens on `port + i - 1`).
@@ -104,6 +110,7 @@ impl PrivateCluster {
         }
         let cluster = Self {
             dir: dir.join("cluster"),
+            netns: config.netns.clone(),
             nodes: config.nodes,
             port,
         };
@@ -159,12 +166,36 @@ impl PrivateCluster {
         self.run(&["start-app", &i.to_string()]).await.map(drop)
     }
 
+    /// `rabbitmqctl ARGS` against node `i` (the script's `ctl`: its
+    /// cookie, its root if any), in the cluster's namespace if it has one.
+    /// For what the script has no command of its own for (a memory alarm).
+    pub async fn rabbitmqctl(&self, i: usize, args: &[&str]) -> Result<String, ClusterError> {
+        let node = i.to_string();
+        let mut all = vec!["ctl", node.as_str()];
+        all.extend_from_slice(args);
+        self.run(&all).await
+    }
+
     /// The script's `status` lines.
     pub async fn status(&self) -> String {
         match self.run(&["status"]).await {
             Ok(out) => out,
             Err(e) => e.to_string(),
         }
+    }
+
+    /// `bash SCRIPT`, in the cluster's namespace if it has one.
+    fn script_command(&self, script: &Path) -> std::process::Command {
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = std::process::Command::new("ip");
+                c.args(["netns", "exec", ns, "bash"]);
+                c
+            }
+            None => std::process::Command::new("bash"),
+        };
+        command.arg(script);
+        command
     }
 
     async fn run(&self, args: &[&str]) -> Result<String, ClusterError> {
@@ -185,9 +216,8 @@ impl PrivateCluster {
         args: &[&str],
         env: &[(&str, String)],
     ) -> Result<String, ClusterError> {
-        let mut command = Command::new("bash");
+        let mut command = Command::from(self.script_command(script));
         command
-            .arg(script)
             .args(args)
             .env("CLUSTER_DIR", &self.dir)
             .kill_on_drop(true);
@@ -216,8 +246,8 @@ impl PrivateCluster {
 impl Drop for PrivateCluster {
     fn drop(&mut self) {
         // Blocking on purpose: the nodes must be gone when the test ends.
-        let _ = std::process::Command::new("bash")
-            .arg(cluster_script())
+        let _ = self
+            .script_command(&cluster_script())
             .arg("stop")
             .env("CLUSTER_DIR", &self.dir)
             .stdout(std::process::Stdio::null())

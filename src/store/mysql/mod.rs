@@ -234,6 +234,9 @@ impl SqlDialect for MySql {
                     set_timeouts(conn, pool).await
                 })
             })
+            // A connection whose operation was abandoned unanswered
+            // (store/bounded.rs) is closed, not reused.
+            .after_release(|conn, _| Box::pin(crate::store::bounded::release_check(conn)))
             .connect_lazy_with(connect_options(url, time_zone)?))
     }
 

@@ -165,6 +165,9 @@ impl SqlDialect for Postgres {
         Ok(PgPoolOptions::new()
             .max_connections(pool.max_connections)
             .acquire_timeout(Duration::from_secs(5))
+            // A connection whose operation was abandoned unanswered
+            // (store/bounded.rs) is closed, not reused.
+            .after_release(|conn, _| Box::pin(crate::store::bounded::release_check(conn)))
             .connect_lazy_with(options))
     }
 

@@ -1,0 +1,218 @@
+//! The world of one partition run: a broker, a database and an inventory
+//! for a service, one of them (the peer) in a network namespace behind a
+//! link the run cuts ([`crate::netns`]); the others on this machine's
+//! servers, in a vhost and a database of the run's own.
+
+use std::time::Duration;
+
+use order_timeout::settings::{SecretUrl, Settings, Shards};
+use order_timeout::shutdown::Shutdown;
+use sqlx::PgPool;
+
+use super::Peer;
+use crate::inventory::ReferenceInventory;
+use crate::netns::{Link, Namespace};
+use crate::private_broker::{ClusterConfig, PrivateCluster};
+use crate::private_pg::PrivatePostgres;
+use crate::{scratch, shop};
+
+/// What holds the peer behind its link (dropped with the world: nodes,
+/// servers, namespaces and links removed).
+enum Holder {
+    /// A private RabbitMQ node reached over two links: the service lists
+    /// the node twice (`AMQP_URL` with both addresses), the first link is
+    /// cut, the order service publishes over the second.
+    Broker {
+        // Declared before `ns`: stopped (in the namespace) before it goes.
+        cluster: PrivateCluster,
+        cut: Link,
+        _spare: Link,
+        _ns: Namespace,
+    },
+    /// A private PostgreSQL server holding the orders and the stock.
+    Database(PrivatePostgres),
+    /// The reference inventory, served by this process on a listener in
+    /// the namespace.
+    Inventory { link: Link, _ns: Namespace },
+}
+
+/// A run's world.
+pub(super) struct World {
+    /// The service's settings.
+    pub(super) settings: Settings,
+    /// The orders and the stock.
+    pub(super) shop: PgPool,
+    /// Where the order service publishes (never through the cut link).
+    pub(super) publish_url: SecretUrl,
+    holder: Holder,
+    stop_inventory: Shutdown,
+    name: String,
+    vhost: bool,
+    database_base: SecretUrl,
+}
+
+impl World {
+    /// Sets up the world for `peer`.
+    #[tracing::instrument]
+    pub(super) async fn build(peer: Peer) -> anyhow::Result<Self> {
+        let name = scratch::owned_name("ot_part");
+        let (holder, amqp_url, publish_url, database_base) = match peer {
+            Peer::Broker => {
+                let (holder, url, publish) = broker().await?;
+                (holder, url, publish, scratch::test_pg_server())
+            }
+            Peer::Database => {
+                let pg = PrivatePostgres::start().await?;
+                let base = pg.base_url();
+                let (url, publish) = shared_vhost(&name)?;
+                (Holder::Database(pg), url, publish, base)
+            }
+            Peer::Inventory => {
+                let ns = Namespace::new()?;
+                let link = ns.link()?;
+                let (url, publish) = shared_vhost(&name)?;
+                let holder = Holder::Inventory { link, _ns: ns };
+                (holder, url, publish, scratch::test_pg_server())
+            }
+        };
+        let database_url = scratch::with_path(&database_base, &name)?;
+        let shop = shop::prepare_database(&database_url, 10).await?;
+        if peer == Peer::Database {
+            slow_updates(&shop).await?;
+        }
+        let (inventory_url, stop_inventory) = serve_inventory(&holder, shop.clone()).await?;
+        let mut settings = Settings {
+            amqp_url,
+            database_url,
+            inventory_url,
+            http_addr: "127.0.0.1:0".parse()?,
+            ..Settings::default()
+        };
+        settings.cascade_shards = Shards::try_from(2).expect("2 shards");
+        settings.shutdown_timeout = Duration::from_secs(10);
+        order_timeout::broker::declare_topology(&settings).await?;
+        Ok(Self {
+            settings,
+            shop,
+            publish_url,
+            vhost: !matches!(holder, Holder::Broker { .. }),
+            holder,
+            stop_inventory,
+            name,
+            database_base,
+        })
+    }
+
+    /// Cuts the peer off.
+    pub(super) fn cut(&self) -> anyhow::Result<()> {
+        Ok(self.link().cut()?)
+    }
+
+    /// Restores the peer's link.
+    pub(super) fn heal(&self) -> anyhow::Result<()> {
+        Ok(self.link().heal()?)
+    }
+
+    fn link(&self) -> &Link {
+        match &self.holder {
+            Holder::Broker { cut, .. } => cut,
+            Holder::Database(pg) => &pg.link,
+            Holder::Inventory { link, .. } => link,
+        }
+    }
+
+    /// The private broker node's status (for a failure message).
+    pub(super) async fn broker_status(&self) -> String {
+        match &self.holder {
+            Holder::Broker { cluster, .. } => cluster.status().await,
+            _ => "the machine's broker".into(),
+        }
+    }
+
+    /// Removes the run's vhost and database (the namespaces and private
+    /// servers go with the world).
+    pub(super) async fn clean_up(self) {
+        self.stop_inventory.trigger();
+        self.shop.close().await;
+        if self.vhost {
+            let _ = scratch::delete_vhost(&self.name);
+        }
+        if matches!(
+            self.holder,
+            Holder::Broker { .. } | Holder::Inventory { .. }
+        ) {
+            let _ = scratch::drop_database(&self.database_base, &self.name).await;
+        }
+    }
+}
+
+/// Makes each order's status flip take 5 ms (a trigger, as shops have):
+/// the cancel statement of the burst due just before the cut then runs for
+/// half a second, so it is surely in flight when the link goes, and its
+/// answer is lost in the cut.
+async fn slow_updates(shop: &PgPool) -> anyhow::Result<()> {
+    sqlx::raw_sql(
+        "CREATE FUNCTION partition_slow_update() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.005); RETURN NEW; END $$; \
+         CREATE TRIGGER partition_slow_update BEFORE UPDATE ON orders \
+         FOR EACH ROW EXECUTE FUNCTION partition_slow_update();",
+    )
+    .execute(shop)
+    .await?;
+    Ok(())
+}
+
+/// A vhost of the run's own on the machine's broker: the service's URL
+/// and the order service's (the same).
+fn shared_vhost(name: &str) -> anyhow::Result<(SecretUrl, SecretUrl)> {
+    let base = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| order_timeout::settings::DEFAULT_AMQP_URL.into());
+    let url = scratch::create_vhost(&SecretUrl::new(base), name)?;
+    Ok((url.clone(), url))
+}
+
+/// A private RabbitMQ node in a namespace with two links; `AMQP_URL` names
+/// it over the first, then over the second.
+async fn broker() -> anyhow::Result<(Holder, SecretUrl, SecretUrl)> {
+    let ns = Namespace::new()?;
+    let cut = ns.link()?;
+    let spare = ns.link()?;
+    let extra = format!(
+        "listeners.tcp.cut = {}:@PORT@\nlisteners.tcp.spare = {}:@PORT@\nloopback_users.guest = false\n",
+        cut.ns_ip, spare.ns_ip
+    );
+    let cluster = PrivateCluster::start(ClusterConfig {
+        extra_conf: Some(extra),
+        netns: Some(ns.name.clone()),
+        ..ClusterConfig::nodes(1)
+    })
+    .await?;
+    let node = |ip| format!("amqp://guest:guest@{ip}:{}/%2f", cluster.port);
+    let url = SecretUrl::new(format!("{},{}", node(cut.ns_ip), node(spare.ns_ip)));
+    let publish = SecretUrl::new(node(spare.ns_ip));
+    let holder = Holder::Broker {
+        cluster,
+        cut,
+        _spare: spare,
+        _ns: ns,
+    };
+    Ok((holder, url, publish))
+}
+
+/// Serves the reference inventory over `shop`'s stock: in the namespace
+/// when it is the peer, else on the loopback. Its URL and off switch.
+async fn serve_inventory(holder: &Holder, shop: PgPool) -> anyhow::Result<(SecretUrl, Shutdown)> {
+    let listener = match holder {
+        Holder::Inventory { link, _ns: ns } => {
+            tokio::net::TcpListener::from_std(ns.listener((link.ns_ip, 0).into())?)?
+        }
+        _ => tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+    };
+    let url = SecretUrl::new(format!("http://{}", listener.local_addr()?));
+    let stop = Shutdown::new();
+    let stopped = stop.clone();
+    tokio::spawn(
+        ReferenceInventory::new(shop).serve(listener, async move { stopped.wait().await }),
+    );
+    Ok((url, stop))
+}
