@@ -310,12 +310,17 @@ async fn parked_pages_take_bounded_memory_whatever_the_bodies() {
         .port();
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let log = temp_log("parked-memory");
-    // Bodies shown to every visitor: the heaviest pages there are.
+    // Bodies shown to every visitor, the heaviest pages there are, and no
+    // per-address rate: all six readers come from one address.
     let config = std::env::temp_dir().join(format!(
         "parked-memory-{}.toml",
         uuid::Uuid::new_v4().simple()
     ));
-    std::fs::write(&config, "[http]\npublic_bodies = true\n").unwrap();
+    std::fs::write(
+        &config,
+        "[http]\npublic_bodies = true\nconsole_per_second = 100000\n",
+    )
+    .unwrap();
     let mut child = serve(
         &env,
         env.settings.amqp_url.expose(),
