@@ -12,6 +12,7 @@ use crate::broker::connect_amqp;
 use crate::settings::Settings;
 
 mod backfill;
+mod explain;
 mod migrate;
 mod parked;
 mod pending;
@@ -22,6 +23,7 @@ mod set_aside;
 mod topology;
 
 pub use backfill::BackfillArgs;
+pub use explain::ExplainArgs;
 pub use migrate::MigrateArgs;
 pub use parked::ParkedCommand;
 pub use pending::PendingArgs;
@@ -77,6 +79,11 @@ pub enum Command {
     /// Schedule a timeout for every unpaid order already in the shop's table
     /// (adoption day); safe to run twice.
     Backfill(BackfillArgs),
+    /// What happened to an order, and what happens next: its row as each
+    /// timer sees it, what the service did (cancelled when, stock released,
+    /// event published), whether it is set aside, the parked messages that
+    /// name it. Reads only.
+    Explain(ExplainArgs),
 }
 
 impl Command {
@@ -89,7 +96,10 @@ impl Command {
         match self {
             Command::Parked(_) => "warn",
             Command::Pending(_) | Command::Topology(_) => "warn,lapin=off",
-            Command::Schema(_) | Command::Backfill(_) | Command::SetAside(_) => "warn",
+            Command::Schema(_)
+            | Command::Backfill(_)
+            | Command::SetAside(_)
+            | Command::Explain(_) => "warn",
             _ => "info",
         }
     }
@@ -117,6 +127,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Schema(command) => schema::run(settings, command).await,
         Command::Backfill(args) => backfill::run(settings, args).await,
         Command::SetAside(command) => set_aside::run(settings, command).await,
+        Command::Explain(args) => explain::run(settings, args).await,
     }
 }
 

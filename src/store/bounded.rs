@@ -17,8 +17,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{
-    IdRejected, NewParked, NextAttempt, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
-    ParkedFilter, ParkedRow, RowCursor, SchemaReport, SetAsideRow, Store, StoreError, WatchMark,
+    IdRejected, NewParked, NextAttempt, OrderFacts, OrderItem, OrderState, OrderStore,
+    OutboxFailure, Page, ParkedFilter, ParkedRow, RowCursor, SchemaReport, SetAsideRow, Store,
+    StoreError, WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::Timer;
@@ -103,6 +104,10 @@ impl OrderStore for Bounded {
     ) -> Result<Vec<(OrderId, OrderState)>, StoreError> {
         self.within("cancel_due", self.inner.cancel_due(ids, lease))
             .await
+    }
+
+    async fn explain(&self, id: &OrderId) -> Result<OrderFacts, StoreError> {
+        self.within("explain", self.inner.explain(id)).await
     }
 
     async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError> {

@@ -63,8 +63,8 @@ pub(crate) use tls::{mysql_options, pg_options};
 
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use values::{
-    Cancellation, NextAttempt, OrderFailure, OrderItem, OrderState, OutboxFailure, Page, RowCursor,
-    SetAsideRow, WatchMark,
+    Cancellation, NextAttempt, OrderFacts, OrderFailure, OrderItem, OrderState, OutboxFacts,
+    OutboxFailure, Page, RowCursor, RowFacts, SetAsideRow, WatchMark,
 };
 
 use mysql::MySqlStore;
@@ -124,6 +124,12 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
         ids: &[OrderId],
         lease: Duration,
     ) -> Result<Vec<(OrderId, OrderState)>, StoreError>;
+
+    /// What this timer knows of order `id` (canonical), read without
+    /// changing or locking anything: its row (status, guard, deadline), the
+    /// database's clock, its outbox row and its set-aside mark. For
+    /// `order-timeout explain` and the console's order page.
+    async fn explain(&self, id: &OrderId) -> Result<OrderFacts, StoreError>;
 
     /// The items of each order (by order id), for the stock release.
     async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError>;

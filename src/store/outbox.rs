@@ -309,6 +309,17 @@ SELECT {order_id} AS order_id, reason, set_aside_at, attempts, retry_at \
   FROM order_timeout_set_aside WHERE timer = {timer} \
  ORDER BY set_aside_at, order_id LIMIT {limit}";
 
+/// One order's set-aside mark.
+const SET_ASIDE_OF: &str = "\
+SELECT {order_id} AS order_id, reason, set_aside_at, attempts, retry_at \
+  FROM order_timeout_set_aside WHERE timer = {timer} AND order_id {ids}";
+
+/// What the outbox records of one order.
+const OUTBOX_FACTS: &str = "\
+SELECT created_at, stock_released_at, event_published_at, attempts, last_error, \
+       next_attempt_at, gave_up_at \
+  FROM order_timeout_cancel_outbox WHERE timer = {timer} AND order_id {ids}";
+
 /// How many rows are set aside.
 const SET_ASIDE_COUNT: &str = "SELECT count(*) FROM order_timeout_set_aside WHERE timer = {timer}";
 
@@ -556,6 +567,32 @@ pub(crate) async fn set_aside_rows<S: OwnTables>(
     store.fetch(statement).await
 }
 
+/// The set-aside mark of the order `id`, if it has one.
+pub(crate) async fn set_aside_of<S: OwnTables>(
+    store: &S,
+    id: &str,
+) -> Result<Option<super::SetAsideRow>, StoreError> {
+    let ids = [id];
+    let statement = render::<S::Words>(
+        SET_ASIDE_OF,
+        &[("timer", timer(store)), ("ids", Value::Ids(&ids))],
+    );
+    Ok(store.fetch(statement).await?.into_iter().next())
+}
+
+/// What the outbox records of the order `id`, if this timer flipped it.
+pub(crate) async fn outbox_facts<S: OwnTables>(
+    store: &S,
+    id: &str,
+) -> Result<Option<super::OutboxFacts>, StoreError> {
+    let ids = [id];
+    let statement = render::<S::Words>(
+        OUTBOX_FACTS,
+        &[("timer", timer(store)), ("ids", Value::Ids(&ids))],
+    );
+    Ok(store.fetch(statement).await?.into_iter().next())
+}
+
 /// How many rows are set aside.
 pub(crate) async fn set_aside_count<S: OwnTables>(store: &S) -> Result<u64, StoreError> {
     let statement = render::<S::Words>(SET_ASIDE_COUNT, &[("timer", timer(store))]);
@@ -703,7 +740,9 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
 /// Every template, for the tests that render them on each dialect
 /// (`store/mod.rs`).
 #[cfg(test)]
-pub(super) const TEMPLATES: [&str; 25] = [
+pub(super) const TEMPLATES: [&str; 27] = [
+    SET_ASIDE_OF,
+    OUTBOX_FACTS,
     STALE,
     COUNT_FAILURE,
     ATTEMPTS,

@@ -29,8 +29,8 @@ use super::releases::{Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
-    NextAttempt, OrderFailure, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
-    PoolSettings, RowCursor, SetAsideRow, StoreError, WatchMark,
+    NextAttempt, OrderFacts, OrderFailure, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
+    PoolSettings, RowCursor, RowFacts, SetAsideRow, StoreError, WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::{SecretUrl, StatusValue, Timer};
@@ -194,6 +194,14 @@ pub(crate) trait SqlDialect:
         store: &SqlStore<Self>,
         prepared: &Prepared<Self>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The facts of the row `id` (canonical) and the database's clock,
+    /// read without locking or changing anything (`explain`).
+    fn read_row(
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+        id: &str,
+    ) -> impl Future<Output = Result<(Option<RowFacts>, DateTime<Utc>), StoreError>> + Send;
 
     /// `(id, deadline)` of rows in the `from` status after `from`, in id
     /// order.
@@ -836,6 +844,18 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         let result = D::overdue(self, &prepared, grace, after, limit).await;
         let rows = self.after(result).await?;
         Ok(shape::due_page(rows, limit))
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn explain(&self, id: &OrderId) -> Result<OrderFacts, StoreError> {
+        let prepared = self.prepared().await?;
+        let (row, db_now) = D::read_row(self, &prepared, id.as_str()).await?;
+        Ok(OrderFacts {
+            row,
+            db_now,
+            outbox: outbox::outbox_facts(self, id.as_str()).await?,
+            set_aside: outbox::set_aside_of(self, id.as_str()).await?,
+        })
     }
 
     #[tracing::instrument(skip(self))]

@@ -187,3 +187,51 @@ pub struct OrderItem {
     /// Units reserved.
     pub quantity: i64,
 }
+
+/// An order's row as a timer sees it, read without changing or locking
+/// anything: what `order-timeout explain` reports.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct RowFacts {
+    /// In the timer's `to` status (cancelled, for the default timer).
+    pub is_to: bool,
+    /// In the `paid` status, if the timer has one.
+    pub is_paid: bool,
+    /// In the `from` status (unpaid).
+    pub is_from: bool,
+    /// It passes the configured guard.
+    pub guard_ok: bool,
+    /// Its deadline (`None`: NULL, or no usable time).
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// What this timer's outbox records of an order it flipped.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct OutboxFacts {
+    /// When it was flipped (the cancel transaction's start).
+    pub created_at: DateTime<Utc>,
+    /// When its stock was released, if it was.
+    pub stock_released_at: Option<DateTime<Utc>>,
+    /// When its event was published, if it was.
+    pub event_published_at: Option<DateTime<Utc>>,
+    /// Failed attempts at the release or the event.
+    pub attempts: i32,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// When the sweeper tries again after a failure.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// When the release was given up (refused for good, or out of attempts).
+    pub gave_up_at: Option<DateTime<Utc>>,
+}
+
+/// Everything a timer's store knows of one order, read-only.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OrderFacts {
+    /// The row, if there is one.
+    pub row: Option<RowFacts>,
+    /// The database's clock when it was read.
+    pub db_now: DateTime<Utc>,
+    /// The outbox row, if this timer flipped it.
+    pub outbox: Option<OutboxFacts>,
+    /// The set-aside mark, if its flip failed for its own values.
+    pub set_aside: Option<SetAsideRow>,
+}

@@ -101,6 +101,14 @@ async fn a_parked_message_is_replayed_from_the_console_and_its_order_cancelled()
     publish_for_unknown(&env, "console-1").await;
     wait_parked(&env, &service, 1).await;
     let base = format!("http://{}", service.http_addr);
+    // The order page explains it: no row, one parked message naming it.
+    let (status, page) =
+        crate::common::http_get(service.http_addr, "/console/order?id=console-1").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("no row with this id in orders"), "{page}");
+    assert!(page.contains("1 parked message(s) name it"), "{page}");
+    let (_, later) = crate::common::http_get(service.http_addr, "/console/order?id=later-0").await;
+    assert!(later.contains("due in "), "{later}");
     let mut browser = Browser::launch().await;
 
     browser.goto(&format!("{base}/console/parked")).await;

@@ -44,7 +44,7 @@ use super::pending::PendingBoard;
 use crate::observe::http::Health;
 use crate::observe::metrics::Metrics;
 use crate::observe::recent::Recent;
-use crate::settings::{HttpSettings, SecretUrl, Settings};
+use crate::settings::{HttpSettings, SecretUrl, Settings, SweeperSettings};
 use crate::store::{SetAsideRow, Stores};
 
 mod auth;
@@ -52,6 +52,7 @@ mod cache;
 mod charts;
 mod guard;
 mod html;
+mod order;
 mod parked;
 mod views;
 
@@ -75,6 +76,8 @@ pub struct Console {
     board: Arc<PendingBoard>,
     /// The timers' stores: the rows set aside are read from them.
     stores: Stores,
+    /// When the sweeper covers an order (the order page's "next").
+    sweeper: SweeperSettings,
     /// The rows set aside per timer as last read, and when: one read per
     /// [`SET_ASIDE_FRESH`] whatever the traffic, so that page views cannot
     /// take the connections the service's own tables need.
@@ -114,6 +117,7 @@ impl Console {
             recent,
             board,
             stores: Stores::new(Vec::new()),
+            sweeper: settings.sweeper.clone(),
             set_aside: tokio::sync::Mutex::new(None),
             writes: tokio::sync::Mutex::new(()),
             parked_reads: tokio::sync::Semaphore::new(parked::READS_AT_ONCE),
@@ -221,6 +225,7 @@ pub fn router(console: Console) -> Router {
         .route("/console/parked/{id}", get(parked::message))
         .route("/console/parked/{id}/body", get(parked::download))
         .route("/console/set-aside", get(views::set_aside))
+        .route("/console/order", get(order::page))
         .route("/console/parked/replay", post(parked::replay))
         .route("/console/parked/purge", post(parked::purge))
         .route(

@@ -189,6 +189,7 @@ fn summary(body: &mut String, listing: &Listing, selection: &Selection) {
         Selection::OrderId(id) => id.clone(),
         _ => String::new(),
     };
+    body.push_str(&super::order::search_box(""));
     let _ = write!(
         body,
         "<form method=\"get\" action=\"/console/parked\"><p><label>Order id \
@@ -640,7 +641,18 @@ fn confirm_purge(access: &Access, plan: &PurgePlan) -> Response {
 
 /// The order id, and the timer under it when it is not the default one.
 fn timer_note(m: &ParkedMessage) -> String {
-    let id = esc(m.order_id.as_deref().unwrap_or("–"));
+    let id = match m.order_id.as_deref() {
+        Some(id) => {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            query.append_pair("id", id);
+            format!(
+                "<a href=\"/console/order?{}\">{}</a>",
+                esc(&query.finish()),
+                esc(id)
+            )
+        }
+        None => "–".to_owned(),
+    };
     match m.timer.as_deref() {
         Some(timer) if timer != crate::settings::DEFAULT_TIMER => {
             format!("{id}<br><span class=\"muted\">timer {}</span>", esc(timer))

@@ -11,10 +11,10 @@ use sqlx::AssertSqlSafe;
 use super::statements::{Arg, args, from_micros, id_arg, marks, micros};
 use super::{MySql, MySqlStore, Tx};
 use crate::settings::{Release, Timer};
-use crate::store::StoreError;
 use crate::store::ids::IdValue;
 use crate::store::sql::Prepared;
 use crate::store::state::StateRow;
+use crate::store::{RowFacts, StoreError};
 
 /// One order row as the cancel transaction locked it.
 #[derive(Debug, sqlx::FromRow)]
@@ -213,6 +213,27 @@ async fn relock_cancelled_meanwhile(
         orders.insert(id, row);
     }
     Ok(())
+}
+
+/// The facts of the row `id` and the database's clock, read in a
+/// transaction that locks nothing and is rolled back (`explain`).
+pub(super) async fn read_one(
+    store: &MySqlStore,
+    prepared: &Prepared<MySql>,
+    id: &str,
+) -> Result<(Option<RowFacts>, DateTime<Utc>), StoreError> {
+    let mut tx = store.pool.begin().await?;
+    let mut rows = read_orders(&mut tx, store, prepared, &[id], &prepared.sql.read_orders).await?;
+    let db_now = utc_now(&mut tx).await?;
+    tx.rollback().await?;
+    let row = rows.remove(id).map(|r| RowFacts {
+        is_to: r.is_cancelled.unwrap_or(false),
+        is_paid: r.is_paid.unwrap_or(false),
+        is_from: r.is_unpaid.unwrap_or(false),
+        guard_ok: r.guard_ok.unwrap_or(false),
+        expires_at: from_micros(r.expires_us),
+    });
+    Ok((row, db_now))
 }
 
 /// The database's UTC clock.

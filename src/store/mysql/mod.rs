@@ -41,7 +41,7 @@ use crate::store::sql::{
     AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
 };
 use crate::store::state::StateRow;
-use crate::store::{Dialect, PoolSettings, StoreError};
+use crate::store::{Dialect, PoolSettings, RowFacts, StoreError};
 
 /// Runs `sql` with `values` bound, in `tx` or on the pool.
 macro_rules! run {
@@ -53,7 +53,7 @@ macro_rules! run {
 mod cancel;
 mod statements;
 
-use cancel::cancel_in;
+use cancel::{cancel_in, read_one};
 use statements::{
     Arg, PLACEHOLDERS, PLACEHOLDERS_PER_ID, Sql, args, decimal_type, id_arg, marks, micros,
     page_rows, skips_locked,
@@ -582,6 +582,14 @@ impl SqlDialect for MySql {
         );
         let values = std::iter::once(timer).chain(gone.iter().map(|id| Arg::Text(id)));
         Ok(run!(delete, values, &store.pool).await?.rows_affected())
+    }
+
+    async fn read_row(
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        id: &str,
+    ) -> Result<(Option<RowFacts>, DateTime<Utc>), StoreError> {
+        read_one(store, prepared, id).await
     }
 
     async fn waiting_page(

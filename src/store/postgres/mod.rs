@@ -30,7 +30,7 @@ use crate::store::releases::{self, Expansion, Migrated};
 use crate::store::shape::{self, OrdersColumns};
 use crate::store::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
 use crate::store::state::StateRow;
-use crate::store::{Dialect, PoolSettings, StoreError};
+use crate::store::{Dialect, PoolSettings, RowFacts, StoreError};
 
 mod binding;
 mod cancel;
@@ -39,8 +39,8 @@ mod statements;
 use binding::{AlsoParam, parameter_types};
 use cancel::cancel_statement;
 use statements::{
-    Parts, count_statement, due_statement, items_statement, overdue_statement, prune_statement,
-    set_aside_statement, waiting_page_statement,
+    Parts, count_statement, due_statement, explain_statement, items_statement, overdue_statement,
+    prune_statement, set_aside_statement, waiting_page_statement,
 };
 
 /// PostgreSQL, as a [`SqlDialect`].
@@ -377,6 +377,25 @@ impl SqlDialect for Postgres {
             .await?)
     }
 
+    async fn read_row(
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        id: &str,
+    ) -> Result<(Option<RowFacts>, chrono::DateTime<chrono::Utc>), StoreError> {
+        let o = &store.timer;
+        let row: Option<RowFacts> = sqlx::query_as(AssertSqlSafe(prepared.sql.explain.clone()))
+            .bind([id])
+            .bind(text(&o.to))
+            .bind(o.paid.as_ref().map(text))
+            .bind(text(&o.from))
+            .fetch_optional(&store.pool)
+            .await?;
+        let db_now = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&store.pool)
+            .await?;
+        Ok((row, db_now))
+    }
+
     async fn overdue(
         store: &PgStore,
         prepared: &Prepared<Self>,
@@ -546,6 +565,9 @@ pub(crate) struct Sql {
     pub(super) prune: String,
     /// `$1` from, `$2` after id (text, nullable), `$3` limit.
     pub(super) waiting_page: String,
+    /// One row's facts, unlocked: `$1` the id (text[] of one), `$2` to,
+    /// `$3` paid (nullable), `$4` from.
+    pub(super) explain: String,
     /// A watch's scan: `$1` from, `$2` after deadline, `$3` after id at
     /// that deadline (text, nullable), `$4` until, `$5` limit. Only for a
     /// timer with a watch.
@@ -563,6 +585,7 @@ impl Sql {
             set_aside: set_aside_statement(&p),
             prune: prune_statement(&p),
             waiting_page: waiting_page_statement(&p),
+            explain: explain_statement(&p),
             due: timer.watch.map(|_| due_statement(&p)),
         }
     }

@@ -62,6 +62,26 @@ impl Parts {
     }
 }
 
+/// One row's facts, read without locking it (`explain`): `$1` the id
+/// (text[] of one), `$2` to, `$3` paid (text, nullable), `$4` from.
+pub(super) fn explain_statement(p: &Parts) -> String {
+    let Parts {
+        table,
+        status,
+        expires,
+        guard,
+        ..
+    } = p;
+    let (matches, to, paid, from) = (p.matches(), p.code(2), p.code(3), p.code(4));
+    format!(
+        "SELECT coalesce(o.{status} = {to}, false) AS is_to, \
+                coalesce(o.{status} = {paid}, false) AS is_paid, \
+                coalesce(o.{status} = {from}, false) AS is_from, \
+                coalesce({guard}, false) AS guard_ok, {expires} AS expires_at \
+           FROM {table} o WHERE {matches}"
+    )
+}
+
 pub(super) fn count_statement(p: &Parts) -> String {
     let Parts {
         table,
