@@ -482,7 +482,7 @@ fn timer_from_body(body: &[u8]) -> Option<String> {
 
 /// The body's `order_id`, when the body is JSON with a valid one (bad
 /// messages are parked without `x-order-id`).
-fn order_id_from_body(body: &[u8]) -> Option<String> {
+pub(crate) fn order_id_from_body(body: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let raw = match value.get("order_id")? {
         serde_json::Value::String(s) => s.clone(),

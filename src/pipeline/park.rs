@@ -16,7 +16,7 @@ use lapin::types::FieldTable;
 use super::context::Context;
 use crate::broker::acks::Acks;
 use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
-use crate::broker::parked::ParkInfo;
+use crate::broker::parked::{ParkInfo, order_id_from_body};
 use crate::broker::publisher::PublishError;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
 use crate::message::{Deadline, OrderId, ParkReason, TimeoutRequest};
@@ -105,7 +105,14 @@ pub(crate) async fn park(ctx: &Context, delivery: Delivery, why: Parking) {
         .await;
     match parked {
         Ok(()) => {
-            tracing::warn!(kind = %info.kind, error = %info.error, order_id = ?info.order_id, "parked a message");
+            // The order id as the listing shows it: the body's when the
+            // message was refused before its id was taken (`ambiguous`).
+            let order_id = info
+                .order_id
+                .as_ref()
+                .map(|id| id.as_str().to_owned())
+                .or_else(|| order_id_from_body(&delivery.data));
+            tracing::warn!(kind = %info.kind, error = %info.error, order_id = order_id.as_deref().unwrap_or("-"), "parked a message");
             let timer = timer.as_ref().map_or(NO_TIMER, TimerName::as_str);
             ctx.metrics.record(timer, Outcome::Parked);
             ctx.metrics.parked(info.kind);

@@ -186,7 +186,7 @@ fn log_sweep(swept: &Swept, timer: &str, catching_up: bool) {
         _ if catching_up => tracing::warn!(
             orders = n,
             %timer,
-            "catch-up sweep: settled orders whose timeout messages are late (held up in the broker around a reconnect)"
+            "catch-up sweep after a reconnect: settled overdue orders no message had done yet (late in the broker around the reconnect, or never published)"
         ),
         _ => tracing::warn!(
             orders = n,

@@ -65,10 +65,10 @@ async fn overview_body(console: &Console) -> String {
     let per_minute = |keep: &dyn Fn(&Series) -> bool, name| rate(minute.per_minute(name, keep));
     let _ = write!(
         body,
-        "<h2>Last minute</h2><table><tr><th>scheduled /min</th><th>cancelled /min</th>\
+        "<h2>Last minute</h2><table><tr><th>rescheduled /min</th><th>cancelled /min</th>\
          <th>left alone /min</th><th>parked /min</th></tr><tr><td class=\"num\">{}</td>\
          <td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr></table>\
-         <p class=\"muted\">scheduled: sent into the delay cascade; left alone: paid, or no longer \
+         <p class=\"muted\">rescheduled: sent into the delay cascade (the metrics' <code>result=\"rescheduled\"</code>); left alone: paid, or no longer \
          unpaid, or failing the guard. This instance only, over the last {:.0} s.</p>",
         per_minute(&result_is(&["rescheduled"]), MESSAGES),
         per_minute(&result_is(&["cancelled"]), MESSAGES),
