@@ -84,3 +84,44 @@ pub async fn depth_on(channel: &Channel, queue: &str) -> u32 {
         .unwrap()
         .message_count()
 }
+
+/// One HTTP/1.1 request with `Host: host` (`Connection: close`):
+/// `(status, head, body)`; status 0 when the connection failed.
+pub async fn http_send(
+    addr: std::net::SocketAddr,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return (0, String::new(), String::new());
+    };
+    let mut text = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if method == "POST" {
+        text.push_str("Content-Type: application/x-www-form-urlencoded\r\n");
+    }
+    for (k, v) in headers {
+        text.push_str(&format!("{k}: {v}\r\n"));
+    }
+    text.push_str("\r\n");
+    text.push_str(body);
+    if stream.write_all(text.as_bytes()).await.is_err() {
+        return (0, String::new(), String::new());
+    }
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw).await;
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_owned(), body.to_owned())
+}
