@@ -154,8 +154,23 @@ impl Browser {
         self.wait_loaded(url).await;
     }
 
+    /// Waits until the page's text contains `needle`.
+    pub async fn wait_text(&mut self, needle: &str) {
+        for _ in 0..600 {
+            if self.text().await.contains(needle) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let at = self.eval("location.href").await;
+        panic!("the page never said {needle:?} within 60 s (at {at})");
+    }
+
     /// Waits until the page at an address starting with `prefix` has loaded
-    /// (after a navigation or a form submission).
+    /// (after a navigation or a form submission). A page already at such an
+    /// address counts: after a form on `/console/parked` that leads to
+    /// `/console`, wait for what the new page says instead
+    /// ([`Browser::wait_text`]).
     pub async fn wait_loaded(&mut self, prefix: &str) {
         let check = format!(
             "location.href.startsWith({}) && document.readyState === 'complete'",
@@ -171,9 +186,9 @@ impl Browser {
         panic!("the page did not load {prefix} within 60 s (at {at})");
     }
 
-    /// The page's visible text.
+    /// The page's visible text (empty while a navigation has no body yet).
     pub async fn text(&mut self) -> String {
-        self.eval("document.body.innerText")
+        self.eval("document.body ? document.body.innerText : ''")
             .await
             .as_str()
             .unwrap_or_default()
