@@ -49,7 +49,7 @@
 #   CLUSTER_CONF_EXTRA      optional file appended to every node's rabbitmq.conf, with @I@
 #                           replaced by the node index and @PORT@ by its AMQP port (e.g.
 #                           `listeners.ssl.default = 56@I@1`).
-#   CLUSTER_TIMEOUT (120)   seconds any single wait may take.
+#   CLUSTER_TIMEOUT (240)   seconds any single wait may take.
 #   CLUSTER_RABBITMQ_BIN (/usr/lib/rabbitmq/bin)  where rabbitmq-server and rabbitmqctl are
 #                           (inside CLUSTER_ROOT when that is set).
 #   CLUSTER_ROOT            optional: a Debian root holding another RabbitMQ and its Erlang
@@ -112,7 +112,7 @@ NAME=${CLUSTER_NAME:-ot-cluster}
 DIR=${CLUSTER_DIR:-/tmp/order-timeout-rabbitmq-cluster}
 ADVANCED_CONFIG=${CLUSTER_ADVANCED_CONFIG:-$REPO_DIR/deploy/rabbitmq/advanced.config}
 CONF_EXTRA=${CLUSTER_CONF_EXTRA:-}
-TIMEOUT=${CLUSTER_TIMEOUT:-120}
+TIMEOUT=${CLUSTER_TIMEOUT:-240}
 BIN=${CLUSTER_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}
 ROOT=${CLUSTER_ROOT:-}
 EPMD_PORT=${CLUSTER_EPMD_PORT:-}
@@ -550,11 +550,14 @@ write_files() {
             if ((i >= 2)); then
                 # Node 1 founds the cluster; a blank node I >= 2 joins node 1 (and only
                 # node 1, so nodes booting side by side never pair up on their own), and
-                # keeps trying for up to a minute while node 1 boots.
+                # keeps trying for up to four minutes while node 1 boots (a minute was not
+                # always enough for three Erlang 27 nodes booting side by side on a busy
+                # 2-core machine: nodes 2 and 3 gave up and booted alone, and the cluster
+                # never formed).
                 echo "cluster_formation.peer_discovery_backend = classic_config"
                 echo "cluster_formation.classic_config.nodes.1 = $(node_name 1)"
                 echo "cluster_formation.classic_config.nodes.2 = $(node_name "$i")"
-                echo "cluster_formation.discovery_retry_limit = 120"
+                echo "cluster_formation.discovery_retry_limit = 480"
                 echo "cluster_formation.discovery_retry_interval = 500"
             fi
             if [[ -n $CONF_EXTRA ]]; then
