@@ -13,7 +13,7 @@ use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::AdminToken;
 
 use crate::browser::Browser;
-use crate::common::TestEnv;
+use crate::common::{TestEnv, csrf_of};
 use order_timeout::app::RunningService;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -235,15 +235,6 @@ async fn log_in(addr: SocketAddr) -> String {
         .and_then(|c| c.split(';').next())
         .unwrap_or_else(|| panic!("no session cookie: {head}"))
         .to_owned()
-}
-
-/// The `csrf` value in a page's forms.
-fn csrf_of(page: &str) -> String {
-    let at = page
-        .find("name=\"csrf\" value=\"")
-        .unwrap_or_else(|| panic!("no csrf field in {page}"));
-    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
-    rest[..rest.find('"').unwrap()].to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

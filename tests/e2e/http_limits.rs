@@ -14,7 +14,7 @@ use order_timeout::settings::{AdminToken, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{TestEnv, http_get};
+use crate::common::{TestEnv, csrf_of, http_get};
 
 const TOKEN: &str = "hostile-test-token-0123456789";
 const WAIT: Duration = Duration::from_secs(20);
@@ -63,15 +63,6 @@ async fn log_in(addr: SocketAddr, headers: &[(&str, &str)]) -> String {
     .await;
     assert_eq!(status, 303, "{head}");
     head
-}
-
-/// The `csrf` value in a page's forms.
-fn csrf_of(page: &str) -> String {
-    let at = page
-        .find("name=\"csrf\" value=\"")
-        .unwrap_or_else(|| panic!("no csrf field in {page}"));
-    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
-    rest[..rest.find('"').unwrap()].to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -477,5 +477,7 @@ pub(crate) use brokers::{on_both_brokers, on_rabbitmq4};
 pub use cli::CliOutput;
 pub use doubles::RuleInventory;
 pub use orders::refusing_trigger;
-pub use probes::{declare_durable_queue, depth_on, exclusive_queue, http_get, http_send, ready};
+pub use probes::{
+    csrf_of, declare_durable_queue, depth_on, exclusive_queue, http_get, http_send, ready,
+};
 pub use shop_tx::ShopTx;

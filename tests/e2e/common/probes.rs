@@ -125,3 +125,12 @@ pub async fn http_send(
         .unwrap_or(0);
     (status, head.to_owned(), body.to_owned())
 }
+
+/// The `csrf` value in a page's forms.
+pub fn csrf_of(page: &str) -> String {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no csrf field in {page}"));
+    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
