@@ -348,7 +348,7 @@ fn serve_http(
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
     let recent = Arc::new(Recent::default());
     tokio::spawn(recent.clone().record(metrics.clone(), shutdown.clone()));
-    let console = console::router(
+    let console = Arc::new(
         Console::new(
             settings,
             health.clone(),
@@ -358,6 +358,8 @@ fn serve_http(
         )
         .with_stores(stores.clone()),
     );
+    tokio::spawn(console.clone().learn_logouts(shutdown.clone()));
+    let console = console::router(console);
     let http_task = tokio::spawn(http::serve(
         listener,
         health.clone(),

@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 use lapin::types::{AMQPValue, FieldTable};
 
+use super::topology::ENTRY_EXCHANGE;
 use crate::message::format_instant;
 
 /// Header: the deadline (Unix epoch milliseconds) a re-scheduled message
@@ -75,6 +76,33 @@ impl Attempts {
         }
     }
 
+    /// The history a delivery carries, if this service wrote it: a message
+    /// as the order service published it ([`from_the_sender`]) starts with
+    /// none, whatever its headers say. The history headers are the
+    /// service's own bookkeeping; a sender's `x-attempts: 999` (a header
+    /// copied from a consumed message, a test tool, a mistake) would
+    /// otherwise park the order on its first transient failure and skip
+    /// every retry.
+    pub(crate) fn of_delivery(exchange: &str, headers: Option<&FieldTable>) -> Self {
+        if from_the_sender(exchange, headers) {
+            let claimed = headers.is_some_and(|h| {
+                HISTORY_HEADERS
+                    .iter()
+                    .any(|name| h.inner().contains_key(*name))
+            });
+            if claimed {
+                tracing::info!(
+                    "the message's failure history headers (x-attempts, x-first-failure, …) \
+                     came from its sender, not from this service: ignored, the order gets \
+                     its full retry budget"
+                );
+            }
+            Self::default()
+        } else {
+            Self::from_headers(headers)
+        }
+    }
+
     /// The history after one more failure at `now` with `error` (the count
     /// stays at `u32::MAX` once there).
     pub(crate) fn failed(&self, now: DateTime<Utc>, error: impl Into<String>) -> Self {
@@ -108,6 +136,27 @@ impl Attempts {
             headers.insert(H_ERROR.into(), AMQPValue::LongString(e.as_str().into()));
         }
     }
+}
+
+/// The headers of a failure history ([`Attempts`]).
+const HISTORY_HEADERS: [&str; 4] = [H_ATTEMPTS, H_FIRST_FAILURE, H_LAST_FAILURE, H_ERROR];
+
+/// RabbitMQ's note on a dead-lettered message of the exchange it was first
+/// published to.
+const H_FIRST_DEATH_EXCHANGE: &str = "x-first-death-exchange";
+
+/// Whether a delivery is a message as the order service published it, not
+/// one this service re-scheduled: it came through the entry exchange,
+/// straight to the due queue (`delivery.exchange` is the entry exchange)
+/// or through a lane entry, which dead-letters it to the due queue (its
+/// first death names the entry exchange). The service's own re-schedules
+/// go to the cascade's exchanges or, for lanes, through the default
+/// exchange, never through the entry exchange.
+pub(crate) fn from_the_sender(exchange: &str, headers: Option<&FieldTable>) -> bool {
+    exchange == ENTRY_EXCHANGE
+        || headers
+            .and_then(|h| header_str(h.inner().get(H_FIRST_DEATH_EXCHANGE)))
+            .is_some_and(|first| first == ENTRY_EXCHANGE)
 }
 
 /// The attempt count an `x-attempts` value says, saturated to `u32`: an
@@ -192,6 +241,44 @@ mod tests {
         assert_eq!(back.count, 2);
         assert_eq!(back.first_failure, Some(t0));
         assert_eq!(Attempts::from_headers(None), Attempts::default());
+    }
+
+    #[test]
+    fn a_senders_history_is_not_the_services() {
+        let mut headers = FieldTable::default();
+        Attempts::default()
+            .failed(Utc::now(), "copied")
+            .write(&mut headers);
+        headers.insert(H_ATTEMPTS.into(), AMQPValue::LongLongInt(999));
+        // Straight from the entry exchange, or dead-lettered out of a lane
+        // it entered through the entry exchange: the sender's.
+        assert_eq!(
+            Attempts::of_delivery(ENTRY_EXCHANGE, Some(&headers)),
+            Attempts::default()
+        );
+        let mut laned = headers.clone();
+        laned.insert(
+            H_FIRST_DEATH_EXCHANGE.into(),
+            AMQPValue::LongString(ENTRY_EXCHANGE.into()),
+        );
+        assert_eq!(
+            Attempts::of_delivery("order-timeout.ready", Some(&laned)),
+            Attempts::default()
+        );
+        // Out of the cascade or a lane the service re-scheduled it into
+        // (first published to a delay exchange or the default exchange).
+        for first in ["order-timeout.delay.03", ""] {
+            let mut ours = headers.clone();
+            ours.insert(
+                H_FIRST_DEATH_EXCHANGE.into(),
+                AMQPValue::LongString(first.into()),
+            );
+            assert_eq!(
+                Attempts::of_delivery("order-timeout.ready", Some(&ours)).count,
+                999
+            );
+        }
+        assert_eq!(Attempts::of_delivery("", Some(&headers)).count, 999);
     }
 
     fn count_of(value: AMQPValue) -> u32 {

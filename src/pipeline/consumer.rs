@@ -136,7 +136,7 @@ async fn dispatch(
     ctx.acks.taken(delivery.delivery_tag);
     let in_flight = ctx.metrics.in_flight();
     let headers = delivery.properties.headers().as_ref();
-    let attempts = Attempts::from_headers(headers);
+    let attempts = Attempts::of_delivery(delivery.exchange.as_str(), headers);
     let span = tracing::info_span!(
         "message",
         order_id = tracing::field::Empty,

@@ -62,10 +62,54 @@ pub(crate) async fn finish(worker: &Worker, store: &Store, orders: Vec<Pending>)
     if orders.is_empty() {
         return;
     }
+    let kept = KeptLeases::start(store, &orders, worker.ctx.settings.outbox_lease);
     let (orders, items) = load_items(worker, store, orders).await;
     let done = do_outbox_work(&worker.ctx, store, orders, &items).await;
     let (marked, given_up) = record_done(&worker.ctx, store, &done).await;
+    drop(kept);
     settle(worker, store, done, marked, given_up).await;
+}
+
+/// The outbox leases of the orders being finished, renewed every third of
+/// the lease for as long as the work runs (until dropped): a statement, a
+/// release or a publish slower than the lease (the shop's database at its
+/// statement timeout, an inventory at its deadline) never lets another
+/// worker take the same work over while it is in progress. A worker that
+/// stops renewing (a crash, a frozen process) loses the leases as before,
+/// within `outbox_lease`.
+struct KeptLeases {
+    _stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl KeptLeases {
+    /// Starts renewing the leases `orders` hold in `store`.
+    fn start(store: &Store, orders: &[Pending], lease: std::time::Duration) -> Self {
+        let ids: Vec<String> = orders
+            .iter()
+            .filter(|o| o.cancellation.leased)
+            .map(|o| o.id.as_str().to_owned())
+            .collect();
+        if ids.is_empty() || lease.is_zero() {
+            return Self { _stop: None };
+        }
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let store = store.clone();
+        tokio::spawn(async move {
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return,
+                    () = tokio::time::sleep(lease / 3) => {}
+                }
+                // Not cut short when the work ends: a statement is never
+                // dropped half-sent.
+                if let Err(e) = store.renew_leases(&ids, lease).await {
+                    tracing::warn!(orders = ids.len(), error = %e, "cannot renew the outbox leases of orders still being finished; another worker may take their work over once the leases run out");
+                }
+            }
+        });
+        Self { _stop: Some(stop) }
+    }
 }
 
 /// Step 1: the items of the orders whose release is pending, with the

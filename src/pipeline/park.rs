@@ -47,8 +47,11 @@ pub(crate) async fn park_near_delivery_limit(ctx: &Context, delivery: Delivery, 
         "returned to {DUE_QUEUE} {count} times, near its delivery limit of {DELIVERY_LIMIT}: \
          parked before the broker would drop it"
     );
-    let attempts =
-        Attempts::from_headers(delivery.properties.headers().as_ref()).failed(Utc::now(), &error);
+    let attempts = Attempts::of_delivery(
+        delivery.exchange.as_str(),
+        delivery.properties.headers().as_ref(),
+    )
+    .failed(Utc::now(), &error);
     let why = Parking {
         kind: ParkReason::DeliveryLimit,
         error,

@@ -166,6 +166,15 @@ impl OrderStore for Bounded {
             .await
     }
 
+    async fn record_logout(&self, session: &str, until: DateTime<Utc>) -> Result<(), StoreError> {
+        self.within("record_logout", self.inner.record_logout(session, until))
+            .await
+    }
+
+    async fn logouts(&self) -> Result<Vec<(String, DateTime<Utc>)>, StoreError> {
+        self.within("logouts", self.inner.logouts()).await
+    }
+
     async fn keep_parked(&self, message: &NewParked<'_>) -> Result<bool, StoreError> {
         self.within("keep_parked", self.inner.keep_parked(message))
             .await
@@ -247,6 +256,11 @@ impl OrderStore for Bounded {
 
     async fn release_leases(&self, ids: &[&str]) -> Result<(), StoreError> {
         self.within("release_leases", self.inner.release_leases(ids))
+            .await
+    }
+
+    async fn renew_leases(&self, ids: &[&str], lease: Duration) -> Result<(), StoreError> {
+        self.within("renew_leases", self.inner.renew_leases(ids, lease))
             .await
     }
 

@@ -192,6 +192,15 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// release)`.
     async fn live_replicas(&self, within: Duration) -> Result<Vec<(String, String)>, StoreError>;
 
+    /// Records that the console session whose MAC is `session` logged
+    /// out, until `until` (`order_timeout_logouts`, the same table for
+    /// every timer), so that every replica refuses it.
+    async fn record_logout(&self, session: &str, until: DateTime<Utc>) -> Result<(), StoreError>;
+
+    /// The console sessions logged out that have not expired:
+    /// `(MAC, expiry)`.
+    async fn logouts(&self) -> Result<Vec<(String, DateTime<Utc>)>, StoreError>;
+
     /// Keeps a parked message in the parked store (`order_timeout_parked`,
     /// the same table for every timer): `true` if no message with its key
     /// was kept before.
@@ -265,6 +274,10 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// Gives outbox leases back early (after a failure), so the retry does
     /// not wait for them to run out.
     async fn release_leases(&self, ids: &[&str]) -> Result<(), StoreError>;
+
+    /// Keeps the outbox leases of `ids` that are still held for another
+    /// `lease` from now: their work is still in progress.
+    async fn renew_leases(&self, ids: &[&str], lease: Duration) -> Result<(), StoreError>;
 
     /// Marks outbox work done: stock released for `released`, event
     /// published for `published`. Idempotent.

@@ -257,6 +257,14 @@ pub(super) const RELEASE_LEASES: &str = "\
 UPDATE order_timeout_cancel_outbox SET claimed_until = NULL \
  WHERE timer = {timer} AND order_id {ids}";
 
+/// Keeps the leases of `ids` that are still held (their work is in
+/// progress) for another `lease` from now: a release or a statement that
+/// takes longer than the lease never lets another worker take the work
+/// over while it runs.
+pub(super) const RENEW_LEASES: &str = "\
+UPDATE order_timeout_cancel_outbox SET claimed_until = {now} + {lease} \
+ WHERE timer = {timer} AND order_id {ids} AND claimed_until IS NOT NULL";
+
 /// Stock released and event published: both marks in one statement, so a
 /// row never has one without the other from the same batch. A released
 /// row (a replay finished it) is given up no more.
@@ -352,6 +360,19 @@ const REPLICA_FORGET: &str = "DELETE FROM order_timeout_replicas WHERE instance 
 /// The replicas seen within `age`, with their release.
 const REPLICAS_LIVE: &str = "\
 SELECT instance, version FROM order_timeout_replicas WHERE seen_at > {now} - {age}";
+
+/// A console session logged out (by the MAC of its cookie), refused by
+/// every replica until it would have expired.
+const LOGOUT_ADD: &str = "\
+INSERT INTO order_timeout_logouts (session_mac, expires_at) \
+VALUES ({session}, {until}) {keep_existing:session_mac}";
+
+/// Logouts whose sessions have expired anyway: nothing to refuse any more.
+const LOGOUTS_FORGET: &str = "DELETE FROM order_timeout_logouts WHERE expires_at <= {now}";
+
+/// The logouts whose sessions have not expired yet.
+const LOGOUTS_LIVE: &str = "\
+SELECT session_mac, expires_at FROM order_timeout_logouts WHERE expires_at > {now}";
 
 /// The timer's name, the value every statement here is scoped by.
 fn timer<S: OwnTables>(store: &S) -> Value<'_> {
@@ -456,6 +477,26 @@ pub(crate) async fn release_leases<S: OwnTables>(
     let statement = render::<S::Words>(
         RELEASE_LEASES,
         &[("timer", timer(store)), ("ids", Value::Ids(ids))],
+    );
+    store.execute(statement).await.map(drop)
+}
+
+/// Keeps the leases of `ids` for another `lease` ([`RENEW_LEASES`]).
+pub(crate) async fn renew_leases<S: OwnTables>(
+    store: &S,
+    ids: &[&str],
+    lease: Duration,
+) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let statement = render::<S::Words>(
+        RENEW_LEASES,
+        &[
+            ("timer", timer(store)),
+            ("ids", Value::Ids(ids)),
+            ("lease", Value::Micros(micros(lease))),
+        ],
     );
     store.execute(statement).await.map(drop)
 }
@@ -667,6 +708,34 @@ pub(crate) async fn live_replicas<S: OwnTables>(
     store.fetch(statement).await
 }
 
+/// Records the logout of the console session whose MAC is `session`,
+/// until `until` (when the session would have expired), and forgets the
+/// logouts of sessions that have expired.
+pub(crate) async fn record_logout<S: OwnTables>(
+    store: &S,
+    session: &str,
+    until: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let values = [
+        ("session", Value::Text(session)),
+        ("until", Value::Time(until)),
+    ];
+    store
+        .execute(render::<S::Words>(LOGOUT_ADD, &values))
+        .await?;
+    store
+        .execute(render::<S::Words>(LOGOUTS_FORGET, &[]))
+        .await
+        .map(drop)
+}
+
+/// The logouts of console sessions that have not expired: `(MAC, expiry)`.
+pub(crate) async fn logouts<S: OwnTables>(
+    store: &S,
+) -> Result<Vec<(String, DateTime<Utc>)>, StoreError> {
+    store.fetch(render::<S::Words>(LOGOUTS_LIVE, &[])).await
+}
+
 /// `(key, id)` pairs grouped by key, in the order keys first appear.
 fn grouped<'a, K: PartialEq>(pairs: impl Iterator<Item = (K, &'a str)>) -> Vec<(K, Vec<&'a str>)> {
     let mut groups: Vec<(K, Vec<&'a str>)> = Vec::new();
@@ -740,7 +809,7 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
 /// Every template, for the tests that render them on each dialect
 /// (`store/mod.rs`).
 #[cfg(test)]
-pub(super) const TEMPLATES: [&str; 27] = [
+pub(super) const TEMPLATES: [&str; 31] = [
     SET_ASIDE_OF,
     OUTBOX_FACTS,
     STALE,
@@ -751,6 +820,7 @@ pub(super) const TEMPLATES: [&str; 27] = [
     DELETE_FINISHED_POSTGRES,
     DELETE_FINISHED_MYSQL,
     RELEASE_LEASES,
+    RENEW_LEASES,
     MARK_BOTH,
     MARK_RELEASED,
     MARK_PUBLISHED,
@@ -768,6 +838,9 @@ pub(super) const TEMPLATES: [&str; 27] = [
     REPLICA_ADD,
     REPLICA_FORGET,
     REPLICAS_LIVE,
+    LOGOUT_ADD,
+    LOGOUTS_FORGET,
+    LOGOUTS_LIVE,
 ];
 
 #[cfg(test)]

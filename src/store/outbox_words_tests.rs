@@ -23,6 +23,7 @@ fn values() -> Vec<(&'static str, Value<'static>)> {
         ("instance", Value::Text("i")),
         ("version", Value::Text("v")),
         ("until", Value::Time(DateTime::UNIX_EPOCH)),
+        ("session", Value::Text("s")),
         ("ids", Value::Ids(IDS)),
     ]
 }

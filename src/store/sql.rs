@@ -900,6 +900,15 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         outbox::live_replicas(self, within).await
     }
 
+    #[tracing::instrument(skip_all)]
+    async fn record_logout(&self, session: &str, until: DateTime<Utc>) -> Result<(), StoreError> {
+        outbox::record_logout(self, session, until).await
+    }
+
+    async fn logouts(&self) -> Result<Vec<(String, DateTime<Utc>)>, StoreError> {
+        outbox::logouts(self).await
+    }
+
     async fn keep_parked(&self, message: &NewParked<'_>) -> Result<bool, StoreError> {
         parked::keep(self, message).await
     }
@@ -989,6 +998,11 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]
     async fn release_leases(&self, ids: &[&str]) -> Result<(), StoreError> {
         outbox::release_leases(self, ids).await
+    }
+
+    #[tracing::instrument(skip_all, fields(orders = ids.len()))]
+    async fn renew_leases(&self, ids: &[&str], lease: Duration) -> Result<(), StoreError> {
+        outbox::renew_leases(self, ids, lease).await
     }
 
     #[tracing::instrument(skip_all, fields(released = released.len(), published = published.len()))]

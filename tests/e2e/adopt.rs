@@ -307,6 +307,7 @@ async fn a_mall_shop_on_mariadb_adopts_by_config_alone() {
             "oms_order_item",
             "oms_order_setting",
             "order_timeout_cancel_outbox",
+            "order_timeout_logouts",
             "order_timeout_migrations",
             "order_timeout_parked",
             "order_timeout_replicas",

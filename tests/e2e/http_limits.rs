@@ -159,8 +159,10 @@ async fn a_weak_admin_token_stops_the_service_at_start_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_logout_revokes_the_session_and_its_csrf_token() {
+async fn a_logout_revokes_the_session_and_its_csrf_token_on_every_replica() {
     let env = TestEnv::new().await;
+    // Two replicas behind one address, on the same database.
+    let replica = service(&env, |_| {}).await;
     let service = service(&env, |_| {}).await;
     let addr = service.http_addr;
     let head = log_in(addr, &[]).await;
@@ -174,6 +176,11 @@ async fn a_logout_revokes_the_session_and_its_csrf_token() {
     let (_, _, page) = request(addr, "GET", "/console", &session, "").await;
     let csrf = csrf_of(&page);
     let logout = format!("csrf={csrf}");
+    let (_, _, page) = request(replica.http_addr, "GET", "/console", &session, "").await;
+    assert!(
+        page.contains("name=\"csrf\""),
+        "the other replica takes the session: {page}"
+    );
     let (status, _, _) = request(addr, "POST", "/console/logout", &session, &logout).await;
     assert_eq!(status, 303);
     // The old cookie and CSRF token, replayed: nothing.
@@ -183,6 +190,19 @@ async fn a_logout_revokes_the_session_and_its_csrf_token() {
     let (_, _, page) = request(addr, "GET", "/console", &session, "").await;
     assert!(!page.contains("name=\"csrf\""), "no write forms: {page}");
     assert!(page.contains("Log in"), "{page}");
+    // Nor on the other replica, once it has read the logouts (every 2 s).
+    let other = replica.http_addr;
+    // (Read-only probes: a logout sent there would revoke it there.)
+    env.eventually(
+        Duration::from_secs(10),
+        "the other replica refuses it",
+        || async {
+            let (_, _, page) = request(other, "GET", "/console", &session, "").await;
+            !page.contains("name=\"csrf\"") && page.contains("Log in")
+        },
+    )
+    .await;
+    replica.stop().await.unwrap();
     // A new login works.
     let head = log_in(addr, &[]).await;
     let fresh = set_cookie(&head)

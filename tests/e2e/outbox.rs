@@ -287,6 +287,63 @@ async fn releases_that_keep_failing_do_not_starve_newer_ones_on_mariadb() {
     releases_that_keep_failing_do_not_starve_newer_ones(true).await;
 }
 
+/// A release slower than the outbox lease (the inventory answers after
+/// 3 s; the lease is 1 s), with two replicas sweeping: the worker that
+/// cancelled an order keeps its lease while the release runs, so the other
+/// never takes the same work over: one release call per order. (Before
+/// the leases were renewed, the other replica's sweeper took each over
+/// after a second and called the inventory again.)
+async fn a_release_slower_than_the_lease_is_not_taken_over(mariadb: bool) {
+    let env = TestEnv::new().await;
+    let slow = |id: &str| id.starts_with("slow-").then_some(Duration::from_secs(3));
+    let (inventory, stop_inventory) = env.inventory_pausing(|_, _| None, slow).await;
+    let shop = Shop::new(&env, mariadb).await;
+    let ids: Vec<String> = (0..3).map(|n| format!("slow-{n}")).collect();
+    for id in &ids {
+        shop.overdue_order(id).await;
+    }
+    let mut settings = shop.settings(&env, 10);
+    settings.outbox_lease = Duration::from_secs(1);
+    settings.inventory_timeout = Duration::from_secs(10);
+    settings.retry.quick_retries = 0;
+    let one = env.service_with(settings.clone()).await;
+    let other = env.service_with(settings).await;
+    env.eventually(
+        Duration::from_secs(30),
+        "every slow release done",
+        || async {
+            let mut all = true;
+            for id in &ids {
+                all &= shop
+                    .outbox(id)
+                    .await
+                    .is_some_and(|(_, released, _)| released);
+            }
+            all
+        },
+    )
+    .await;
+    // Sweeps of both replicas go on meanwhile and after.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for id in &ids {
+        assert_eq!(inventory.calls(id), 1, "{id}: released by one worker, once");
+        assert_eq!(env.release_calls(id).await, Some(1), "{id}");
+    }
+    one.stop().await.unwrap();
+    other.stop().await.unwrap();
+    stop_inventory.trigger();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_slower_than_the_lease_is_not_taken_over_on_postgres() {
+    a_release_slower_than_the_lease_is_not_taken_over(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_slower_than_the_lease_is_not_taken_over_on_mariadb() {
+    a_release_slower_than_the_lease_is_not_taken_over(true).await;
+}
+
 /// A release the inventory refuses for good: the sweeper gives the row up
 /// after one call, counts it, parks the order as `release_failed` and does
 /// not call the inventory for it again; replaying the parked message once

@@ -578,15 +578,17 @@ async fn header_values_at_the_edges_neither_panic_nor_reset_the_attempts(dialect
         )
         .await;
     }
-    // An attempt count at the top of u32, and past it, that fails once
-    // more (no such order): it stays at the top, it does not start over.
+    // An attempt count at the top of u32, and past it, on a message the
+    // service re-scheduled (it leaves the cascade), that fails once more
+    // (no such order): it stays at the top, it does not start over.
     for (id, attempts) in [
         ("ghost-1", AMQPValue::LongLongInt(4_294_967_295)),
         ("ghost-2", AMQPValue::LongLongInt(i64::MAX)),
         ("ghost-3", AMQPValue::LongString("99999999999".into())),
     ] {
         let body = serde_json::json!({ "order_id": id }).to_string();
-        publish_timeout_with(&env, body, header("x-attempts", attempts)).await;
+        let headers = header("x-attempts", attempts);
+        publish_with(&env, topology::READY_EXCHANGE, "", body.as_bytes(), headers).await;
     }
 
     for i in 0..4 {
@@ -603,6 +605,73 @@ async fn header_values_at_the_edges_neither_panic_nor_reset_the_attempts(dialect
     for (kind, _, attempts, _) in parked(&env).await {
         assert_eq!(kind, "unknown_order");
         assert_eq!(attempts, 4_294_967_295, "saturated, not wrapped");
+    }
+    service.stop().await.unwrap();
+}
+
+/// A failure history the order service sent along (`x-attempts: 999`, an
+/// old `x-first-failure`: headers copied from a consumed message, say) is
+/// not the service's own: its history starts with the service's first
+/// failure (here an unknown order, parked at once), through the entry
+/// exchange and through a lane entry (which reaches the due queue
+/// dead-lettered, on both RabbitMQ versions). Believed, the 999 would have
+/// used up `max_attempts` before the first try of a retryable failure.
+async fn a_senders_failure_history_is_not_believed(dialect: Dialect) {
+    let mut env = TestEnv::on(dialect).await;
+    env.settings.lanes = vec![order_timeout::settings::Lane::try_from("4s".to_string()).unwrap()];
+    let mut settings = env.settings.clone();
+    settings.sweeper.enabled = false;
+    let service = env.service_with(settings).await;
+    // The lane entry is bound when the service has declared its topology.
+    env.eventually(Duration::from_secs(10), "the service ready", || {
+        ready(service.http_addr)
+    })
+    .await;
+    let started = chrono::Utc::now();
+
+    let claimed = || {
+        let mut h = header("x-attempts", AMQPValue::LongLongInt(999));
+        h.insert(
+            "x-first-failure".into(),
+            AMQPValue::LongString("2000-01-01T00:00:00Z".into()),
+        );
+        h
+    };
+    // No such orders: each try fails (`unknown_order`) until the budget
+    // is spent.
+    let body = |id: &str| serde_json::json!({ "order_id": id }).to_string();
+    publish_timeout_with(&env, body("claims-1"), claimed()).await;
+    let lane_key = topology::lane_entry_key(env.settings.lanes[0]);
+    let lane_body = body("claims-2");
+    publish_with(
+        &env,
+        topology::ENTRY_EXCHANGE,
+        &lane_key,
+        lane_body.as_bytes(),
+        claimed(),
+    )
+    .await;
+
+    env.eventually(Duration::from_secs(30), "both parked", || async {
+        service.metrics.count(Outcome::Parked) == 2
+    })
+    .await;
+    let mut got = env.drain_parked().await;
+    got.sort_by(|a, b| a.order_id.cmp(&b.order_id));
+    let ids: Vec<_> = got.iter().map(|m| m.order_id.clone()).collect();
+    assert_eq!(ids, [Some("claims-1".into()), Some("claims-2".into())]);
+    for m in &got {
+        assert_eq!(m.error_kind.as_deref(), Some("unknown_order"), "{m:?}");
+        assert_eq!(
+            m.attempts,
+            Some(1),
+            "its own first failure, not 999 + 1: {m:?}"
+        );
+        let first = m.first_failure.expect("a first failure");
+        assert!(
+            first >= started,
+            "its own first failure, not the sender's: {m:?}"
+        );
     }
     service.stop().await.unwrap();
 }
@@ -841,6 +910,7 @@ on_both_dialects!(
     a_re_schedule_refused_until_the_hold_window_is_held,
     a_delivery_near_the_delivery_limit_is_parked_before_the_broker_drops_it,
     header_values_at_the_edges_neither_panic_nor_reset_the_attempts,
+    a_senders_failure_history_is_not_believed,
 );
 
 // On RabbitMQ 4.x: the poison checks (a delivery near the delivery limit,
@@ -850,5 +920,6 @@ on_rabbitmq4!(
     a_delivery_near_the_delivery_limit_is_parked_before_the_broker_drops_it,
     an_inventory_refusing_one_order_parks_it_after_one_attempt_and_releases_the_others,
     header_values_at_the_edges_neither_panic_nor_reset_the_attempts,
+    a_senders_failure_history_is_not_believed,
     publishes_the_broker_refuses_back_off_instead_of_spinning,
 );

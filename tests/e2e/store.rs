@@ -715,6 +715,7 @@ mod cases {
             other,
             [
                 "order_timeout_cancel_outbox",
+                "order_timeout_logouts",
                 "order_timeout_migrations",
                 "order_timeout_parked",
                 "order_timeout_replicas",

@@ -2,8 +2,11 @@
 //! derived from `ADMIN_TOKEN` with HMAC-SHA-256, so they need no server
 //! state to be checked (replicas behind one address accept each other's
 //! sessions, and changing `ADMIN_TOKEN` ends every session). A logout
-//! revokes its session on the instance that served it: the instance keeps
-//! the revoked sessions until they would have expired.
+//! revokes its session on every replica: the one that served it refuses
+//! it at once and records it in the service's database
+//! (`order_timeout_logouts`, by a MAC of the cookie), which every replica
+//! reads every [`LOGOUTS_FRESH`](super::LOGOUTS_FRESH); each refuses the
+//! session until it would have expired.
 //!
 //! - **Login**: the operator types `ADMIN_TOKEN` into the login form; the
 //!   comparison is constant-time.
@@ -91,7 +94,8 @@ impl Refusal {
 #[derive(Clone, Debug)]
 pub(super) struct Admin {
     token: AdminToken,
-    /// Sessions logged out, with their expiry: refused until then.
+    /// Sessions logged out (by [`Admin::logout_mac`]), here or on another
+    /// replica, with their expiry: refused until then.
     revoked: Arc<Mutex<HashMap<String, i64>>>,
 }
 
@@ -107,21 +111,36 @@ impl Admin {
     /// Ends `session` here: its cookie and CSRF token are refused from now
     /// on. Only valid sessions are recorded (a logout needs one, and its
     /// CSRF token), and each only until it would have expired anyway.
-    pub(super) fn revoke(&self, session: &str) {
-        let Some(expires) = self.expiry(session) else {
-            return;
-        };
+    /// Returns what the other replicas must learn ([`Admin::learn`]): the
+    /// session's MAC and its expiry (Unix seconds).
+    pub(super) fn revoke(&self, session: &str) -> Option<(String, i64)> {
+        let expires = self.expiry(session)?;
+        let mac = self.logout_mac(session);
+        self.learn([(mac.clone(), expires)]);
+        Some((mac, expires))
+    }
+
+    /// Refuses the sessions of `logouts` (`(MAC, expiry)`, recorded by any
+    /// replica) from now on, each until it expires.
+    pub(super) fn learn(&self, logouts: impl IntoIterator<Item = (String, i64)>) {
         let now = Utc::now().timestamp();
         let mut revoked = self.revoked.lock().unwrap_or_else(|e| e.into_inner());
         revoked.retain(|_, at| *at > now);
-        revoked.insert(session.to_owned(), expires);
+        revoked.extend(logouts.into_iter().filter(|(_, at)| *at > now));
+    }
+
+    /// How a logout names a session, to this replica and in the shared
+    /// record of logouts: a MAC of its cookie value, which opens nothing.
+    fn logout_mac(&self, session: &str) -> String {
+        self.sign("logout", session.as_bytes())
     }
 
     fn is_revoked(&self, session: &str) -> bool {
+        let mac = self.logout_mac(session);
         self.revoked
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains_key(session)
+            .contains_key(&mac)
     }
 
     fn mac(&self, purpose: &str, value: &[u8]) -> Hmac<Sha256> {
@@ -313,13 +332,20 @@ mod tests {
         assert!(a.csrf_valid(&session, &csrf));
         assert!(!a.csrf_valid(&a.new_session().replace('.', ".x"), &csrf));
         assert!(!b.csrf_valid(&session, &csrf));
-        a.revoke(&session);
+        let (mac, until) = a.revoke(&session).expect("a real session is recorded");
         assert!(!a.session_valid(&session), "logged out");
+        // Another replica (the same token) learns the logout from the
+        // record and refuses the session too.
+        let replica = admin("0123456789abcdef-one");
+        assert!(replica.session_valid(&session));
+        replica.learn([(mac.clone(), until)]);
+        assert!(!replica.session_valid(&session), "logged out elsewhere");
+        assert!(!mac.contains(session.split_once('.').unwrap().1), "{mac}");
         assert!(
             a.session_valid(&a.new_session()),
             "a new login in the same second"
         );
-        a.revoke("9999999999.forged");
+        assert_eq!(a.revoke("9999999999.forged"), None);
         assert_eq!(
             a.revoked.lock().unwrap().len(),
             1,

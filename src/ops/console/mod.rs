@@ -45,6 +45,7 @@ use crate::observe::http::Health;
 use crate::observe::metrics::Metrics;
 use crate::observe::recent::Recent;
 use crate::settings::{HttpSettings, SecretUrl, Settings, SweeperSettings};
+use crate::shutdown::Shutdown;
 use crate::store::{SetAsideRow, Stores};
 
 mod auth;
@@ -188,6 +189,64 @@ impl Console {
     }
 }
 
+/// How often a replica reads the logouts every replica recorded
+/// (`order_timeout_logouts`): a session logged out on one replica is
+/// refused by the others within this.
+pub(crate) const LOGOUTS_FRESH: Duration = Duration::from_secs(2);
+
+impl Console {
+    /// Writes a logout (the session's MAC, its expiry in Unix seconds)
+    /// where every replica reads it. When the database cannot take it, the
+    /// session is refused here only, and the log says so.
+    async fn record_logout(&self, mac: &str, expires: i64) {
+        let Some(store) = self.stores.iter().next() else {
+            return;
+        };
+        let until = chrono::DateTime::from_timestamp(expires, 0).unwrap_or_default();
+        if let Err(e) = store.record_logout(mac, until).await {
+            tracing::warn!(
+                error = %e,
+                "console logout not recorded in the database: the session is refused by this \
+                 replica only until it expires"
+            );
+        }
+    }
+
+    /// Every [`LOGOUTS_FRESH`] until `shutdown`, learns the logouts every
+    /// replica recorded, so that a session logged out anywhere is refused
+    /// here. Without `ADMIN_TOKEN` there are no sessions, and nothing to
+    /// learn.
+    pub(crate) async fn learn_logouts(self: Arc<Self>, shutdown: Shutdown) {
+        let (Some(admin), Some(store)) = (self.admin.as_ref(), self.stores.iter().next()) else {
+            return;
+        };
+        let mut every = tokio::time::interval(LOGOUTS_FRESH);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = every.tick() => {}
+                () = shutdown.wait() => return,
+            }
+            match store.logouts().await {
+                Ok(logouts) => {
+                    failing = false;
+                    admin.learn(logouts.into_iter().map(|(mac, at)| (mac, at.timestamp())));
+                }
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(
+                        error = %e,
+                        "cannot read the console logouts of other replicas (order_timeout_logouts): \
+                         sessions logged out elsewhere are refused here once it can"
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
 /// How long the console shows the rows set aside as read before reading
 /// them again.
 const SET_ASIDE_FRESH: Duration = Duration::from_secs(5);
@@ -201,8 +260,7 @@ type SetAsideCache = Option<(
 /// The console's routes, to merge into the HTTP server's: refused for a
 /// host name `[http]` does not allow, at most `console_concurrency` at
 /// once, each within `request_timeout`.
-pub fn router(console: Console) -> Router {
-    let console = Arc::new(console);
+pub fn router(console: Arc<Console>) -> Router {
     let metrics = console.metrics.clone();
     let limits = ServiceBuilder::new()
         .layer(HandleErrorLayer::new(move |error: tower::BoxError| {
@@ -447,12 +505,13 @@ async fn logout(
     {
         return refused(&access, refusal);
     }
+    let client = guard::client(peer, &headers, &console.http.trusted_proxies);
     if let (Some(admin), Some(session)) =
         (console.admin.as_ref(), auth::cookie(&headers, auth::COOKIE))
+        && let Some((mac, expires)) = admin.revoke(session)
     {
-        admin.revoke(session);
+        console.record_logout(&mac, expires).await;
     }
-    let client = guard::client(peer, &headers, &console.http.trusted_proxies);
     tracing::info!(%client, "console logout");
     let secure = guard::over_https(peer, &headers, &console.http.trusted_proxies);
     with_cookie(

@@ -8,6 +8,10 @@ use super::*;
 /// inventory.
 pub type ReleaseRule = dyn Fn(&str, usize) -> Option<tonic::Status> + Send + Sync;
 
+/// How long a [`RuleInventory`] takes before it answers a release of
+/// `order` (`None`: no pause): a slow inventory.
+pub type PauseRule = dyn Fn(&str) -> Option<std::time::Duration> + Send + Sync;
+
 /// The reference inventory with some releases refused by a rule, counting
 /// every release call per order: the one double for the tests that need
 /// the inventory to fail (an unavailable shard, an order it froze).
@@ -15,6 +19,7 @@ pub type ReleaseRule = dyn Fn(&str, usize) -> Option<tonic::Status> + Send + Syn
 pub struct RuleInventory {
     inner: ReferenceInventory,
     rule: std::sync::Arc<ReleaseRule>,
+    pause: std::sync::Arc<PauseRule>,
     calls: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
@@ -41,6 +46,9 @@ impl order_timeout_tools::inventory::pb::inventory_server::Inventory for RuleInv
             *n += 1;
             *n
         };
+        if let Some(pause) = (self.pause)(&id) {
+            tokio::time::sleep(pause).await;
+        }
         if let Some(status) = (self.rule)(&id, call) {
             return Err(status);
         }
@@ -74,9 +82,20 @@ impl TestEnv {
         &self,
         rule: impl Fn(&str, usize) -> Option<tonic::Status> + Send + Sync + 'static,
     ) -> (RuleInventory, Shutdown) {
+        self.inventory_pausing(rule, |_| None).await
+    }
+
+    /// [`TestEnv::inventory_refusing`], answering releases only after the
+    /// pause `pause` says (a slow inventory).
+    pub async fn inventory_pausing(
+        &self,
+        rule: impl Fn(&str, usize) -> Option<tonic::Status> + Send + Sync + 'static,
+        pause: impl Fn(&str) -> Option<std::time::Duration> + Send + Sync + 'static,
+    ) -> (RuleInventory, Shutdown) {
         let server = RuleInventory {
             inner: ReferenceInventory::new(self.pool.clone()),
             rule: std::sync::Arc::new(rule),
+            pause: std::sync::Arc::new(pause),
             calls: std::sync::Arc::default(),
         };
         let stop = self.replace_inventory(server.clone()).await;
