@@ -634,7 +634,18 @@ impl<D: SqlDialect> SqlStore<D> {
     ) -> Option<(String, OrderState)> {
         let one = [id.as_str()];
         let cancel = || D::cancel(self, prepared, &one, lease);
-        let state = match super::retry_deadlocks(cancel).await {
+        let mut result = super::retry_deadlocks(cancel).await;
+        if result.as_ref().is_err_and(StoreError::is_lock_timeout) {
+            // Two orders' transactions each holding a row the other's
+            // `also` statement needs (statements taking rows in different
+            // orders) end in a lock wait timing out on PostgreSQL before
+            // its deadlock check runs: the other has committed a moment
+            // later, so one more try at once, not a second later.
+            let jitter = u64::from(Utc::now().timestamp_subsec_nanos() % 25);
+            tokio::time::sleep(Duration::from_millis(5 + jitter)).await;
+            result = super::retry_deadlocks(cancel).await;
+        }
+        let state = match result {
             Ok(rows) => rows.into_iter().find(|r| r.id == id)?.state(),
             Err(e) if e.is_lock_timeout() => {
                 tracing::debug!(order_id = %id, error = %e, "the order's cancel transaction waited for a row lock in vain; asking again shortly");

@@ -395,7 +395,77 @@ async fn held_stock_rows_delay_only_their_own_orders(dialect: Dialect) {
     service.stop().await.unwrap();
 }
 
+/// Two `also` statements that take two shop rows in opposite orders for
+/// alternate orders (`even-*` A then B, `odd-*` B then A), the orders'
+/// transactions run side by side: the worst case of lock order, where two
+/// orders' transactions can each hold the row the other needs. The
+/// database breaks each such deadlock (or a lock wait times out), the
+/// victim's transaction is rolled back whole and run again: every order is
+/// cancelled once, each effect counted once, none parked or set aside,
+/// none more than a few seconds late.
+async fn also_statements_taking_rows_in_opposite_orders_lose_nothing(dialect: Dialect) {
+    let env = TestEnv::on(dialect).await;
+    env.stock_skus(1).await;
+    env.shop_exec(
+        "CREATE TABLE pair_stock (k VARCHAR(8) NOT NULL PRIMARY KEY, n INT NOT NULL); \
+         INSERT INTO pair_stock (k, n) VALUES ('A', 0); \
+         INSERT INTO pair_stock (k, n) VALUES ('B', 0)",
+    )
+    .await;
+    let first = env.sql(
+        "UPDATE pair_stock SET n = n + 1 WHERE k = CASE WHEN $1 LIKE 'even-%' THEN 'A' ELSE 'B' END",
+        "UPDATE pair_stock SET n = n + 1 WHERE k = IF(? LIKE 'even-%', 'A', 'B')",
+    );
+    let second = env.sql(
+        "UPDATE pair_stock SET n = n + 1 WHERE k = CASE WHEN $1 LIKE 'even-%' THEN 'B' ELSE 'A' END",
+        "UPDATE pair_stock SET n = n + 1 WHERE k = IF(? LIKE 'even-%', 'B', 'A')",
+    );
+    let mut settings = settings(&env);
+    settings.orders.also = vec![first.into(), second.into()];
+    settings.db_max_connections = 16;
+    let service = env.service_with(settings).await;
+    env.eventually(Duration::from_secs(20), "the service ready", || {
+        ready(service.http_addr)
+    })
+    .await;
+    let orders: Vec<String> = (0..60)
+        .map(|i| format!("{}-{i:02}", if i % 2 == 0 { "even" } else { "odd" }))
+        .collect();
+    for id in &orders {
+        env.create_order(id, Duration::from_secs(60), &[(0, 1)])
+            .await;
+    }
+    let due = chrono::Utc::now() + chrono::Duration::seconds(3);
+    for id in &orders {
+        env.set_deadline(id, due).await;
+        env.publish_raw(serde_json::json!({ "order_id": id }).to_string().as_bytes())
+            .await;
+    }
+    env.eventually(Duration::from_secs(30), "every order cancelled", || async {
+        env.count("even-", "CANCELLED").await + env.count("odd-", "CANCELLED").await == 60
+    })
+    .await;
+    let mut worst = chrono::Duration::zero();
+    for id in &orders {
+        let (_, expires_at, cancelled_at) = env.order_state(id).await;
+        worst = worst.max(cancelled_at.unwrap() - expires_at);
+    }
+    let n: Vec<(i32,)> = env.shop_rows("SELECT n FROM pair_stock ORDER BY k").await;
+    assert_eq!(n, [(60,), (60,)], "each order's two effects once");
+    assert_eq!(env.parked_count().await, 0);
+    assert_eq!(env.cancelled_early().await, 0);
+    println!("{dialect:?}: 60 orders taking two rows in opposite orders, worst {worst}");
+    // Measured: 0.16 s on PostgreSQL, 0.23 s on MariaDB (1.5 s on
+    // PostgreSQL before a lock wait timing out was tried again at once).
+    assert!(
+        worst < chrono::Duration::seconds(3),
+        "worst lateness {worst}"
+    );
+    service.stop().await.unwrap();
+}
+
 on_both_dialects!(
+    also_statements_taking_rows_in_opposite_orders_lose_nothing,
     held_stock_rows_delay_only_their_own_orders,
     a_sweep_that_fails_for_the_environment_says_so_until_it_runs_again,
     an_environment_failure_parks_nothing_and_every_order_goes_through_once_fixed,
