@@ -360,7 +360,7 @@ fn serve_http(
     );
     tokio::spawn(console.clone().learn_logouts(shutdown.clone()));
     let console = console::router(console);
-    let http_task = tokio::spawn(http::serve(
+    let http_task = crate::observe::server::apart(http::serve(
         listener,
         health.clone(),
         console,

@@ -13,6 +13,14 @@
 //! Each request carries its client's address as axum's
 //! [`ConnectInfo`](axum::extract::ConnectInfo), for the console's login
 //! limits and logs.
+//!
+//! **Cancellations first.** The HTTP side runs [`apart`]: on threads of
+//! its own, at a lower scheduling priority than the service's (nice
+//! [`HTTP_NICE`]), so a flood of clients takes only CPU that cancelling
+//! leaves over. The console's requests that pass its host and rate checks
+//! do their work (database, broker) on the service's runtime
+//! (`ops::console::admit`), so no connection of the service's pools is
+//! ever driven by these threads.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,6 +43,63 @@ pub(crate) const HEALTH_RESERVE: usize = 32;
 /// Header-read timeout of a reserve connection: a probe sends its request
 /// at once.
 const RESERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The HTTP side's nice value: under a CPU shortage, its threads get about
+/// a tenth of the share of the service's (Linux's CFS weights nice 10 at
+/// 110 against nice 0's 1,024). Raising it needs no privilege.
+pub(crate) const HTTP_NICE: i32 = 10;
+
+/// Worker threads of the HTTP side's runtime (its accept loop has its own).
+const HTTP_THREADS: usize = 2;
+
+/// Runs `work` (the HTTP server) on a runtime of its own, on threads at
+/// [`HTTP_NICE`], until it ends; its result comes back through the
+/// returned handle, awaited on the caller's runtime.
+pub(crate) fn apart<F>(work: F) -> tokio::task::JoinHandle<std::io::Result<()>>
+where
+    F: Future<Output = std::io::Result<()>> + Send + 'static,
+{
+    let (done, result) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("ot-http".into())
+        .spawn(move || {
+            lower_priority();
+            let outcome = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(HTTP_THREADS)
+                .thread_name("ot-http")
+                .on_thread_start(lower_priority)
+                .enable_all()
+                .build()
+                .and_then(|runtime| runtime.block_on(work));
+            let _ = done.send(outcome);
+        });
+    tokio::spawn(async move {
+        spawned?;
+        result
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::other("the HTTP side's thread ended")))
+    })
+}
+
+/// Lowers the calling thread's priority to [`HTTP_NICE`] (Linux keeps a
+/// nice value per thread). A refusal is logged; the thread then runs at
+/// the service's priority.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain system calls on the calling thread's own id.
+        let refused = unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, HTTP_NICE) != 0
+        };
+        if refused {
+            tracing::warn!(
+                error = %std::io::Error::last_os_error(),
+                "cannot lower the HTTP side's priority: it competes with cancelling for CPU"
+            );
+        }
+    }
+}
 
 /// How long a graceful shutdown waits for the requests in flight.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -150,5 +215,36 @@ async fn connection(
     };
     if let Err(e) = ended {
         tracing::debug!(%peer, error = %e, "HTTP connection ended");
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// The calling thread's nice value.
+    fn nice() -> i32 {
+        // SAFETY: plain system calls on the calling thread's own id.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::getpriority(libc::PRIO_PROCESS, tid)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_http_side_runs_below_the_services_priority() {
+        let caller = nice();
+        let (seen, spawned) = apart(async {
+            // The accept loop's thread, and a task on the runtime's workers.
+            let own = nice();
+            let worker = tokio::spawn(async { nice() }).await.unwrap();
+            assert_eq!((own, worker), (HTTP_NICE, HTTP_NICE));
+            Ok(())
+        })
+        .await
+        .map(|r| (r, nice()))
+        .unwrap();
+        seen.unwrap();
+        assert_eq!(spawned, caller, "the service's own threads keep theirs");
     }
 }

@@ -98,11 +98,15 @@ pub struct Console {
     overview: Fresh,
     /// The pending page's body as last computed.
     pending: Fresh,
+    /// The service's runtime, where admitted requests do their work (the
+    /// HTTP side's own threads run at a lower priority, `observe::server`).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Console {
     /// A console for the service of `settings`, reading its readiness,
-    /// metrics, their recent history and the pending board.
+    /// metrics, their recent history and the pending board. Made on the
+    /// service's runtime, where its requests will do their work.
     pub fn new(
         settings: &Settings,
         health: Arc<Health>,
@@ -130,6 +134,7 @@ impl Console {
             visits: VisitGuard::new(settings.http.console_per_second),
             overview: Fresh::new(PAGE_FRESH),
             pending: Fresh::new(PAGE_FRESH),
+            runtime: tokio::runtime::Handle::current(),
         }
     }
 
@@ -366,7 +371,15 @@ async fn admit(State(console): State<Arc<Console>>, request: Request, next: Next
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return response;
     }
-    next.run(request).await
+    // The work of an admitted request (the store, the broker, rendering)
+    // runs on the service's runtime: see `observe::server`.
+    match console.runtime.spawn(next.run(request)).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::error!(error = %e, "a console request ended without an answer");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
 }
 
 /// A POSTed `application/x-www-form-urlencoded` body.

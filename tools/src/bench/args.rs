@@ -149,6 +149,12 @@ pub struct BenchArgs {
     /// services inherit it) the wrong logins meet the login limits.
     #[arg(long, default_value_t = 0)]
     pub flood: usize,
+    /// With `--flood`: the flood is on and off in turns of this long each
+    /// (quiet first) instead of the whole phase, and the report gives the
+    /// lateness of the orders due in quiet and in flooded turns apart: one
+    /// run, so the machine's own load weighs on both alike.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub flood_every: Option<Duration>,
     /// Keep the bench's vhost and database (and child logs) afterwards.
     #[arg(long)]
     pub keep: bool,
@@ -205,6 +211,11 @@ impl BenchArgs {
         }
         if self.flood > 10_000 {
             return bad("--flood must be at most 10000 clients");
+        }
+        if let Some(every) = self.flood_every
+            && (self.flood == 0 || every < Duration::from_secs(2))
+        {
+            return bad("--flood-every needs --flood and turns of at least 2s");
         }
         if self.p99_target.is_zero() {
             return bad("--p99-target must be positive");

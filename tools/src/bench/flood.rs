@@ -11,7 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
+
+use super::report::LatenessStats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -105,6 +108,117 @@ impl Flood {
             by_status,
         }
     }
+}
+
+impl FloodReport {
+    /// This report and `other` (a later window of the same flood) as one.
+    fn and(mut self, other: FloodReport) -> Self {
+        for (status, n) in other.by_status {
+            *self.by_status.entry(status).or_default() += n;
+        }
+        self.clients = self.clients.max(other.clients);
+        self.seconds += other.seconds;
+        let total: u64 = self.by_status.values().sum();
+        self.per_second = total as f64 / self.seconds.max(f64::EPSILON);
+        self
+    }
+}
+
+/// When the flood was on: `(from, to)`, in the order they came.
+pub type Windows = Vec<(DateTime<Utc>, DateTime<Utc>)>;
+
+/// A flood switched on and off in turns of one window each, quiet first
+/// (`bench --flood N --flood-every W`): orders due in quiet and in flooded
+/// windows share one run, one machine and one load, so the difference of
+/// their lateness is the flood's, whatever else the machine does.
+pub struct Alternating {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(FloodReport, Windows)>,
+}
+
+impl Alternating {
+    /// Starts the turns: `every` quiet, `every` with `clients` clients on
+    /// the services at `ports`, and so on until stopped.
+    pub fn start(ports: &[u16], clients: usize, every: Duration) -> Self {
+        let ports = ports.to_vec();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut report = FloodReport {
+                clients,
+                ..FloodReport::default()
+            };
+            let mut windows = Windows::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    () = tokio::time::sleep(every) => {}
+                }
+                let on = Utc::now();
+                let flood = Flood::start(&ports, clients);
+                let ended = tokio::select! {
+                    _ = &mut stopped => true,
+                    () = tokio::time::sleep(every) => false,
+                };
+                report = report.and(flood.stop().await);
+                windows.push((on, Utc::now()));
+                if ended {
+                    break;
+                }
+            }
+            (report, windows)
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the turns (a flood on is stopped); what the clients got and
+    /// when the flood was on.
+    pub async fn stop(self) -> (FloodReport, Windows) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// The lateness of the orders due in quiet windows and of those due in
+/// flooded ones (`points`: seconds from `started` to each deadline, and
+/// its lateness in ms). An order due within [`SETTLING`] of a switch
+/// counts for neither.
+pub fn split(points: &[(f64, f64)], started: DateTime<Utc>, windows: &Windows) -> FloodSplit {
+    let margin = SETTLING.as_secs_f64();
+    let on: Vec<(f64, f64)> = windows
+        .iter()
+        .map(|(from, to)| (seconds(*from - started), seconds(*to - started)))
+        .collect();
+    let (mut quiet, mut flooded) = (Vec::new(), Vec::new());
+    for &(due, late) in points {
+        if on.iter().any(|&(a, b)| due >= a + margin && due < b) {
+            flooded.push(late);
+        } else if !on.iter().any(|&(a, b)| due >= a && due < b + margin) {
+            quiet.push(late);
+        }
+    }
+    FloodSplit {
+        windows: on.len(),
+        quiet: LatenessStats::from_ms(&quiet),
+        flooded: LatenessStats::from_ms(&flooded),
+    }
+}
+
+/// How long after a switch the orders due are counted for neither window.
+const SETTLING: Duration = Duration::from_millis(500);
+
+fn seconds(d: chrono::TimeDelta) -> f64 {
+    d.num_milliseconds() as f64 / 1000.0
+}
+
+/// [`split`]'s answer.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FloodSplit {
+    /// Flooded windows.
+    pub windows: usize,
+    /// Orders due in quiet windows.
+    pub quiet: LatenessStats,
+    /// Orders due in flooded windows.
+    pub flooded: LatenessStats,
 }
 
 /// One client: the requests in turn, starting at its own offset, until

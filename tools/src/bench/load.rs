@@ -111,6 +111,8 @@ pub struct Workload {
     /// HTTP clients hammering the services' endpoints during the product's
     /// phase (`--flood`; 0: none).
     pub http_flood: usize,
+    /// The flood's turns (`--flood-every`; `None`: on for the whole phase).
+    pub flood_every: Option<Duration>,
 }
 
 /// Ticks per second of the pacer.

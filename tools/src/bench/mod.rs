@@ -480,6 +480,7 @@ async fn run_workload(
             Entry::Schedule => Vec::new(),
         },
         http_flood: args.flood,
+        flood_every: args.flood_every,
     };
     let conn =
         order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-shop")
@@ -609,24 +610,45 @@ async fn generate_and_settle(
     route: Route,
     w: &Workload,
     prefix: &str,
-) -> Result<(outcome::Settled, Option<flood::FloodReport>), BenchError> {
+) -> Result<(outcome::Settled, Flooded), BenchError> {
     let clients = if route == Route::Service {
         w.http_flood
     } else {
         0
     };
-    let flooding = (clients > 0).then(|| {
-        eprintln!("== flooding the services' HTTP side with {clients} clients");
-        flood::Flood::start(&env.metrics_ports, clients)
+    let flooding = (clients > 0).then(|| match w.flood_every {
+        Some(every) => {
+            eprintln!(
+                "== flooding the services' HTTP side with {clients} clients, {every:?} on and {every:?} off"
+            );
+            Flooding::Turns(flood::Alternating::start(&env.metrics_ports, clients, every))
+        }
+        None => {
+            eprintln!("== flooding the services' HTTP side with {clients} clients");
+            Flooding::Whole(flood::Flood::start(&env.metrics_ports, clients))
+        }
     });
     let g = load::generate(&env.db, channels, route, w, prefix).await?;
     let settled = outcome::settle(&env.db, g, w).await;
     let flooded = match flooding {
-        Some(f) => Some(f.stop().await),
-        None => None,
+        Some(Flooding::Whole(f)) => (Some(f.stop().await), None),
+        Some(Flooding::Turns(f)) => {
+            let (report, windows) = f.stop().await;
+            (Some(report), Some(windows))
+        }
+        None => (None, None),
     };
     Ok((settled?, flooded))
 }
+
+/// A flood for the whole phase, or in turns.
+enum Flooding {
+    Whole(flood::Flood),
+    Turns(flood::Alternating),
+}
+
+/// What the flood's clients got, and when it was on (in turns only).
+type Flooded = (Option<flood::FloodReport>, Option<flood::Windows>);
 
 /// One design's phase: generate, settle, measure, with the CPU, load and
 /// service counters over it.
@@ -651,7 +673,7 @@ async fn run_phase(
     sampling.reset();
     let la0 = loadavg();
     let m0 = env.scrape().await;
-    let (s, flooded) = generate_and_settle(env, channels, route, w, prefix).await?;
+    let (s, (flooded, turns)) = generate_and_settle(env, channels, route, w, prefix).await?;
     let resources = sampling.usage();
     let mut happened = Vec::new();
     if let Some(analyzer) = analyzer {
@@ -673,6 +695,7 @@ async fn run_phase(
         .collect();
     phase.workload = chosen.to_string();
     phase.flood = flooded;
+    phase.flood_split = turns.map(|windows| flood::split(&points, s.started, &windows));
     per_order(&mut phase, &resources, route);
     phase.own_process = route.own_process().into();
     phase.resources = resources;

@@ -164,6 +164,10 @@ pub struct PhaseReport {
     /// during the phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flood: Option<super::flood::FloodReport>,
+    /// With `--flood-every`: the lateness of the orders due in quiet and in
+    /// flooded turns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flood_split: Option<super::flood::FloodSplit>,
     /// `cascade` (the product), `single-queue` or `seed` (the baselines).
     pub design: String,
     /// The workload (`shop (every order 31s)`, `mix (…)`, `custom (…)`).

@@ -112,6 +112,21 @@ fn print_flood(p: &PhaseReport) {
             statuses.join(", ")
         );
     }
+    if let Some(split) = &p.flood_split {
+        let line = |l: &super::report::LatenessStats| {
+            format!(
+                "{} orders, p50 {:.1} / p99 {:.1} / max {:.1} ms",
+                l.count, l.p50_ms, l.p99_ms, l.max_ms
+            )
+        };
+        println!(
+            "   in turns ({} flooded): quiet {}; flooded {}; p99 flooded - quiet {:+.1} ms",
+            split.windows,
+            line(&split.quiet),
+            line(&split.flooded),
+            split.flooded.p99_ms - split.quiet.p99_ms
+        );
+    }
 }
 
 pub(super) fn print_phase(p: &PhaseReport) {
