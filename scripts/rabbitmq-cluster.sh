@@ -38,9 +38,11 @@
 # Environment (defaults):
 #   CLUSTER_NODES (3)       number of nodes; 1 gives a single private node.
 #   CLUSTER_PORT (5681)     node I listens for AMQP on 127.0.0.1:CLUSTER_PORT+I-1 and for
-#                           Erlang distribution on 127.0.0.1:CLUSTER_PORT+I-1+10000; start
+#                           Erlang distribution on 127.0.0.1:CLUSTER_PORT+I-1+10000 (its
+#                           CLUSTER_HOSTS address instead of 127.0.0.1 with CLUSTER_NETNS); start
 #                           fails when one of them is taken.
-#   CLUSTER_NAME (ot-cluster)  node I is ${CLUSTER_NAME}-I@localhost; letters, digits, - and _.
+#   CLUSTER_NAME (ot-cluster)  node I is ${CLUSTER_NAME}-I@localhost (@ADDRESS_I with
+#                           CLUSTER_NETNS); letters, digits, - and _.
 #   CLUSTER_DIR (/tmp/order-timeout-rabbitmq-cluster)  everything of the cluster: per-node
 #                           config, data, logs and pid files, and the HOME holding the
 #                           cluster's own Erlang cookie. `stop` deletes it.
@@ -50,6 +52,8 @@
 #                           replaced by the node index and @PORT@ by its AMQP port (e.g.
 #                           `listeners.ssl.default = 56@I@1`).
 #   CLUSTER_TIMEOUT (240)   seconds any single wait may take.
+#   CLUSTER_VIEW_TIMEOUT (20)  seconds `status` waits for one node's view (app=unreachable past
+#                           it; a node in a partition's minority may take long to answer).
 #   CLUSTER_RABBITMQ_BIN (/usr/lib/rabbitmq/bin)  where rabbitmq-server and rabbitmqctl are
 #                           (inside CLUSTER_ROOT when that is set).
 #   CLUSTER_ROOT            optional: a Debian root holding another RabbitMQ and its Erlang
@@ -63,8 +67,20 @@
 #                           (ERL_EPMD_PORT). With CLUSTER_ROOT, an epmd of the root is started
 #                           on it (127.0.0.1) when nothing listens there, and left running like
 #                           the shared one. Default: Erlang's 4369, the machine's own epmd.
-# `start` records CLUSTER_NODES, CLUSTER_PORT, CLUSTER_NAME, CLUSTER_ROOT and
-# CLUSTER_EPMD_PORT in CLUSTER_DIR/cluster.env; the other commands take them from there, so
+#   CLUSTER_NETNS, CLUSTER_HOSTS  optional, together: comma-separated network namespaces
+#                           (`ip netns`, made by the caller) and IPv4 addresses, one of each per
+#                           node. Node I then runs in namespace I with every command about it
+#                           (`ip netns exec`, as root), is named ${CLUSTER_NAME}-I@ADDRESS_I
+#                           (long names: RABBITMQ_USE_LONGNAME=true, the CLI too), listens for
+#                           AMQP and Erlang distribution on ADDRESS_I only (guest allowed from
+#                           anywhere: loopback_users.guest = false), and has an epmd of its own in
+#                           its namespace, listening on 127.0.0.1 and ADDRESS_I, started by
+#                           `start`/`start-node` and left running (it goes with the namespace).
+#                           The nodes must reach each other's addresses (e.g. the namespaces on
+#                           one bridge: tools/src/netns.rs `Bridge`); cutting one namespace off
+#                           is then a real partition of that node. URLs use the addresses.
+# `start` records CLUSTER_NODES, CLUSTER_PORT, CLUSTER_NAME, CLUSTER_ROOT,
+# CLUSTER_EPMD_PORT, CLUSTER_NETNS and CLUSTER_HOSTS in CLUSTER_DIR/cluster.env; the other commands take them from there, so
 # only CLUSTER_DIR has to match.
 #
 # The generated rabbitmq.conf (CLUSTER_DIR/nodeI/rabbitmq.conf): AMQP on 127.0.0.1 only,
@@ -106,6 +122,7 @@ ENV_PORT=${CLUSTER_PORT-}
 ENV_NAME=${CLUSTER_NAME-}
 ENV_ROOT=${CLUSTER_ROOT-}
 ENV_EPMD_PORT=${CLUSTER_EPMD_PORT-}
+ENV_NETNS=${CLUSTER_NETNS-}
 NODES=${CLUSTER_NODES:-3}
 PORT=${CLUSTER_PORT:-5681}
 NAME=${CLUSTER_NAME:-ot-cluster}
@@ -116,7 +133,12 @@ TIMEOUT=${CLUSTER_TIMEOUT:-240}
 BIN=${CLUSTER_RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}
 ROOT=${CLUSTER_ROOT:-}
 EPMD_PORT=${CLUSTER_EPMD_PORT:-}
+NETNS=${CLUSTER_NETNS:-}
+HOSTS=${CLUSTER_HOSTS:-}
+NETNS_OF=() # node I's namespace is NETNS_OF[I-1] (CLUSTER_NETNS)
+HOST_OF=()  # and its address HOST_OF[I-1] (CLUSTER_HOSTS)
 STOP_LIMIT=15 # seconds for a graceful stop in `stop` before kill -9
+VIEW_TIMEOUT=${CLUSTER_VIEW_TIMEOUT:-20} # seconds one node's view (status) may take
 
 log() { printf '[rabbitmq-cluster %s] %s\n' "$NAME" "$*" >&2; }
 die() {
@@ -171,6 +193,12 @@ load_state() {
                 log "note: CLUSTER_EPMD_PORT=$ENV_EPMD_PORT ignored, $DIR was started with ${value:-4369}"
             EPMD_PORT=$value
             ;;
+        NETNS)
+            [[ -n $ENV_NETNS && $ENV_NETNS != "$value" ]] &&
+                log "note: CLUSTER_NETNS=$ENV_NETNS ignored, $DIR was started with ${value:-none}"
+            NETNS=$value
+            ;;
+        HOSTS) HOSTS=$value ;;
         esac
     done <"$STATE"
     return 0
@@ -185,6 +213,7 @@ validate() {
     [[ $NAME =~ ^[A-Za-z0-9_-]+$ ]] || die "CLUSTER_NAME may only hold letters, digits, - and _: '$NAME'"
     [[ $NAME != rabbit ]] || die "CLUSTER_NAME must not be 'rabbit'"
     in_range "$TIMEOUT" 1 86400 || die "CLUSTER_TIMEOUT must be a number of seconds, got '$TIMEOUT'"
+    in_range "$VIEW_TIMEOUT" 1 3600 || die "CLUSTER_VIEW_TIMEOUT must be a number of seconds, got '$VIEW_TIMEOUT'"
     TIMEOUT=$((10#$TIMEOUT))
     if [[ -n $EPMD_PORT ]]; then
         in_range "$EPMD_PORT" 1024 65535 || die "CLUSTER_EPMD_PORT must be 1024..65535, got '$EPMD_PORT'"
@@ -197,7 +226,34 @@ validate() {
         "$ROOT"/*) die "CLUSTER_DIR must not be inside CLUSTER_ROOT" ;;
         esac
     fi
+    validate_netns
     set_runner
+}
+
+# CLUSTER_NETNS and CLUSTER_HOSTS: one namespace and one address per node, or neither.
+validate_netns() {
+    NETNS_OF=()
+    HOST_OF=()
+    [[ -n $NETNS || -n $HOSTS ]] || return 0
+    [[ -n $NETNS && -n $HOSTS ]] || die "CLUSTER_NETNS and CLUSTER_HOSTS go together"
+    IFS=, read -r -a NETNS_OF <<<"$NETNS"
+    IFS=, read -r -a HOST_OF <<<"$HOSTS"
+    ((${#NETNS_OF[@]} == NODES && ${#HOST_OF[@]} == NODES)) ||
+        die "CLUSTER_NETNS and CLUSTER_HOSTS must list $NODES entries each, got '$NETNS' and '$HOSTS'"
+    local k
+    for k in "${!HOST_OF[@]}"; do
+        [[ ${HOST_OF[k]} =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] || die "CLUSTER_HOSTS: not an IPv4 address: '${HOST_OF[k]}'"
+        [[ ${NETNS_OF[k]} =~ ^[A-Za-z0-9_.-]+$ ]] || die "CLUSTER_NETNS: not a namespace name: '${NETNS_OF[k]}'"
+    done
+}
+netns_mode() { ((${#NETNS_OF[@]} > 0)); }
+
+# NSP: the prefix that runs a command in node I's namespace (nothing without CLUSTER_NETNS).
+NSP=()
+set_nsp() {
+    NSP=()
+    netns_mode || return 0
+    NSP=(ip netns exec "${NETNS_OF[$1 - 1]}")
 }
 
 # ------------------------------------------------------------------- the root, if any
@@ -241,7 +297,12 @@ remove_mountpoint() { # FIRST: the directory make_mountpoint created first
 
 # epmd: the root's own on CLUSTER_EPMD_PORT (a node would start one itself, inside its
 # mount namespace, which would then stay with the epmd).
-ensure_epmd() {
+ensure_epmd() { # [I]: with CLUSTER_NETNS, the epmd of node I's namespace (all without I)
+    if netns_mode; then
+        local i
+        for i in ${1:-$(seq 1 "$NODES")}; do ensure_ns_epmd "$i"; done
+        return 0
+    fi
     [[ -n $ROOT ]] || return 0
     local port=${EPMD_PORT:-4369} deadline
     port_in_use "$port" && return 0
@@ -254,12 +315,32 @@ ensure_epmd() {
     done
 }
 
-node_name() { printf '%s-%s@localhost' "$NAME" "$1"; }
+# ensure_ns_epmd I: an epmd in node I's namespace on 127.0.0.1 and node I's address (the
+# root's with CLUSTER_ROOT), unless one listens there.
+ensure_ns_epmd() {
+    local i=$1 port=${EPMD_PORT:-4369} deadline epmd=(/usr/bin/epmd)
+    set_nsp "$i"
+    "${NSP[@]}" ss -Htln "sport = :$port" 2>/dev/null | grep -q . && return 0
+    [[ -z $ROOT ]] || epmd=(chroot "$ROOT" /usr/bin/epmd)
+    log "starting an epmd in namespace ${NETNS_OF[i - 1]} on ${HOST_OF[i - 1]}:$port"
+    "${NSP[@]}" env ERL_EPMD_ADDRESS="127.0.0.1,${HOST_OF[i - 1]}" "${epmd[@]}" -daemon -port "$port" \
+        </dev/null >/dev/null 2>&1 || true
+    deadline=$(($(now) + 10))
+    until "${NSP[@]}" ss -Htln "sport = :$port" 2>/dev/null | grep -q .; do
+        (($(now) < deadline)) || die "no epmd listens on $port in namespace ${NETNS_OF[i - 1]}"
+        sleep 0.1
+    done
+}
+
+node_host() { if netns_mode; then printf '%s' "${HOST_OF[$1 - 1]}"; else printf localhost; fi; }
+node_ip() { if netns_mode; then printf '%s' "${HOST_OF[$1 - 1]}"; else printf 127.0.0.1; fi; }
+ip_tuple() { printf '{%s}' "${1//./,}"; } # 10.0.0.1 -> {10,0,0,1}
+node_name() { printf '%s-%s@%s' "$NAME" "$1" "$(node_host "$1")"; }
 amqp_port() { echo $((PORT + $1 - 1)); }
 dist_port() { echo $((PORT + $1 - 1 + 10000)); }
 node_dir() { printf '%s/node%s' "$DIR" "$1"; }
 pid_file() { printf '%s/node%s/rabbitmq.pid' "$DIR" "$1"; }
-node_url() { printf 'amqp://guest:guest@127.0.0.1:%s/%%2f' "$(amqp_port "$1")"; }
+node_url() { printf 'amqp://guest:guest@%s:%s/%%2f' "$(node_ip "$1")" "$(amqp_port "$1")"; }
 
 urls() {
     local i out=
@@ -314,12 +395,15 @@ wait_gone() {
     done
 }
 
-# The environment every rabbitmq-server and rabbitmqctl of this cluster runs with.
+# common_env I: the environment every rabbitmq-server and rabbitmqctl of node I runs with.
 common_env() {
     printf '%s\n' \
         "HOME=$DIR/home" \
         "RABBITMQ_CONF_ENV_FILE=$DIR/rabbitmq-env.conf" \
-        "RABBITMQ_CTL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}"
+        "RABBITMQ_CTL_ERL_ARGS=-kernel inet_dist_use_interface $(ip_tuple "$(node_ip "$1")")"
+    if netns_mode; then
+        printf '%s\n' "RABBITMQ_USE_LONGNAME=true" "ERL_EPMD_ADDRESS=127.0.0.1,$(node_ip "$1")"
+    fi
     if [[ -n $EPMD_PORT ]]; then
         printf '%s\n' "ERL_EPMD_PORT=$EPMD_PORT"
     fi
@@ -327,10 +411,11 @@ common_env() {
 
 # ctl SECONDS I ARGS...: rabbitmqctl against node I, bounded in time.
 ctl() {
-    local secs=$1 i=$2 env=()
+    local secs=$1 i=$2 env=() nsp=()
     shift 2
-    mapfile -t env < <(common_env)
-    timeout -k 5 "$secs" env "${env[@]}" "${RUN[@]}" "$BIN/rabbitmqctl" -n "$(node_name "$i")" "$@"
+    mapfile -t env < <(common_env "$i")
+    ! netns_mode || nsp=(ip netns exec "${NETNS_OF[i - 1]}")
+    timeout -k 5 "$secs" env "${env[@]}" "${nsp[@]}" "${RUN[@]}" "$BIN/rabbitmqctl" -n "$(node_name "$i")" "$@"
 }
 
 # Boot node I in the background, detached from this script (own session, no inherited
@@ -338,7 +423,8 @@ ctl() {
 launch_node() {
     local i=$1 dir env=()
     dir=$(node_dir "$i")
-    mapfile -t env < <(common_env)
+    mapfile -t env < <(common_env "$i")
+    set_nsp "$i"
     env+=(
         "RABBITMQ_NODENAME=$(node_name "$i")"
         "RABBITMQ_NODE_PORT=$(amqp_port "$i")"
@@ -349,7 +435,7 @@ launch_node() {
         "RABBITMQ_ADVANCED_CONFIG_FILE=$dir/advanced.config"
         "RABBITMQ_ENABLED_PLUGINS_FILE=$DIR/enabled_plugins"
         "RABBITMQ_PID_FILE=$(pid_file "$i")"
-        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}"
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface $(ip_tuple "$(node_ip "$i")")"
         "ERL_CRASH_DUMP=$dir/log/erl_crash.dump"
     )
     rm -f "$(pid_file "$i")"
@@ -359,7 +445,7 @@ launch_node() {
         # The open-file limit a node gets is its soft limit: raise it to the hard one (a soft
         # 1024 leaves a node ~900 handles, fewer than a few vhosts of quorum queues need).
         ulimit -S -n "$(ulimit -H -n)" 2>/dev/null || true
-        exec setsid env "${env[@]}" "${RUN[@]}" "$BIN/rabbitmq-server" >>"$dir/console.log" 2>&1 </dev/null
+        exec setsid env "${env[@]}" "${NSP[@]}" "${RUN[@]}" "$BIN/rabbitmq-server" >>"$dir/console.log" 2>&1 </dev/null
     ) &
     echo $! >"$dir/server.pid"
 }
@@ -422,7 +508,7 @@ nodes_list() {
     [[ $1 != - ]] || { echo -; return; }
     local IFS=,
     for n in $1; do
-        if [[ $n =~ ^${NAME}-([0-9]+)@localhost$ ]]; then out+=("${BASH_REMATCH[1]}"); else out+=("$n"); fi
+        if [[ $n =~ ^${NAME}-([0-9]+)@[^@]+$ ]]; then out+=("${BASH_REMATCH[1]}"); else out+=("$n"); fi
     done
     printf '%s\n' "${out[@]}" | sort -n | paste -sd,
 }
@@ -430,7 +516,7 @@ nodes_list() {
 # view I: node I's own view, "app=... running=... members=... partitions=...".
 view() {
     local out app running members partitions
-    out=$(ctl 20 "$1" -q eval '
+    out=$(ctl "$VIEW_TIMEOUT" "$1" -q eval '
         F = fun([]) -> "-"; (Ns) -> lists:join(",", [atom_to_list(N) || N <- Ns]) end,
         A = case rabbit:is_running() of
                 true -> running;
@@ -491,7 +577,7 @@ kill_node() {
 
 port_in_use() {
     if command -v ss >/dev/null 2>&1; then
-        ss -Htln "sport = :$1" 2>/dev/null | grep -q .
+        "${NSP[@]}" ss -Htln "sport = :$1" 2>/dev/null | grep -q .
     else
         # shellcheck disable=SC2016 # $1 expands in the inner bash
         timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null
@@ -502,23 +588,25 @@ name_registered() { # SHORTNAME: known to epmd (some node of that name runs)
     local epmd=(epmd)
     [[ -z $ROOT ]] || epmd=(chroot "$ROOT" /usr/bin/epmd)
     [[ -z $EPMD_PORT ]] || epmd+=(-port "$EPMD_PORT")
-    "${epmd[@]}" -names 2>/dev/null | grep -q "^name $1 at port "
+    "${NSP[@]}" "${epmd[@]}" -names 2>/dev/null | grep -q "^name $1 at port "
 }
 
 # check_free I: node I's ports and name are not taken (waits briefly for epmd to notice a
 # node that was just killed).
 check_free() {
     local i=$1 p short deadline
+    set_nsp "$i" # with CLUSTER_NETNS: in node I's namespace
     for p in "$(amqp_port "$i")" "$(dist_port "$i")"; do
-        ! port_in_use "$p" || die "port $p (node $i) is already in use: $(ss -Htlnp "sport = :$p" 2>/dev/null | head -1)"
+        ! port_in_use "$p" || die "port $p (node $i) is already in use: $("${NSP[@]}" ss -Htlnp "sport = :$p" 2>/dev/null | head -1)"
     done
     short=$(node_name "$i")
     short=${short%@*}
     deadline=$(($(now) + 5))
     while name_registered "$short"; do
-        (($(now) < deadline)) || die "a node named $short@localhost already runs (epmd -names)"
+        (($(now) < deadline)) || die "a node named $short@$(node_host "$i") already runs (epmd -names)"
         sleep 0.2
     done
+    NSP=()
 }
 
 # ------------------------------------------------------------------------------ start
@@ -528,7 +616,8 @@ write_files() {
     mkdir -p "$DIR/home"
     chmod 700 "$DIR" "$DIR/home"
     touch "$MARKER"
-    printf 'NODES=%s\nPORT=%s\nNAME=%s\nROOT=%s\nEPMD_PORT=%s\n' "$NODES" "$PORT" "$NAME" "$ROOT" "$EPMD_PORT" >"$STATE"
+    printf 'NODES=%s\nPORT=%s\nNAME=%s\nROOT=%s\nEPMD_PORT=%s\nNETNS=%s\nHOSTS=%s\n' \
+        "$NODES" "$PORT" "$NAME" "$ROOT" "$EPMD_PORT" "$NETNS" "$HOSTS" >"$STATE"
     make_mountpoint
     : >"$DIR/rabbitmq-env.conf" # replaces /etc/rabbitmq/rabbitmq-env.conf (NODENAME=...)
     echo '[].' >"$DIR/enabled_plugins"
@@ -542,7 +631,11 @@ write_files() {
         conf=$dir/rabbitmq.conf
         {
             echo "# Generated by $PROG: node $i of $NODES ($(node_name "$i"))."
-            echo "listeners.tcp.default = 127.0.0.1:$(amqp_port "$i")"
+            echo "listeners.tcp.default = $(node_ip "$i"):$(amqp_port "$i")"
+            if netns_mode; then
+                # The clients come over the namespace's link, not its loopback.
+                echo "loopback_users.guest = false"
+            fi
             echo "cluster_name = $NAME"
             if ((NODES >= 3)); then
                 echo "cluster_partition_handling = pause_minority"
@@ -614,6 +707,13 @@ cmd_start() {
         [[ -x $BIN/rabbitmq-server && -x $BIN/rabbitmqctl ]] ||
             die "no RabbitMQ in $BIN (apt-get install rabbitmq-server, or set CLUSTER_RABBITMQ_BIN)"
     fi
+    if netns_mode; then
+        [[ $(id -u) -eq 0 ]] || die "CLUSTER_NETNS needs root (ip netns exec)"
+        local ns
+        for ns in "${NETNS_OF[@]}"; do
+            [[ -e /var/run/netns/$ns ]] || die "CLUSTER_NETNS: no network namespace '$ns' (ip netns list)"
+        done
+    fi
     [[ -r $ADVANCED_CONFIG ]] || die "CLUSTER_ADVANCED_CONFIG not readable: $ADVANCED_CONFIG"
     [[ -z $CONF_EXTRA || -r $CONF_EXTRA ]] || die "CLUSTER_CONF_EXTRA not readable: $CONF_EXTRA"
     if [[ -e $DIR ]]; then
@@ -635,9 +735,9 @@ cmd_start() {
     ensure_epmd
     deadline=$(($(now) + TIMEOUT))
     if ((NODES == 1)); then
-        log "starting node $(node_name 1) (AMQP on 127.0.0.1:$PORT) in $DIR"
+        log "starting node $(node_name 1) (AMQP on $(node_ip 1):$PORT) in $DIR"
     else
-        log "starting $NODES nodes in parallel (AMQP on 127.0.0.1:$PORT..$(amqp_port "$NODES")) in $DIR"
+        log "starting $NODES nodes in parallel (AMQP on $(node_ip 1):$PORT..$(node_ip "$NODES"):$(amqp_port "$NODES")) in $DIR"
     fi
     for ((i = 1; i <= NODES; i++)); do launch_node "$i"; done
     for ((i = 1; i <= NODES; i++)); do
@@ -726,7 +826,7 @@ cmd_start_node() {
         return 0
     fi
     check_free "$i"
-    ensure_epmd
+    ensure_epmd "$i"
     log "starting node $i ($(node_name "$i")) with its data"
     launch_node "$i"
     wait_up "$i" $(($(now) + TIMEOUT)) || exit 1
@@ -771,6 +871,7 @@ case $CMD in
 start) cmd_start ;;
 stop)
     load_state
+    validate_netns
     set_runner
     cmd_stop
     ;;

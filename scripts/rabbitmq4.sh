@@ -24,7 +24,10 @@
 #                    there; the 4.x epmd port). `cluster start` also denies the deprecated
 #                    features (prepended to CLUSTER_CONF_EXTRA) and turns Khepri on once the
 #                    cluster has formed. The other commands go to the script as they are (the
-#                    cluster's directory remembers its root).
+#                    cluster's directory remembers its root). With CLUSTER_NETNS and
+#                    CLUSTER_HOSTS each node runs in a network namespace of its own, with
+#                    an epmd of the root there on the 4.x epmd port (a partition test's
+#                    cluster: tools/src/partition/).
 #   version          the root's rabbitmq-server and Erlang versions.
 #
 # Environment (defaults):

@@ -47,8 +47,10 @@ pub enum Command {
     /// Cut a peer of the service off silently (a network namespace whose
     /// link goes down: no reset, every packet dropped) while orders come
     /// due, heal it, and print what it did to them: lateness before,
-    /// during and after the cut, readiness, resumption (needs root;
-    /// docs/benchmarks-log.md "Silent peers").
+    /// during and after the cut, readiness, resumption. `--peer broker`
+    /// partitions the connected node of a 3-node cluster (`--rabbitmq4`:
+    /// RabbitMQ 4.x nodes). Needs root; docs/benchmarks-log.md "Silent
+    /// peers".
     Partition(crate::partition::PartitionArgs),
     /// Run the reference gRPC inventory service (stock in `inventory.stock`
     /// of DATABASE_URL's database).

@@ -348,6 +348,164 @@ impl Drop for Namespace {
     }
 }
 
+/// A bridge on the host that several namespaces share, one [`Link`] each:
+/// what a switch is to a few machines. The host holds its `.1`; member `k`
+/// (from 0) gets `.k+2`, and every pair of members, and each member and the
+/// host, know each other's address statically (so a cut member's packets
+/// vanish instead of ARP failing). [`Link::cut`] of a member takes its
+/// bridge port down: from then on it reaches nothing and nothing reaches
+/// it, neither the host nor the other members — a partition of that one
+/// namespace. Removed (its ports, then itself) on drop; the members'
+/// namespaces are dropped by their owners.
+#[derive(Debug)]
+pub struct Bridge {
+    name: String,
+    tag: String,
+    subnet: u8,
+    /// The host's address on the bridge.
+    pub host_ip: Ipv4Addr,
+    /// Each member: its namespace, inner device, address and MAC.
+    members: Mutex<Vec<Member>>,
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    ns: String,
+    inner: String,
+    port: String,
+    ip: Ipv4Addr,
+    mac: String,
+}
+
+impl Bridge {
+    /// A new bridge with a fresh 10.231.X.0/24 of its own, up, with no
+    /// member yet.
+    #[tracing::instrument]
+    pub fn new() -> Result<Self, NetnsError> {
+        check_preconditions()?;
+        sweep_abandoned();
+        let _one_at_a_time = LINKING.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_process_at_a_time = lock_across_processes()?;
+        let n = MADE.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("{}x{n}", std::process::id());
+        let subnet = free_subnet()?;
+        let bridge = Self {
+            name: format!("otb{tag}"),
+            tag,
+            subnet,
+            host_ip: Ipv4Addr::new(10, 231, subnet, 1),
+            members: Mutex::new(Vec::new()),
+        };
+        ip(&["link", "add", &bridge.name, "type", "bridge"])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", bridge.host_ip),
+            "dev",
+            &bridge.name,
+        ])?;
+        ip(&["link", "set", &bridge.name, "up"])?;
+        Ok(bridge)
+    }
+
+    /// Connects `ns` to the bridge (a veth pair, the namespace's end with
+    /// the next address, its default route via the host when it has none
+    /// yet) and fixes the neighbours: the host's, and every member's both
+    /// ways. The link cuts that member off from all of them.
+    #[tracing::instrument(skip(self, ns), fields(bridge = %self.name, ns = %ns.name))]
+    pub fn attach(&self, ns: &Namespace) -> Result<Link, NetnsError> {
+        let mut members = self.members.lock().unwrap();
+        let k = members.len();
+        if k > 200 {
+            return Err(NetnsError::Unavailable("a bridge holds 200 members".into()));
+        }
+        let port = format!("otv{}p{k}", self.tag);
+        let inner = format!("otn{}p{k}", self.tag);
+        let ns_ip = Ipv4Addr::new(10, 231, self.subnet, k as u8 + 2);
+        ip(&["link", "add", &port, "type", "veth", "peer", "name", &inner])?;
+        ip(&["link", "set", &port, "master", &self.name])?;
+        ip(&["link", "set", &port, "up"])?;
+        ip(&["link", "set", &inner, "netns", &ns.name])?;
+        let n = ["-n", ns.name.as_str()];
+        ip(&[
+            &n[..],
+            &["addr", "add", &format!("{ns_ip}/24"), "dev", &inner],
+        ]
+        .concat())?;
+        ip(&[&n[..], &["link", "set", &inner, "up"]].concat())?;
+        let routes = ip(&[&n[..], &["route", "show", "default"]].concat())?;
+        if routes.trim().is_empty() {
+            let via = self.host_ip.to_string();
+            ip(&[&n[..], &["route", "add", "default", "via", &via]].concat())?;
+        }
+        let mac = ns_mac(&ns.name, &inner)?;
+        let bridge_mac = run("cat", &[&format!("/sys/class/net/{}/address", self.name)])?;
+        let me = Member {
+            ns: ns.name.clone(),
+            inner,
+            port: port.clone(),
+            ip: ns_ip,
+            mac,
+        };
+        neighbour(None, &self.name, me.ip, &me.mac)?;
+        neighbour(Some(&me.ns), &me.inner, self.host_ip, bridge_mac.trim())?;
+        for other in members.iter() {
+            neighbour(Some(&me.ns), &me.inner, other.ip, &other.mac)?;
+            neighbour(Some(&other.ns), &other.inner, me.ip, &me.mac)?;
+        }
+        members.push(me);
+        Ok(Link {
+            host_ip: self.host_ip,
+            ns_ip,
+            port,
+        })
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        for member in self.members.lock().unwrap().drain(..) {
+            let _ = ip(&["link", "del", &member.port]);
+        }
+        let _ = ip(&["link", "del", &self.name]);
+    }
+}
+
+/// The MAC address of `device` in namespace `ns`.
+fn ns_mac(ns: &str, device: &str) -> Result<String, NetnsError> {
+    let path = format!("/sys/class/net/{device}/address");
+    Ok(run("ip", &["netns", "exec", ns, "cat", &path])?
+        .trim()
+        .to_owned())
+}
+
+/// A permanent neighbour entry: `ip` is at `mac` on `device` (of namespace
+/// `ns`, or the host's).
+fn neighbour(
+    ns: Option<&str>,
+    device: &str,
+    ip_addr: Ipv4Addr,
+    mac: &str,
+) -> Result<(), NetnsError> {
+    let addr = ip_addr.to_string();
+    let entry = [
+        "neigh",
+        "replace",
+        &addr,
+        "lladdr",
+        mac,
+        "dev",
+        device,
+        "nud",
+        "permanent",
+    ];
+    match ns {
+        Some(ns) => ip(&[&["-n", ns][..], &entry[..]].concat()),
+        None => ip(&entry),
+    }
+    .map(drop)
+}
+
 /// Kills (SIGKILL, by pid) every process in the namespace `name`.
 fn kill_pids_in(name: &str) {
     for _ in 0..3 {
@@ -415,6 +573,45 @@ fn sweep_abandoned() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two namespaces on one bridge reach each other and the host; a cut
+    /// of one's link makes it silent to both.
+    #[test]
+    fn a_cut_member_of_a_bridge_is_silent_to_the_host_and_the_other_members() {
+        let bridge = Bridge::new().expect("a bridge (run as root)");
+        let (a, b) = (Namespace::new().unwrap(), Namespace::new().unwrap());
+        let link_a = bridge.attach(&a).unwrap();
+        let link_b = bridge.attach(&b).unwrap();
+        let listener = a.listener((link_a.ns_ip, 0).into()).unwrap();
+        let port = listener.local_addr().unwrap().port().to_string();
+        let probe = |from: &Namespace| {
+            let script = format!("exec 3<>/dev/tcp/{}/{port}", link_a.ns_ip);
+            from.command("timeout")
+                .args(["2", "bash", "-c", &script])
+                .status()
+                .unwrap()
+                .code()
+        };
+        let host = || {
+            let addr = (link_a.ns_ip, port.parse().unwrap()).into();
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        };
+        assert_eq!(probe(&b), Some(0), "b reaches a over the bridge");
+        assert!(host().is_ok(), "the host reaches a");
+        link_a.cut().unwrap();
+        assert_eq!(
+            probe(&b),
+            Some(124),
+            "a cut member is silent to b (a timeout)"
+        );
+        let err = host().expect_err("a cut member is silent to the host");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        link_a.heal().unwrap();
+        assert_eq!(probe(&b), Some(0), "b reaches a again");
+        let _ = link_b;
+        drop((a, b));
+        drop(bridge);
+    }
 
     /// The link carries TCP, a cut makes it silent (a connect neither
     /// succeeds nor is refused), and a heal restores it.

@@ -9,6 +9,7 @@
 //! `scripts/rabbitmq4.sh cluster start`: every deprecated feature denied,
 //! Khepri on, their own epmd.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -54,6 +55,13 @@ pub struct ClusterConfig {
     /// RabbitMQ 4.x nodes from `scripts/rabbitmq4.sh`'s root instead of
     /// the machine's RabbitMQ.
     pub rabbitmq4: bool,
+    /// One network namespace and address per node (the script's
+    /// `CLUSTER_NETNS` and `CLUSTER_HOSTS`): node `i` runs in the `i`-th
+    /// namespace, named and reached by its address, with an epmd of its
+    /// own there — the nodes of a cluster on a [`crate::netns::Bridge`],
+    /// each of which a test can partition off. Empty: the host's network
+    /// (or [`ClusterConfig::netns`] for all).
+    pub node_netns: Vec<(String, Ipv4Addr)>,
 }
 
 impl ClusterConfig {
@@ -65,6 +73,7 @@ impl ClusterConfig {
             extra_conf: None,
             netns: None,
             rabbitmq4: false,
+            node_netns: Vec::new(),
         }
     }
 }
@@ -73,6 +82,8 @@ impl ClusterConfig {
 pub struct PrivateCluster {
     dir: PathBuf,
     netns: Option<String>,
+    /// Node `i`'s address is `hosts[i - 1]` (127.0.0.1 when empty).
+    hosts: Vec<Ipv4Addr>,
     /// Number of nodes.
     pub nodes: usize,
     /// AMQP port of node 1 (node `i` listens on `port + i - 1`).
@@ -108,9 +119,22 @@ impl PrivateCluster {
             std::fs::write(&path, text).map_err(|e| io_error("write extra conf", e))?;
             env.push(("CLUSTER_CONF_EXTRA", path.display().to_string()));
         }
+        if !config.node_netns.is_empty() {
+            let join = |f: &dyn Fn(&(String, Ipv4Addr)) -> String| {
+                config
+                    .node_netns
+                    .iter()
+                    .map(f)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            env.push(("CLUSTER_NETNS", join(&|(ns, _)| ns.clone())));
+            env.push(("CLUSTER_HOSTS", join(&|(_, ip)| ip.to_string())));
+        }
         let cluster = Self {
             dir: dir.join("cluster"),
             netns: config.netns.clone(),
+            hosts: config.node_netns.iter().map(|(_, ip)| *ip).collect(),
             nodes: config.nodes,
             port,
         };
@@ -126,8 +150,13 @@ impl PrivateCluster {
 
     /// The AMQP URL of node `i` (1-based), default vhost.
     pub fn url(&self, i: usize) -> String {
+        let host = self
+            .hosts
+            .get(i - 1)
+            .copied()
+            .unwrap_or(Ipv4Addr::LOCALHOST);
         format!(
-            "amqp://guest:guest@127.0.0.1:{}/%2f",
+            "amqp://guest:guest@{host}:{}/%2f",
             self.port as usize + i - 1
         )
     }
@@ -176,11 +205,30 @@ impl PrivateCluster {
         self.run(&all).await
     }
 
-    /// The script's `status` lines.
+    /// The script's `status` lines: each node's own view, also when they
+    /// disagree (a partition: the script then exits 1).
     pub async fn status(&self) -> String {
-        match self.run(&["status"]).await {
-            Ok(out) => out,
-            Err(e) => e.to_string(),
+        self.status_within(Duration::from_secs(20)).await
+    }
+
+    /// [`PrivateCluster::status`], each node's view waited for at most
+    /// `limit` (`app=unreachable` past it: a node in a partition's minority
+    /// may not answer in time).
+    pub async fn status_within(&self, limit: Duration) -> String {
+        let mut command = Command::from(self.script_command(&cluster_script()));
+        command
+            .arg("status")
+            .env("CLUSTER_DIR", &self.dir)
+            .env("CLUSTER_VIEW_TIMEOUT", limit.as_secs().max(1).to_string())
+            .kill_on_drop(true);
+        match command.output().await {
+            Ok(out) if !out.stdout.is_empty() => String::from_utf8_lossy(&out.stdout).into_owned(),
+            Ok(out) => format!(
+                "scripts/rabbitmq-cluster.sh status ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(e) => format!("scripts/rabbitmq-cluster.sh status: {e}"),
         }
     }
 

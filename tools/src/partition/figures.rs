@@ -99,6 +99,9 @@ pub struct Figures {
     /// Seconds from the heal until the last stock release (of the orders
     /// cancelled before the heal); negative when all were done before.
     pub last_release_after_heal_s: Option<f64>,
+    /// The broker run: each node's own view a few seconds before the heal
+    /// (`scripts/rabbitmq-cluster.sh status` lines).
+    pub cluster_view: Option<String>,
 }
 
 impl fmt::Display for Figures {
@@ -124,7 +127,14 @@ impl fmt::Display for Figures {
             "  first cancellation {} after the heal; last stock release {} after the heal",
             s(self.cancelling_after_heal_s),
             s(self.last_release_after_heal_s)
-        )
+        )?;
+        if let Some(view) = &self.cluster_view {
+            write!(f, "\n  the nodes' views before the heal:")?;
+            for line in view.lines() {
+                write!(f, "\n    {line}")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -204,6 +214,7 @@ impl Figures {
                 .filter(|(_, done, _)| done.is_some_and(|d| d < heal))
                 .filter_map(|(_, _, released)| released.map(|r| seconds(r - heal)))
                 .max_by(f64::total_cmp),
+            cluster_view: None,
         })
     }
 }

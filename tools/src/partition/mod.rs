@@ -5,15 +5,31 @@
 //! (`tests/e2e/partitions.rs`) run the same [`run`] with generous bounds;
 //! docs/benchmarks-log.md records the figures.
 //!
-//! One run: a service on the world of `world.rs`, `--orders` orders due
-//! evenly from 5 s to the cut + 25 s after the start and a burst of
-//! 100 more due together 30 ms before the cut (their work is in
-//! flight when the link goes), the peer cut 10 s in for `--cut`, healed,
-//! and every order waited for. Figures: orders lost,
-//! early, and their stock released more than once (none may be); the
-//! lateness of the orders due before, during and after the cut; when
-//! readiness went red and green; for the database, when cancelling resumed
-//! after the heal; for the inventory, when the last release was done.
+//! One run: a service on the world of `world.rs`, `--orders` orders (500
+//! for the broker, else 300) due evenly from 5 s to the cut + 25 s after
+//! the start and a burst of 100 more due together 30 ms before the cut
+//! (their work is in flight when the link goes), the peer cut 10 s in for
+//! `--cut` (40 s for the broker, else 30 s), healed, and every order waited
+//! for. Figures: orders lost, early, and their stock released more than
+//! once (none may be); the lateness of the orders due before, during and
+//! after the cut; when readiness went red and green; for the database,
+//! when cancelling resumed after the heal; for the inventory, when the last
+//! release was done; for the broker, each node's own view of the cluster
+//! 24 s before the heal.
+//!
+//! The broker is a 3-node cluster of private nodes (`pause_minority`,
+//! quorum queue leaders balanced, Erlang's `net_ticktime` 10 s), each in a
+//! namespace of its own on one bridge ([`crate::netns::Bridge`]), named by
+//! its address (long names) so that Erlang distribution works across the
+//! namespaces; the service's `AMQP_URL` lists the three, node 1 first. The
+//! cut takes node 1's bridge port down: node 1 loses the service and the
+//! other two nodes alike, a real partition (on 3.10 node 1 pauses itself,
+//! `pause_minority`; on 4.x with Khepri it runs on alone, without a
+//! quorum). `--rabbitmq4` takes the nodes from the RabbitMQ 4.x root of
+//! `scripts/rabbitmq4.sh` (run `scripts/rabbitmq4.sh prepare` first).
+//! Everything (nodes, epmds, namespaces, bridge, vhost, database) is
+//! removed afterwards by its own id, also on failure or panic; what a
+//! killed run left is swept by the next run ([`crate::netns`]).
 
 use std::time::Duration;
 
@@ -34,7 +50,8 @@ use world::World;
 /// The peer cut off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Peer {
-    /// The RabbitMQ node the service is connected to.
+    /// The RabbitMQ node the service is connected to, of a 3-node cluster:
+    /// partitioned from the service and from the other two nodes.
     Broker,
     /// The shop's PostgreSQL.
     Database,
@@ -51,9 +68,16 @@ pub struct PartitionArgs {
     /// How long the cut lasts (default: 40s for the broker, else 30s).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub cut: Option<Duration>,
-    /// Orders due over the run.
-    #[arg(long, default_value_t = 300)]
-    pub orders: usize,
+    /// Orders due over the run, besides the burst of 100 due just before
+    /// the cut (default: 500 for the broker, about 600 in all, else 300).
+    #[arg(long)]
+    pub orders: Option<usize>,
+    /// The broker's cluster of RabbitMQ 4.x nodes from the root that
+    /// `scripts/rabbitmq4.sh` prepares (Debian trixie's 4.0.5, every
+    /// deprecated feature denied, Khepri on) instead of the machine's
+    /// RabbitMQ.
+    #[arg(long)]
+    pub rabbitmq4: bool,
 }
 
 impl PartitionArgs {
@@ -62,6 +86,14 @@ impl PartitionArgs {
         self.cut.unwrap_or(match self.peer {
             Peer::Broker => Duration::from_secs(40),
             _ => Duration::from_secs(30),
+        })
+    }
+
+    /// Orders due over the run, besides the burst.
+    pub fn orders(&self) -> usize {
+        self.orders.unwrap_or(match self.peer {
+            Peer::Broker => 500,
+            _ => 300,
         })
     }
 }
@@ -79,6 +111,9 @@ const LAST_DUE_AFTER_HEAL: Duration = Duration::from_secs(25);
 /// cancel statements, releases and publishes are in flight when the link
 /// goes (what a wait for an answer lost in the cut needs).
 const BURST: usize = 100;
+/// How long before the heal the cluster's nodes are asked for their view
+/// (the broker run: is it a partition, who paused).
+const VIEW_BEFORE_HEAL: Duration = Duration::from_secs(24);
 /// How long before the cut the burst falls due.
 const BURST_BEFORE_CUT: Duration = Duration::from_millis(30);
 
@@ -92,7 +127,11 @@ pub async fn command(args: PartitionArgs) -> anyhow::Result<std::process::ExitCo
 /// One run (module docs); the world is removed afterwards, also when the
 /// run fails.
 pub async fn run(args: &PartitionArgs) -> anyhow::Result<Figures> {
-    let world = World::build(args.peer).await?;
+    anyhow::ensure!(
+        !args.rabbitmq4 || args.peer == Peer::Broker,
+        "--rabbitmq4 is for --peer broker"
+    );
+    let world = World::build(args.peer, args.rabbitmq4).await?;
     let result = run_in(&world, args).await;
     world.clean_up().await;
     result
@@ -100,6 +139,7 @@ pub async fn run(args: &PartitionArgs) -> anyhow::Result<Figures> {
 
 async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> {
     let cut = args.cut();
+    let orders = args.orders();
     let stock: Vec<(String, i64)> = (0..SKUS).map(|k| (sku(k), STOCK)).collect();
     crate::shop::set_stock(&world.shop, &stock).await?;
     let service = RunningService::start(world.settings.clone()).await?;
@@ -113,14 +153,22 @@ async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> 
     }
     let start = Utc::now();
     let span = CUT_AFTER + cut + LAST_DUE_AFTER_HEAL - FIRST_DUE;
-    schedule(world, args.orders, start, span).await?;
+    schedule(world, orders, start, span).await?;
     sleep_until(start, CUT_AFTER).await;
     world.cut()?;
     let cut_at = Utc::now();
+    sleep_until(cut_at, cut.saturating_sub(VIEW_BEFORE_HEAL)).await;
+    // Bounded: the heal must come on time whatever the nodes answer (a
+    // node's view within 18 s, the script's own `timeout -k 5` past it).
+    let view_limit = VIEW_BEFORE_HEAL - Duration::from_secs(1);
+    let view = world.cluster_view(Duration::from_secs(18));
+    let cluster_view = tokio::time::timeout(view_limit, view)
+        .await
+        .unwrap_or_else(|_| Some(format!("no view within {view_limit:?}")));
     sleep_until(cut_at, cut).await;
     world.heal()?;
     let healed_at = Utc::now();
-    let settled = settle(world, args.orders + BURST, healed_at).await;
+    let settled = settle(world, orders + BURST, healed_at).await;
     let readiness = watch.stop();
     let reconnects = service.metrics.reconnects();
     service.stop().await?;
@@ -130,14 +178,10 @@ async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> 
         cut_at,
         healed_at,
     };
-    Figures::measure(
-        &world.shop,
-        window,
-        args.orders + BURST,
-        readiness,
-        reconnects,
-    )
-    .await
+    let mut figures =
+        Figures::measure(&world.shop, window, orders + BURST, readiness, reconnects).await?;
+    figures.cluster_view = cluster_view;
+    Ok(figures)
 }
 
 fn sku(k: usize) -> String {

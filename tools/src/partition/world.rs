@@ -1,6 +1,7 @@
 //! The world of one partition run: a broker, a database and an inventory
-//! for a service, one of them (the peer) in a network namespace behind a
-//! link the run cuts ([`crate::netns`]); the others on this machine's
+//! for a service, one of them (the peer) in network namespaces behind a
+//! link the run cuts ([`crate::netns`]: the broker a 3-node cluster with a
+//! namespace per node on one bridge); the others on this machine's
 //! servers, in a vhost and a database of the run's own.
 
 use std::time::Duration;
@@ -11,7 +12,7 @@ use sqlx::PgPool;
 
 use super::Peer;
 use crate::inventory::ReferenceInventory;
-use crate::netns::{Link, Namespace};
+use crate::netns::{Bridge, Link, Namespace};
 use crate::private_broker::{ClusterConfig, PrivateCluster};
 use crate::private_pg::PrivatePostgres;
 use crate::{scratch, shop};
@@ -19,15 +20,18 @@ use crate::{scratch, shop};
 /// What holds the peer behind its link (dropped with the world: nodes,
 /// servers, namespaces and links removed).
 enum Holder {
-    /// A private RabbitMQ node reached over two links: the service lists
-    /// the node twice (`AMQP_URL` with both addresses), the first link is
-    /// cut, the order service publishes over the second.
+    /// A private 3-node RabbitMQ cluster, each node in a namespace of its
+    /// own on one bridge: the service lists the three (`AMQP_URL`), node 1
+    /// first; node 1's link is cut, which partitions it from the service
+    /// and from the other two nodes alike. The order service publishes
+    /// through node 2.
     Broker {
-        // Declared before `ns`: stopped (in the namespace) before it goes.
+        // Declared first: stopped (in the namespaces) before they go.
         cluster: PrivateCluster,
         cut: Link,
-        _spare: Link,
-        _ns: Namespace,
+        _links: Vec<Link>,
+        _namespaces: Vec<Namespace>,
+        _bridge: Bridge,
     },
     /// A private PostgreSQL server holding the orders and the stock.
     Database(PrivatePostgres),
@@ -54,11 +58,11 @@ pub(super) struct World {
 impl World {
     /// Sets up the world for `peer`.
     #[tracing::instrument]
-    pub(super) async fn build(peer: Peer) -> anyhow::Result<Self> {
+    pub(super) async fn build(peer: Peer, rabbitmq4: bool) -> anyhow::Result<Self> {
         let name = scratch::owned_name("ot_part");
         let (holder, amqp_url, publish_url, database_base) = match peer {
             Peer::Broker => {
-                let (holder, url, publish) = broker().await?;
+                let (holder, url, publish) = broker(rabbitmq4).await?;
                 (holder, url, publish, scratch::test_pg_server())
             }
             Peer::Database => {
@@ -121,6 +125,15 @@ impl World {
         }
     }
 
+    /// The private cluster's status, each node's own view, waited for at
+    /// most `limit` per node (`None`: the peer is not the broker).
+    pub(super) async fn cluster_view(&self, limit: Duration) -> Option<String> {
+        match &self.holder {
+            Holder::Broker { cluster, .. } => Some(cluster.status_within(limit).await),
+            _ => None,
+        }
+    }
+
     /// The private broker node's status (for a failure message).
     pub(super) async fn broker_status(&self) -> String {
         match &self.holder {
@@ -171,30 +184,61 @@ fn shared_vhost(name: &str) -> anyhow::Result<(SecretUrl, SecretUrl)> {
     Ok((url.clone(), url))
 }
 
-/// A private RabbitMQ node in a namespace with two links; `AMQP_URL` names
-/// it over the first, then over the second.
-async fn broker() -> anyhow::Result<(Holder, SecretUrl, SecretUrl)> {
-    let ns = Namespace::new()?;
-    let cut = ns.link()?;
-    let spare = ns.link()?;
-    let extra = format!(
-        "listeners.tcp.cut = {}:@PORT@\nlisteners.tcp.spare = {}:@PORT@\nloopback_users.guest = false\n",
-        cut.ns_ip, spare.ns_ip
+/// Erlang's `net_ticktime` on the cluster's nodes, seconds: a node that
+/// hears nothing from another for about this long (0.75–1.25 of it) takes
+/// it for down. RabbitMQ's default, 60 s, is longer than the cut: the cut
+/// node would never see itself in the minority, and the majority's Mnesia
+/// would wait up to 75 s on it. 10 s makes the cut a partition both sides
+/// notice (pause_minority then pauses node 1); quorum queues elect new
+/// leaders on their own failure detector (Ra's aten), independent of it.
+pub const NET_TICKTIME_S: u32 = 10;
+
+/// The shipped `advanced.config` with [`NET_TICKTIME_S`].
+fn advanced_config() -> String {
+    let shipped = include_str!("../../../deploy/rabbitmq/advanced.config");
+    let kernel = format!("[\n  {{kernel, [{{net_ticktime, {NET_TICKTIME_S}}}]}},\n  {{rabbit,");
+    shipped.replacen("[\n  {rabbit,", &kernel, 1)
+}
+
+/// A 3-node cluster (`pause_minority`, quorum queue leaders balanced as
+/// `deploy/rabbitmq/cluster.conf` sets), each node in a namespace of its own
+/// on one bridge; `AMQP_URL` lists the three, node 1 first.
+async fn broker(rabbitmq4: bool) -> anyhow::Result<(Holder, SecretUrl, SecretUrl)> {
+    let bridge = Bridge::new()?;
+    let namespaces = (0..3)
+        .map(|_| Namespace::new())
+        .collect::<Result<Vec<_>, _>>()?;
+    let links = namespaces
+        .iter()
+        .map(|ns| bridge.attach(ns))
+        .collect::<Result<Vec<_>, _>>()?;
+    let advanced = advanced_config();
+    anyhow::ensure!(
+        advanced.contains("net_ticktime"),
+        "deploy/rabbitmq/advanced.config no longer starts with the rabbit section"
     );
     let cluster = PrivateCluster::start(ClusterConfig {
-        extra_conf: Some(extra),
-        netns: Some(ns.name.clone()),
-        ..ClusterConfig::nodes(1)
+        advanced_config: Some(advanced),
+        extra_conf: Some(include_str!("../../../deploy/rabbitmq/cluster.conf").into()),
+        rabbitmq4,
+        node_netns: namespaces
+            .iter()
+            .zip(&links)
+            .map(|(ns, link)| (ns.name.clone(), link.ns_ip))
+            .collect(),
+        ..ClusterConfig::nodes(3)
     })
     .await?;
-    let node = |ip| format!("amqp://guest:guest@{ip}:{}/%2f", cluster.port);
-    let url = SecretUrl::new(format!("{},{}", node(cut.ns_ip), node(spare.ns_ip)));
-    let publish = SecretUrl::new(node(spare.ns_ip));
+    let url = SecretUrl::new(cluster.urls_from(1));
+    let publish = SecretUrl::new(cluster.url(2));
+    let mut links = links.into_iter();
+    let cut = links.next().expect("three links");
     let holder = Holder::Broker {
         cluster,
         cut,
-        _spare: spare,
-        _ns: ns,
+        _links: links.collect(),
+        _namespaces: namespaces,
+        _bridge: bridge,
     };
     Ok((holder, url, publish))
 }
