@@ -23,11 +23,18 @@ COPY tools ./tools
 # Cache mounts keep the crate registry and compiled dependencies between builds, so a
 # source change only recompiles the workspace. target/ lives in the cache, so copy the
 # binaries out.
+#
+# Two builds, not one: the tools crate turns on the service library's `testing` feature,
+# and one `cargo build` of both binaries would unify features and compile the shipped
+# service with it. The service is built on its own, exactly as `scripts/test.sh` lints
+# it (`cargo clippy -p order-timeout --bins --lib`); the tools after, into their binary
+# only.
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked --bin order-timeout --bin order-timeout-tools \
+    cargo build --release --locked -p order-timeout --bin order-timeout \
     && install -m 0755 target/release/order-timeout /usr/local/bin/order-timeout \
+    && cargo build --release --locked -p order-timeout-tools --bin order-timeout-tools \
     && install -m 0755 target/release/order-timeout-tools /usr/local/bin/order-timeout-tools
 
 # ---- runtime base -----------------------------------------------------------------------
