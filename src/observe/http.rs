@@ -16,7 +16,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Serialize;
 
@@ -45,7 +45,18 @@ pub struct Health {
     /// concurrent callers of [`Health::check_cached`] wait for one probe
     /// instead of each probing.
     last: tokio::sync::Mutex<Option<(std::time::Instant, Readiness)>>,
+    /// The service's runtime, where `/readyz` probes: a database
+    /// connection the probe opens is then driven by the service's threads,
+    /// never by the HTTP side's lower-priority ones (`server::apart`).
+    runtime: tokio::runtime::Handle,
+    /// `/metrics` as last rendered, and when: one rendering per
+    /// [`METRICS_FRESH`] however many clients ask (a scraper every 15 s
+    /// never notices; a flood of anonymous requests costs one a second).
+    rendered: tokio::sync::Mutex<Option<(std::time::Instant, Arc<str>)>>,
 }
+
+/// How long a rendering of `/metrics` is served again.
+const METRICS_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How readiness checks the inventory.
 #[derive(Debug)]
@@ -78,7 +89,8 @@ pub struct Readiness {
 
 impl Health {
     /// Readiness for a service using `store` and the inventory at
-    /// `inventory_url` (`None`: the service calls no inventory).
+    /// `inventory_url` (`None`: the service calls no inventory). Made on
+    /// the service's runtime, where its probes will run.
     pub fn new(store: Store, inventory_url: Option<&SecretUrl>, metrics: Arc<Metrics>) -> Self {
         let inventory = match inventory_url {
             None => InventoryProbe::NotUsed,
@@ -96,6 +108,8 @@ impl Health {
             inventory,
             metrics,
             last: tokio::sync::Mutex::new(None),
+            runtime: tokio::runtime::Handle::current(),
+            rendered: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -174,12 +188,23 @@ impl Health {
 }
 
 async fn metrics(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    let text = {
+        let mut rendered = health.rendered.lock().await;
+        match rendered.as_ref() {
+            Some((at, text)) if at.elapsed() < METRICS_FRESH => text.clone(),
+            _ => {
+                let text: Arc<str> = health.metrics.render().into();
+                *rendered = Some((std::time::Instant::now(), text.clone()));
+                text
+            }
+        }
+    };
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        health.metrics.render(),
+        text.to_string(),
     )
 }
 
@@ -187,14 +212,22 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
-    let r = health.check_cached(READYZ_FRESH).await;
+async fn readyz(State(health): State<Arc<Health>>) -> Response {
+    let probing = health.clone();
+    let probe = async move { probing.check_cached(READYZ_FRESH).await };
+    let Ok(r) = health.runtime.spawn(probe).await else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the readiness probe failed\n",
+        )
+            .into_response();
+    };
     let status = if r.ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, axum::Json(r))
+    (status, axum::Json(r)).into_response()
 }
 
 /// `/metrics`, `/healthz` and `/readyz`: what a probe or a scraper asks
