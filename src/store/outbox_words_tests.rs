@@ -23,6 +23,8 @@ fn values() -> Vec<(&'static str, Value<'static>)> {
         ("instance", Value::Text("i")),
         ("version", Value::Text("v")),
         ("until", Value::Time(DateTime::UNIX_EPOCH)),
+        ("at", Value::Time(DateTime::UNIX_EPOCH)),
+        ("after_id", Value::Text("a")),
         ("ids", Value::Ids(IDS)),
     ]
 }
