@@ -110,7 +110,7 @@ pub fn warning(need: &Need, allowance: &Allowance) -> Option<String> {
         return None;
     };
     Some(format!(
-        "WARNING  {short}, which allows {usable} ({} open-file limit, less {BROKER_RESERVE} RabbitMQ keeps;          other vhosts take their share: `rabbitmqctl status`, File Descriptors). When they run out,          declaring queues and opening connections hang. Raise the broker's limit to 65536: systemd          `systemctl edit rabbitmq-server` with `[Service]` `LimitNOFILE=65536`, then restart it; a container          `--ulimit nofile=65536:65536` (compose: `ulimits: nofile: 65536`); docs/limits.md#file-descriptors",
+        "WARNING  {short}, which allows {usable} ({} open-file limit, less {BROKER_RESERVE} RabbitMQ keeps; other vhosts take their share: `rabbitmqctl status`, File Descriptors). When they run out, declaring queues and opening connections hang. Raise the broker's limit to 65536: systemd `systemctl edit rabbitmq-server` with `[Service]` `LimitNOFILE=65536`, then restart it; a container `--ulimit nofile=65536:65536` (compose: `ulimits: nofile: 65536`); docs/limits.md#file-descriptors",
         allowance.limit
     ))
 }
