@@ -4,12 +4,19 @@
 # try an upgrade by hand:
 #
 #   scripts/previous-release.sh [VERSION]     # default: the release before this one
+#   scripts/previous-release.sh --which [VERSION]   # only print "VERSION COMMIT"
 #
 # CHANGELOG.md names each release's commit ("Commit: <sha>" under its
-# heading). The source is taken from git (the checkout's history), built in
+# heading; a release whose entry has no such line yet is found by its tag
+# vX.Y.Z). The release before this one is the newest release whose commit
+# is not this checkout's HEAD: on a checkout with changes after the newest
+# release (an Unreleased section), that newest release; on a release's own
+# commit, the one before it. The source is taken from git (the checkout's
+# history), exactly the named commit (git archive), built in
 # target/previous-release/<VERSION>/ with its own Cargo.lock, and the binary
-# is cached there: a second run prints its path at once. Prints the binary's
-# path on the last line of its output.
+# is cached there with the commit it was built from (<VERSION>/commit): a
+# second run prints its path at once. Prints the binary's path on the last
+# line of its output.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -17,23 +24,52 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -x ${HOME:-/nonexistent}/.cargo/bin/
     PATH=$HOME/.cargo/bin:$PATH
 fi
 
-# The releases in CHANGELOG.md, newest first: "## [X.Y.Z] - DATE" headings,
-# each followed by a "Commit: <sha>" line.
+which=false
+if [[ ${1:-} == --which ]]; then
+    which=true
+    shift
+fi
+
+# The releases in CHANGELOG.md, newest first: "## [X.Y.Z] - DATE" headings.
 releases=$(awk '/^## \[[0-9]+\.[0-9]+\.[0-9]+\]/ { v = $2; gsub(/[\[\]]/, "", v); print v }' CHANGELOG.md)
-current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-version=${1:-$(printf '%s\n' "$releases" | grep -vx "$current" | head -1)}
+# The commit CHANGELOG.md names for release $1 ("Commit: <sha>" under its
+# heading), else its tag's, else nothing.
+commit_of() {
+    local named
+    named=$(awk -v v="[$1]" '
+        $1 == "##" && $2 == v { inside = 1; next }
+        $1 == "##" { inside = 0 }
+        inside && /^Commit: / { sub(/^Commit: `?/, ""); sub(/`.*/, ""); print; exit }
+    ' CHANGELOG.md)
+    if [[ -n $named ]]; then
+        echo "$named"
+    else
+        git rev-parse --verify --quiet "refs/tags/v$1^{commit}" || true
+    fi
+}
+head=$(git rev-parse HEAD 2>/dev/null || true)
+version=${1:-}
 if [[ -z $version ]]; then
-    echo "previous-release: CHANGELOG.md names no release before $current" >&2
+    for v in $releases; do
+        c=$(commit_of "$v")
+        if [[ -n $c && $c != "$head" ]]; then
+            version=$v
+            break
+        fi
+    done
+fi
+if [[ -z $version ]]; then
+    echo "previous-release: CHANGELOG.md names no release commit other than this checkout's" >&2
     exit 1
 fi
-commit=$(awk -v v="[$version]" '
-    $1 == "##" && $2 == v { inside = 1; next }
-    $1 == "##" { inside = 0 }
-    inside && /^Commit: / { sub(/^Commit: `?/, ""); sub(/`.*/, ""); print; exit }
-' CHANGELOG.md)
+commit=$(commit_of "$version")
 if [[ -z $commit ]]; then
-    echo "previous-release: CHANGELOG.md gives no 'Commit:' line for [$version]" >&2
+    echo "previous-release: CHANGELOG.md gives no 'Commit:' line for [$version], and there is no tag v$version" >&2
     exit 1
+fi
+if $which; then
+    echo "$version $commit"
+    exit 0
 fi
 
 out=target/previous-release/$version

@@ -45,6 +45,8 @@ cargo clippy --locked -p order-timeout --bins --lib -- -D warnings
 
 section "previous release: scripts/previous-release.sh (the rolling-upgrade test's, cached under target/)"
 scripts/previous-release.sh
+# The MariaDB upgrade case starts from 0.1.0 (its kept marker and contraction).
+scripts/previous-release.sh 0.1.0
 
 section "test: cargo test --locked --workspace $*"
 cargo test --locked --workspace "$@"

@@ -9,6 +9,7 @@ use super::connect;
 use crate::broker::topology::{BindingDestination, DELIVERY_LIMIT_FIX, Layout};
 use crate::ops::leftovers;
 use crate::ops::topology_check::{self, Status};
+use crate::ops::topology_fds;
 use crate::settings::{QueueType, Settings};
 
 /// `order-timeout topology …`.
@@ -27,6 +28,11 @@ pub struct CheckArgs {
     /// Also list the objects that match, and each binding with a missing end.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+    /// The broker's open-file limit (`ulimit -n` of its process), when the
+    /// check cannot read it itself: it reads it from /proc only for a
+    /// broker on this host, as root or the broker's user.
+    #[arg(long, value_name = "N")]
+    pub broker_fd_limit: Option<u64>,
 }
 /// Runs `topology …`.
 pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow::Result<ExitCode> {
@@ -54,15 +60,8 @@ pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow:
             println!("{line}");
         }
     }
-    for binding in report.broken_bindings().filter(|_| args.verbose) {
-        let destination = match &binding.spec.destination {
-            BindingDestination::Queue(q) => format!("queue {q}"),
-            BindingDestination::Exchange(e) => format!("exchange {e}"),
-        };
-        println!(
-            "BROKEN   binding {} -> {destination} ({:?}): an end is missing",
-            binding.spec.source, binding.spec.routing_key
-        );
+    if args.verbose {
+        print_broken_bindings(&report);
     }
     let problems = report.problems().count();
     let broken = report.broken_bindings().count();
@@ -73,12 +72,14 @@ pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow:
         report.bindings.len(),
         broken,
     );
-    // Informational: leftovers are delivered where they are, so they do
-    // not make the check fail.
+    // Informational: leftovers are delivered where they are, and the
+    // file descriptors are a warning, so neither makes the check fail.
+    let mut lines = fd_lines(&settings, &layout, args.broker_fd_limit);
     if let Some(leftovers) = leftovers {
-        for line in leftovers::lines(&leftovers?, &layout) {
-            println!("{line}");
-        }
+        lines.extend(leftovers::lines(&leftovers?, &layout));
+    }
+    for line in lines {
+        println!("{line}");
     }
     if report.is_ok() {
         println!("OK");
@@ -89,6 +90,57 @@ pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow:
         );
         Ok(ExitCode::from(1))
     }
+}
+
+/// Each binding with a missing end (`--verbose`).
+fn print_broken_bindings(report: &topology_check::TopologyReport) {
+    for binding in report.broken_bindings() {
+        let destination = match &binding.spec.destination {
+            BindingDestination::Queue(q) => format!("queue {q}"),
+            BindingDestination::Exchange(e) => format!("exchange {e}"),
+        };
+        println!(
+            "BROKEN   binding {} -> {destination} ({:?}): an end is missing",
+            binding.spec.source, binding.spec.routing_key
+        );
+    }
+}
+
+/// What the layout needs of the broker's file descriptors, what the broker
+/// allows (`--broker-fd-limit`, else read from /proc for a broker on this
+/// host) and a warning when it allows too few. Informational: the exit
+/// code stays the objects'.
+fn fd_lines(settings: &Settings, layout: &Layout, given: Option<u64>) -> Vec<String> {
+    let need = topology_fds::need(layout, 1);
+    let allowance = match given {
+        Some(limit) => Some(topology_fds::Allowance {
+            limit,
+            source: "given with --broker-fd-limit".into(),
+        }),
+        None => local_port(settings).and_then(topology_fds::local_broker),
+    };
+    topology_fds::lines(&need, allowance.as_ref())
+}
+
+/// The AMQP port of the first node, when it is on this host (a loopback
+/// name or address).
+fn local_port(settings: &Settings) -> Option<u16> {
+    let first_node = settings.amqp_url.expose().split(',').next()?.trim();
+    let url = url::Url::parse(first_node).ok()?;
+    let local = match url.host()? {
+        // `amqp` is no special scheme to the URL parser: its IP literals
+        // come as names.
+        url::Host::Domain(name) => {
+            name == "localhost"
+                || name
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    };
+    let default = if url.scheme() == "amqps" { 5671 } else { 5672 };
+    local.then(|| url.port().unwrap_or(default))
 }
 
 /// The vhost an `AMQP_URL` names (its path, percent-decoded), for display.

@@ -11,3 +11,4 @@ pub mod leftovers;
 pub mod parked;
 pub mod pending;
 pub mod topology_check;
+pub mod topology_fds;

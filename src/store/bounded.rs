@@ -17,9 +17,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::{
-    IdRejected, NewParked, NextAttempt, OrderFacts, OrderItem, OrderState, OrderStore,
-    OutboxFailure, Page, ParkedFilter, ParkedRow, RowCursor, SchemaReport, SetAsideRow, Store,
-    StoreError, WatchMark,
+    HistoryCursor, HistoryRow, IdRejected, NewParked, NextAttempt, OrderFacts, OrderItem,
+    OrderState, OrderStore, OutboxFailure, Page, ParkedFilter, ParkedRow, RowCursor, SchemaReport,
+    SetAsideRow, Store, StoreError, WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::Timer;
@@ -108,6 +108,15 @@ impl OrderStore for Bounded {
 
     async fn explain(&self, id: &OrderId) -> Result<OrderFacts, StoreError> {
         self.within("explain", self.inner.explain(id)).await
+    }
+
+    async fn history(
+        &self,
+        cursor: Option<&HistoryCursor>,
+        limit: u32,
+    ) -> Result<Vec<HistoryRow>, StoreError> {
+        self.within("history", self.inner.history(cursor, limit))
+            .await
     }
 
     async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError> {

@@ -63,8 +63,8 @@ pub(crate) use tls::{mysql_options, pg_options};
 
 #[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use values::{
-    Cancellation, NextAttempt, OrderFacts, OrderFailure, OrderItem, OrderState, OutboxFacts,
-    OutboxFailure, Page, RowCursor, RowFacts, SetAsideRow, WatchMark,
+    Cancellation, HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem,
+    OrderState, OutboxFacts, OutboxFailure, Page, RowCursor, RowFacts, SetAsideRow, WatchMark,
 };
 
 use mysql::MySqlStore;
@@ -130,6 +130,17 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// database's clock, its outbox row and its set-aside mark. For
     /// `order-timeout explain` and the console's order page.
     async fn explain(&self, id: &OrderId) -> Result<OrderFacts, StoreError>;
+
+    /// This timer's cancellations after `cursor` in the history's order
+    /// (newest first), at most `limit`, from its outbox rows (one range of
+    /// the history index), each with its order's deadline as the row says
+    /// now (one read per row returned, without locks): for the console's
+    /// history page.
+    async fn history(
+        &self,
+        cursor: Option<&HistoryCursor>,
+        limit: u32,
+    ) -> Result<Vec<HistoryRow>, StoreError>;
 
     /// The items of each order (by order id), for the stock release.
     async fn items(&self, ids: &[&OrderId]) -> Result<HashMap<String, Vec<OrderItem>>, StoreError>;
@@ -840,6 +851,22 @@ pub fn stale_statement_for_explain(
     match dialect {
         Dialect::Postgres => outbox::stale_written_in::<postgres::Postgres>(timer, grace, limit),
         Dialect::MySql => outbox::stale_written_in::<mysql::MySql>(timer, grace, limit),
+    }
+}
+
+/// The history's statement for the page after `cursor` as the console
+/// runs it on `dialect`, with its values written in: for a test that asks
+/// the database for its plan.
+#[cfg(feature = "testing")]
+pub fn history_statement_for_explain(
+    dialect: Dialect,
+    timer: &str,
+    cursor: &HistoryCursor,
+    limit: u32,
+) -> String {
+    match dialect {
+        Dialect::Postgres => outbox::history_written_in::<postgres::Postgres>(timer, cursor, limit),
+        Dialect::MySql => outbox::history_written_in::<mysql::MySql>(timer, cursor, limit),
     }
 }
 

@@ -8,7 +8,7 @@
 //!
 //! Each statement is a template in plain SQL with `{slots}`. A slot is
 //! either a word of the dialect's [`Vocabulary`] (`{now}`, the pending rows
-//! by the index each dialect has) or a value, which becomes a placeholder
+//! by the index each dialect has, `{order_key}`) or a value, which becomes a placeholder
 //! where it stands and is bound in that order ([`render`]), so no template
 //! can bind a value in the wrong place: an id list becomes `= ANY($n)` (one
 //! array) on PostgreSQL and `IN (?, …)` on MySQL, a duration an interval.
@@ -36,6 +36,9 @@ pub(crate) trait Vocabulary {
     const SWEEP_DUE: &'static str;
     /// What that index orders the pending rows by: when they are due.
     const SWEEP_AT: &'static str;
+    /// The outbox's order id in byte order (the history's order, which
+    /// the console merges across timers as Rust compares strings).
+    const ORDER_KEY: &'static str;
     /// After an `INSERT`: leave a row with the same key as it is (`column`
     /// is a column of the key, which MySQL's no-op update names).
     fn keep_existing(column: &str) -> String;
@@ -142,6 +145,7 @@ pub(crate) fn render<'a, V: Vocabulary>(
             "order_id" => Some(V::ORDER_ID),
             "sweep_due" => Some(V::SWEEP_DUE),
             "sweep_at" => Some(V::SWEEP_AT),
+            "order_key" => Some(V::ORDER_KEY),
             _ => None,
         };
         if let Some(word) = word {
@@ -327,6 +331,46 @@ const OUTBOX_FACTS: &str = "\
 SELECT created_at, stock_released_at, event_published_at, attempts, last_error, \
        next_attempt_at, gave_up_at \
   FROM order_timeout_cancel_outbox WHERE timer = {timer} AND order_id {ids}";
+
+/// A history statement: what the history shows of this timer's outbox
+/// rows (the console's history page) that `$where` also admits, newest
+/// first, at most `{limit}`. Every one is a backward range of the index
+/// `(timer, created_at, order_id)` (`order_timeout_cancel_outbox_history`),
+/// read for `limit` rows and no more, however many rows the table holds.
+macro_rules! history {
+    ($where:literal) => {
+        concat!(
+            "SELECT {order_id} AS order_id, created_at, stock_released_at, event_published_at, \
+                    attempts, last_error, next_attempt_at, gave_up_at \
+               FROM order_timeout_cancel_outbox WHERE timer = {timer}",
+            $where,
+            " ORDER BY created_at DESC, {order_key} DESC LIMIT {limit}"
+        )
+    };
+}
+
+/// The history's newest rows.
+const HISTORY_NEWEST: &str = history!("");
+
+/// The rows cancelled before `at` (the next page, for a timer that sorts
+/// after the last row's).
+const HISTORY_BEFORE: &str = history!(" AND created_at < {at}");
+
+/// The rows cancelled at `at` or before (the next page, for a timer that
+/// sorts before the last row's).
+const HISTORY_AT_OR_BEFORE: &str = history!(" AND created_at <= {at}");
+
+/// The rows after the row (`at`, `after_id`) in the history's order (the
+/// next page, for the last row's own timer), on PostgreSQL: a row
+/// comparison, which its B-tree reads as one range (the `OR` form below
+/// would be a filter over every newer row).
+const HISTORY_AFTER_ROW_POSTGRES: &str =
+    history!(" AND (created_at, {order_key}) < ({at}, {after_id})");
+
+/// The same on MySQL, whose range optimizer makes two ranges of the index
+/// of this `OR` (and none of a row comparison with `<`).
+const HISTORY_AFTER_ROW_MYSQL: &str =
+    history!(" AND (created_at < {at} OR (created_at = {at} AND {order_key} < {after_id}))");
 
 /// How many rows are set aside.
 const SET_ASIDE_COUNT: &str = "SELECT count(*) FROM order_timeout_set_aside WHERE timer = {timer}";
@@ -634,6 +678,37 @@ pub(crate) async fn outbox_facts<S: OwnTables>(
     Ok(store.fetch(statement).await?.into_iter().next())
 }
 
+/// The dialect's statement of the rows after a row of the same timer.
+fn history_after_row<V: Vocabulary>() -> &'static str {
+    match V::DIALECT {
+        Dialect::Postgres => HISTORY_AFTER_ROW_POSTGRES,
+        Dialect::MySql => HISTORY_AFTER_ROW_MYSQL,
+    }
+}
+
+/// This timer's outbox rows after `cursor` in the history's order
+/// (newest first; [`super::HistoryCursor`]), at most `limit`: one range of
+/// the history index, whatever the table holds.
+pub(crate) async fn history<S: OwnTables>(
+    store: &S,
+    cursor: Option<&super::HistoryCursor>,
+    limit: u32,
+) -> Result<Vec<super::HistoryRow>, StoreError> {
+    let name = store.timer_name();
+    let template = match cursor {
+        None => HISTORY_NEWEST,
+        Some(c) if name < c.timer.as_str() => HISTORY_AT_OR_BEFORE,
+        Some(c) if name > c.timer.as_str() => HISTORY_BEFORE,
+        Some(_) => history_after_row::<S::Words>(),
+    };
+    let mut values = vec![("timer", timer(store)), ("limit", int(limit))];
+    if let Some(c) = cursor {
+        values.push(("at", Value::Time(c.at)));
+        values.push(("after_id", Value::Text(&c.order_id)));
+    }
+    store.fetch(render::<S::Words>(template, &values)).await
+}
+
 /// How many rows are set aside.
 pub(crate) async fn set_aside_count<S: OwnTables>(store: &S) -> Result<u64, StoreError> {
     let statement = render::<S::Words>(SET_ASIDE_COUNT, &[("timer", timer(store))]);
@@ -761,6 +836,24 @@ pub(crate) fn stale_written_in<V: Vocabulary>(timer: &str, grace: Duration, limi
     with_values_written_in(V::DIALECT, &render::<V>(STALE, &values))
 }
 
+/// The history's statement for the page after `cursor`, with its values
+/// written in: for a test that asks the database for its plan
+/// ([`super::history_statement_for_explain`]).
+#[cfg(feature = "testing")]
+pub(crate) fn history_written_in<V: Vocabulary>(
+    timer: &str,
+    cursor: &super::HistoryCursor,
+    limit: u32,
+) -> String {
+    let values = [
+        ("timer", Value::Text(timer)),
+        ("limit", int(limit)),
+        ("at", Value::Time(cursor.at)),
+        ("after_id", Value::Text(&cursor.order_id)),
+    ];
+    with_values_written_in(V::DIALECT, &render::<V>(history_after_row::<V>(), &values))
+}
+
 /// `statement` with its values as literals instead of placeholders.
 #[cfg(feature = "testing")]
 fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String {
@@ -809,7 +902,12 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
 /// Every template, for the tests that render them on each dialect
 /// (`store/mod.rs`).
 #[cfg(test)]
-pub(super) const TEMPLATES: [&str; 31] = [
+pub(super) const TEMPLATES: [&str; 36] = [
+    HISTORY_NEWEST,
+    HISTORY_BEFORE,
+    HISTORY_AT_OR_BEFORE,
+    HISTORY_AFTER_ROW_POSTGRES,
+    HISTORY_AFTER_ROW_MYSQL,
     SET_ASIDE_OF,
     OUTBOX_FACTS,
     STALE,

@@ -24,6 +24,8 @@ fn values() -> Vec<(&'static str, Value<'static>)> {
         ("version", Value::Text("v")),
         ("until", Value::Time(DateTime::UNIX_EPOCH)),
         ("session", Value::Text("s")),
+        ("at", Value::Time(DateTime::UNIX_EPOCH)),
+        ("after_id", Value::Text("a")),
         ("ids", Value::Ids(IDS)),
     ]
 }

@@ -29,8 +29,9 @@ use super::releases::{Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
-    NextAttempt, OrderFacts, OrderFailure, OrderItem, OrderState, OrderStore, OutboxFailure, Page,
-    PoolSettings, RowCursor, RowFacts, SetAsideRow, StoreError, WatchMark,
+    HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem, OrderState,
+    OrderStore, OutboxFailure, Page, PoolSettings, RowCursor, RowFacts, SetAsideRow, StoreError,
+    WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::{SecretUrl, StatusValue, Timer};
@@ -867,6 +868,24 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
             outbox: outbox::outbox_facts(self, id.as_str()).await?,
             set_aside: outbox::set_aside_of(self, id.as_str()).await?,
         })
+    }
+
+    #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
+    async fn history(
+        &self,
+        cursor: Option<&HistoryCursor>,
+        limit: u32,
+    ) -> Result<Vec<HistoryRow>, StoreError> {
+        let mut rows = outbox::history(self, cursor, limit).await?;
+        if rows.is_empty() {
+            return Ok(rows);
+        }
+        let prepared = self.prepared().await?;
+        for row in &mut rows {
+            let (facts, _) = D::read_row(self, &prepared, &row.order_id).await?;
+            row.deadline = facts.and_then(|f| f.expires_at);
+        }
+        Ok(rows)
     }
 
     #[tracing::instrument(skip(self))]

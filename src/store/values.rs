@@ -235,3 +235,43 @@ pub struct OrderFacts {
     /// The set-aside mark, if its flip failed for its own values.
     pub set_aside: Option<SetAsideRow>,
 }
+
+/// One cancellation in the history (the console's history page): a
+/// timer's outbox row, and the deadline of its order as the row says now.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct HistoryRow {
+    /// The order id, as the table spells it.
+    pub order_id: String,
+    /// When it was flipped (the cancel transaction's start).
+    pub created_at: DateTime<Utc>,
+    /// When its stock was released (or, with `release = "none"`, marked so
+    /// at the flip).
+    pub stock_released_at: Option<DateTime<Utc>>,
+    /// When its event was published.
+    pub event_published_at: Option<DateTime<Utc>>,
+    /// Failed attempts at the release or the event.
+    pub attempts: i32,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// When the sweeper tries again after a failure.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// When the release was given up.
+    pub gave_up_at: Option<DateTime<Utc>>,
+    /// The order's deadline as its row says now (`None`: no row any more,
+    /// or no usable time): read for the rows of a page only.
+    #[sqlx(skip)]
+    pub deadline: Option<DateTime<Utc>>,
+}
+
+/// Where a page of the history goes on from: after this row in the
+/// history's order (newest first: by flip time, then timer, then order
+/// id, each descending).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HistoryCursor {
+    /// The row's flip time.
+    pub at: DateTime<Utc>,
+    /// Its timer.
+    pub timer: String,
+    /// Its order id.
+    pub order_id: String,
+}

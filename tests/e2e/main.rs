@@ -15,6 +15,7 @@ mod common;
 mod console;
 mod failures;
 mod guarantees;
+mod history;
 mod http_limits;
 mod kubernetes;
 mod lanes;

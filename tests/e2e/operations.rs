@@ -189,6 +189,14 @@ async fn replay_by_order_id_succeeds_once_the_cause_is_fixed(dialect: Dialect) {
         .cli(&["parked", "replay", "--order-id", "ghost-a"])
         .await;
     assert_success(&out);
+    // Its own close is no error: every channel it opened is closed before
+    // the connection (a channel left to close itself when dropped raced the
+    // connection's close: `ERROR lapin::channels: Connection error ...`).
+    assert!(
+        !out.stderr.contains("ERROR"),
+        "replay logged an error:\n{}",
+        out.stderr
+    );
     assert!(
         out.stdout.contains("replayed 1 parked message"),
         "{}",
@@ -621,6 +629,104 @@ async fn a_missing_queue_is_named(env: &TestEnv) {
     assert_eq!(report["total"]["messages"], 5, "the rest still measured");
 }
 
+/// `topology check` says what the layout needs of the broker's file handles
+/// and what the broker allows: its limit read from the broker process on
+/// this host (cross-checked with `rabbitmqctl status`, whose limit is the
+/// one RabbitMQ enforces), a warning with the numbers and the fix when the
+/// limit is too low for the layout or for a layout change (given with
+/// `--broker-fd-limit`), and the exit code stays the topology's.
+async fn topology_check_warns_when_the_brokers_file_limit_is_too_low(dialect: Dialect) {
+    use order_timeout::ops::topology_fds::{self, Allowance};
+    let env = TestEnv::on(dialect).await;
+    let layout = topology::Layout::of(&env.settings);
+    let need = topology_fds::need(&layout, 1);
+    let queues = topology::queue_specs(&layout).len() as u64;
+    assert_eq!(need.for_queues, 3 * queues, "quorum queues, 3 handles each");
+
+    let out = env.cli(&["topology", "check"]).await;
+    assert_success(&out);
+    assert!(
+        out.stdout.contains(&format!(
+            "file descriptors: this layout's {queues} queues take ~{} of the broker's file handles",
+            3 * queues
+        )),
+        "{}",
+        out.stdout
+    );
+    // The broker's own figure: `Total: N, limit: L` under File Descriptors.
+    let status = env.rabbitmqctl(&["status"]);
+    let usable: u64 = status
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Total: ")?.split("limit: ").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("a file descriptor limit in:\n{status}"));
+    let limit = usable + topology_fds::BROKER_RESERVE;
+    assert!(
+        out.stdout.contains(&format!(
+            "broker open-file limit {limit} ({usable} usable by RabbitMQ; read from /proc/"
+        )),
+        "the limit as the broker counts it ({usable} in rabbitmqctl status):\n{}",
+        out.stdout
+    );
+    let here = Allowance {
+        limit,
+        source: String::new(),
+    };
+    assert_eq!(
+        out.stdout.contains("WARNING"),
+        topology_fds::warning(&need, &here).is_some(),
+        "{}",
+        out.stdout
+    );
+
+    // Too low for the layout, and for a change of it: each says its numbers.
+    let usable_for = |limit: u64| limit - topology_fds::BROKER_RESERVE;
+    let too_low = need.total + topology_fds::BROKER_RESERVE - 1;
+    let for_a_change = need.during_a_change + topology_fds::BROKER_RESERVE - 1;
+    for (limit, says) in [
+        (
+            too_low,
+            format!("needs ~{} file handles on the broker,", need.total),
+        ),
+        (
+            for_a_change,
+            format!(
+                "needs ~{} file handles on the broker while a layout change keeps its old queues",
+                need.during_a_change
+            ),
+        ),
+    ] {
+        let out = env
+            .cli(&["topology", "check", "--broker-fd-limit", &limit.to_string()])
+            .await;
+        assert_success(&out);
+        let warning = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("WARNING"))
+            .unwrap_or_else(|| panic!("--broker-fd-limit {limit}: no warning in\n{}", out.stdout));
+        assert!(warning.contains(&says), "{warning}");
+        assert!(
+            warning.contains(&format!(
+                "allows {} ({limit} open-file limit",
+                usable_for(limit)
+            )),
+            "{warning}"
+        );
+        assert!(warning.contains("LimitNOFILE=65536"), "{warning}");
+    }
+    let enough = need.during_a_change + topology_fds::BROKER_RESERVE;
+    let out = env
+        .cli(&[
+            "topology",
+            "check",
+            "--broker-fd-limit",
+            &enough.to_string(),
+        ])
+        .await;
+    assert!(!out.stdout.contains("WARNING"), "{}", out.stdout);
+}
+
 /// `schedule --in` far in the future is an error that says so, and nothing
 /// is published: past what the clock can carry (a million years), and past
 /// the years a timeout message may name (the consumer would park it).
@@ -737,6 +843,7 @@ on_both_dialects!(
     replay_all_republishes_everything_parked,
     purge_deletes_what_was_asked_and_nothing_else,
     topology_check_reports_ok_and_then_every_difference,
+    topology_check_warns_when_the_brokers_file_limit_is_too_low,
     a_parked_queue_from_before_the_delivery_limit_is_used_and_the_check_names_the_fix,
     pending_shows_what_waits_by_due_window,
     schedule_far_in_the_future_is_an_error_and_publishes_nothing,

@@ -775,6 +775,7 @@ macro_rules! store_suite {
             store_suite!(@in scans $dialect;
                 scans_read_past_rows_that_are_no_orders,
                 the_sweepers_scan_leaves_out_reopened_and_set_aside_rows,
+                the_history_pages_a_range_of_its_index,
             );
             store_suite!(@in bindings $dialect;
                 parameters_bind_in_every_form_on_every_connection,

@@ -1,17 +1,20 @@
-//! A rolling upgrade from the previous release (CHANGELOG.md names its
-//! commit; `scripts/previous-release.sh` builds its binary, cached under
-//! `target/previous-release/`) to this one, with orders waiting in every
-//! store the previous release has: the delay cascade, the due queue (held
-//! by the replicas), the parked queue, outbox rows whose stock release is
-//! pending, and messages waiting as retries. Then the way back.
+//! A rolling upgrade from the previous release (the newest release in
+//! CHANGELOG.md whose commit is not this checkout's: 0.2.0;
+//! `scripts/previous-release.sh` builds its binary from exactly the commit
+//! CHANGELOG.md names, cached under `target/previous-release/`, and the
+//! test checks the commit it was built from) to this one, with orders
+//! waiting in every store the previous release has: the delay cascade, the
+//! due queue (held by the replicas), the parked queue, outbox rows whose
+//! stock release is pending, and messages waiting as retries. Then the way
+//! back, and the contraction (nothing is kept for 0.2.0: this release's
+//! migrations only add).
 //!
-//! The whole roll runs on PostgreSQL, where the previous release depends on
-//! the outbox's order ids being unique on their own (`ON CONFLICT
-//! (order_id)`), which the timers migration took away and migration
-//! 20261130000001 keeps until `migrate --contract`. On MariaDB the previous
-//! release's `ON DUPLICATE KEY` works with the new key as it is and nothing
-//! is kept: a shorter case checks a 0.1.0 replica through 0.2.0's `migrate`
-//! there.
+//! From 0.1.0, whose `ON CONFLICT (order_id)` needed the outbox's order ids
+//! unique on their own (migration 20261130000001 keeps them so until
+//! `migrate --contract`): on MariaDB, where its `ON DUPLICATE KEY` works
+//! with the new key, a shorter case checks a 0.1.0 replica through this
+//! release's `migrate`; `other_timers_wait_for_the_contraction` checks the
+//! kept index and its contraction on PostgreSQL.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,26 +37,98 @@ use tonic::Status;
 use crate::bounds::{KillOnDrop, output_within, step};
 use crate::common::{RESTARTS, TestEnv};
 
-/// The previous release's binary: `ORDER_TIMEOUT_PREVIOUS_BIN`, else what
-/// `scripts/previous-release.sh` builds (at once when cached, as
-/// `scripts/test.sh` leaves it).
-fn previous_release() -> PathBuf {
-    if let Ok(bin) = std::env::var("ORDER_TIMEOUT_PREVIOUS_BIN") {
-        return PathBuf::from(bin);
-    }
+/// The release before this one: the newest release in CHANGELOG.md whose
+/// commit is not this checkout's (`scripts/previous-release.sh --which`),
+/// its version and the commit CHANGELOG.md names for it.
+fn previous_version() -> (String, String) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = output_within(
-        Command::new(root.join("scripts/previous-release.sh")).current_dir(root),
-        Duration::from_secs(540),
-        "scripts/previous-release.sh",
+        Command::new(root.join("scripts/previous-release.sh"))
+            .arg("--which")
+            .current_dir(root),
+        Duration::from_secs(60),
+        "scripts/previous-release.sh --which",
     );
     assert!(
         out.status.success(),
-        "scripts/previous-release.sh failed:\n{}",
+        "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(stdout.lines().last().expect("the binary's path").trim())
+    let which = String::from_utf8_lossy(&out.stdout);
+    let (version, commit) = which.trim().split_once(' ').expect("VERSION COMMIT");
+    (version.to_owned(), commit.to_owned())
+}
+
+/// The commit CHANGELOG.md names for `version` (its `Commit:` line).
+fn changelog_commit(version: &str) -> Option<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let changelog = std::fs::read_to_string(root.join("CHANGELOG.md")).unwrap();
+    let heading = format!("## [{version}]");
+    let entry = changelog
+        .split("\n## ")
+        .find(|e| format!("## {e}").starts_with(&heading))?;
+    entry.lines().find_map(|l| {
+        l.strip_prefix("Commit: `")
+            .map(|c| c.trim_end_matches('`').to_owned())
+    })
+}
+
+/// The binary of release `version` (`None`: the previous release):
+/// `ORDER_TIMEOUT_PREVIOUS_BIN` for the previous release, else what
+/// `scripts/previous-release.sh` builds (at once when cached, as
+/// `scripts/test.sh` leaves it), checked to be **exactly the commit
+/// CHANGELOG.md names**: the script records the commit it built from, and
+/// the binary says the version.
+fn release_binary(version: Option<&str>) -> PathBuf {
+    let (version, named) = match version {
+        Some(v) => (v.to_owned(), changelog_commit(v).expect("a Commit: line")),
+        None => previous_version(),
+    };
+    assert_eq!(
+        changelog_commit(&version).as_deref(),
+        Some(named.as_str()),
+        "the script builds the commit CHANGELOG.md names for {version}"
+    );
+    let bin = match std::env::var("ORDER_TIMEOUT_PREVIOUS_BIN") {
+        Ok(bin) if version == previous_version().0 => PathBuf::from(bin),
+        _ => {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let out = output_within(
+                Command::new(root.join("scripts/previous-release.sh"))
+                    .arg(&version)
+                    .current_dir(root),
+                Duration::from_secs(540),
+                "scripts/previous-release.sh",
+            );
+            assert!(
+                out.status.success(),
+                "scripts/previous-release.sh failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let bin = PathBuf::from(stdout.lines().last().expect("the binary's path").trim());
+            let built = std::fs::read_to_string(bin.with_file_name("commit")).unwrap();
+            assert_eq!(
+                built.trim(),
+                named,
+                "{} was built from another commit than CHANGELOG.md names for {version}",
+                bin.display()
+            );
+            bin
+        }
+    };
+    let says = output_within(
+        Command::new(&bin).arg("--version"),
+        Duration::from_secs(30),
+        "--version",
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&says.stdout).trim(),
+        format!("order-timeout {version}"),
+        "{}",
+        bin.display()
+    );
+    bin
 }
 
 /// One `serve` replica of `bin` on the test's world, logging to a file.
@@ -226,7 +301,8 @@ fn cli_on(bin: &Path, env: &TestEnv, database_url: &SecretUrl, args: &[&str]) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight() {
     step("building (or finding) the previous release");
-    let previous = previous_release();
+    let previous = release_binary(None);
+    let (old, _) = previous_version();
     let current = PathBuf::from(env!("CARGO_BIN_EXE_order-timeout"));
     let _turn = RESTARTS.lock().await;
     let env = TestEnv::migrated_by(&previous).await;
@@ -344,10 +420,11 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
     tokio::time::sleep(at(8_000)).await;
     let (ok, out) = cli(&current, &env, &["migrate"]);
     assert!(ok, "migrate: {out}");
-    assert!(
-        out.contains("kept for 0.1.0 replicas: order_timeout_cancel_outbox_order_id"),
-        "migrate says what it keeps for the previous release: {out}"
-    );
+    // Since 0.2.0 every migration is additive: nothing is kept for the
+    // previous release (0.1.0 needed an index kept until the contraction;
+    // on_mariadb_the_previous_release_runs_against_the_migrated_outbox
+    // still upgrades from it).
+    assert!(!out.contains("kept for"), "nothing kept for {old}: {out}");
     let migrated_at = Utc::now();
 
     step("replace the first replica");
@@ -407,7 +484,7 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
     let cascade = lateness(&env, "cascade-", 60).await;
     eprintln!(
         "upgrade: {n_orders} orders; lateness max: held {held}, stream {stream}, cascade {cascade}; \
-         {by_old_after_migration} cancelled by 0.1.0 after the migration"
+         {by_old_after_migration} cancelled by {old} after the migration"
     );
     assert!(
         stream < chrono::Duration::seconds(3),
@@ -467,55 +544,26 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
     }
     env.eventually(
         Duration::from_secs(20),
-        "back-* cancelled by 0.1.0",
+        "back-* cancelled by the previous release",
         || async { env.count("back-", "CANCELLED").await == 10 },
     )
     .await;
     env.wait_outbox_done(Duration::from_secs(20)).await;
-    step("contract refused while a 0.1.0 replica consumes");
-    let (ok, out) = cli(&current, &env, &["migrate", "--contract"]);
-    assert!(
-        !ok && out.contains("1 consumer(s)") && out.contains("earlier release"),
-        "migrate --contract beside a 0.1.0 replica: {out}"
-    );
-    let kept: bool = sqlx::query_scalar(
-        "SELECT to_regclass('order_timeout_cancel_outbox_order_id') IS NOT NULL",
-    )
-    .fetch_one(&env.pool)
-    .await
-    .unwrap();
-    assert!(kept, "nothing dropped");
     let back_logs = back.stop().await;
     assert!(!back_logs.contains("ERROR"), "{back_logs}");
 
-    step("contract; the previous release can no longer cancel");
+    step("contract: nothing was kept, and the previous release still works");
     let (ok, out) = cli(&current, &env, &["migrate", "--contract"]);
     assert!(
-        ok && out.contains("dropped order_timeout_cancel_outbox_order_id"),
+        ok && out.contains("nothing was kept"),
         "migrate --contract: {out}"
     );
-    let (ok, out) = cli(&current, &env, &["migrate", "--contract"]);
-    assert!(ok && out.contains("nothing was kept"), "again: {out}");
-    let too_old = Replica::start(&previous, &env, "too-old");
-    wait_consumers(&env, 1, &[&too_old]).await;
+    let again = Replica::start(&previous, &env, "again");
+    wait_consumers(&env, 1, &[&again]).await;
     let o = env
         .create_order("after-contract", Duration::from_millis(500), &[(2, 1)])
         .await;
     env.publish_timeout(&o).await;
-    let end = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !too_old.logs().contains("no unique or exclusion constraint") {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "0.1.0 after the contraction:\n{}",
-            too_old.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(env.order_state("after-contract").await.0, "UNPAID");
-    too_old.stop().await;
-    // This release picks the order up from where 0.1.0 left it (a retry
-    // in the cascade): nothing is lost on the way back either.
-    let again = Replica::start(&current, &env, "again");
     env.eventually(
         Duration::from_secs(30),
         "after-contract cancelled",
@@ -575,6 +623,86 @@ fn the_version_is_the_changelogs_newest_release_and_the_images_tag() {
                 "release {v}: a full commit hash, not {sha:?}"
             );
         }
+    }
+}
+
+/// The release the rolling upgrade starts from is exactly the commit
+/// CHANGELOG.md names for it, and that commit is the release: it says the
+/// version in `Cargo.toml`, and its CHANGELOG.md holds the entry's lists of
+/// changes as they are now (an entry named by a commit that lacked some of
+/// them, as 0.2.0's first commit `ea41d19` lacked the layout record, fails
+/// here). Every named commit is in this checkout's history and says its
+/// version. No build: `scripts/previous-release.sh --which`.
+#[test]
+fn the_previous_release_is_the_commit_the_changelog_names() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (version, commit) = previous_version();
+    let changelog = std::fs::read_to_string(root.join("CHANGELOG.md")).unwrap();
+    let newest_named = changelog
+        .split("\n## [")
+        .skip(1)
+        .find_map(|e| {
+            let v = e.split(']').next()?;
+            let c = e.lines().find_map(|l| l.strip_prefix("Commit: `"))?;
+            Some((v.to_owned(), c.trim_end_matches('`').to_owned()))
+        })
+        .expect("a release with a Commit: line");
+    assert_eq!(
+        (version.clone(), commit.clone()),
+        newest_named,
+        "the newest named release"
+    );
+    assert_ne!(
+        git(&["rev-parse", "HEAD"]).trim(),
+        commit,
+        "not this checkout"
+    );
+    assert_eq!(changelog_commit(&version).as_deref(), Some(commit.as_str()));
+    // The entry's lists of changes (from its first `###`), then and now.
+    let lists = |text: &str| -> String {
+        let entry = text
+            .split("\n## ")
+            .find(|e| e.starts_with(&format!("[{version}]")))
+            .unwrap_or_else(|| panic!("no entry for {version}"));
+        entry[entry.find("\n### ").expect("lists of changes")..]
+            .trim()
+            .to_owned()
+    };
+    let then = git(&["show", &format!("{commit}:CHANGELOG.md")]);
+    assert_eq!(
+        lists(&then),
+        lists(&changelog),
+        "{commit} carries {version}'s entry"
+    );
+    for line in changelog.lines() {
+        let Some(named) = line.strip_prefix("Commit: `") else {
+            continue;
+        };
+        let named = named.trim_end_matches('`');
+        let manifest = git(&["show", &format!("{named}:Cargo.toml")]);
+        let said = manifest
+            .lines()
+            .find_map(|l| l.strip_prefix("version = \""))
+            .map(|v| v.trim_end_matches('"'))
+            .expect("a version");
+        assert!(
+            changelog.contains(&format!("## [{said}]"))
+                && changelog_commit(said).as_deref() == Some(named),
+            "{named} says version {said}, which CHANGELOG.md does not name it for"
+        );
     }
 }
 
@@ -642,7 +770,9 @@ deadline = "expires_at + interval '7 days'"
     let _ = std::fs::remove_file(&config);
 }
 
-/// MariaDB: 0.1.0's `ON DUPLICATE KEY` works with the outbox's new key, but
+/// MariaDB, from 0.1.0 (built from the commit CHANGELOG.md names for it,
+/// whatever the previous release is now): 0.1.0's `ON DUPLICATE KEY` works
+/// with the outbox's new key, but
 /// its sweeper names no timer, so `migrate` keeps `[[timers]]` refused (a
 /// marker row) until `migrate --contract`, which waits for no consumer but
 /// this release's replicas. A 0.1.0 replica cancels orders before and after
@@ -650,8 +780,8 @@ deadline = "expires_at + interval '7 days'"
 /// replica takes over. Every order is cancelled, released and recorded once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_mariadb_the_previous_release_runs_against_the_migrated_outbox() {
-    step("building (or finding) the previous release");
-    let previous = previous_release();
+    step("building (or finding) 0.1.0");
+    let previous = release_binary(Some("0.1.0"));
     let current = PathBuf::from(env!("CARGO_BIN_EXE_order-timeout"));
     let _turn = RESTARTS.lock().await;
     let env = TestEnv::new().await;
@@ -722,6 +852,13 @@ async fn on_mariadb_the_previous_release_runs_against_the_migrated_outbox() {
     assert!(
         out.contains("kept for 0.1.0 replicas"),
         "a database 0.1.0 ran on keeps [[timers]] refused for it: {out}"
+    );
+    // What was kept for 0.1.0 stays while a 0.1.0 replica consumes (it
+    // records itself nowhere, so its consumer is one too many).
+    let (ok, out) = cli_on(&current, &env, &url, &["migrate", "--contract"]);
+    assert!(
+        !ok && out.contains("1 consumer(s)") && out.contains("earlier release"),
+        "migrate --contract beside a 0.1.0 replica: {out}"
     );
     let wait = (start + chrono::Duration::seconds(13) - Utc::now())
         .to_std()

@@ -120,7 +120,7 @@ impl Page<'_> {
              <title>{} · order-timeout</title>{}<style>{STYLE}</style></head><body>\
              <header><b>order-timeout</b><nav><a href=\"/console\">Overview</a>\
              <a href=\"/console/pending\">Pending</a><a href=\"/console/parked\">Parked</a>\
-             <a href=\"/console/set-aside\">Set aside</a></nav>\
+             <a href=\"/console/set-aside\">Set aside</a><a href=\"/console/history\">History</a></nav>\
              <span class=\"who\">{}</span></header><main><h1>{}</h1>{}</main></body></html>",
             esc(self.title),
             if self.refresh {

@@ -1,7 +1,8 @@
 //! The web console on `HTTP_ADDR`, beside `/metrics`: what waits, what
 //! happened in the last minutes, the parked queue with replay and purge,
-//! and the rows set aside (`/console`, `/console/pending`,
-//! `/console/parked`, `/console/set-aside`).
+//! the rows set aside, one order explained and the history of
+//! cancellations (`/console`, `/console/pending`, `/console/parked`,
+//! `/console/set-aside`, `/console/order`, `/console/history`).
 //!
 //! Server-rendered HTML, no script, no external resource ([`html`]). Pages
 //! read what the service already knows (its metrics, readiness and the
@@ -52,6 +53,7 @@ mod auth;
 mod cache;
 mod charts;
 mod guard;
+mod history;
 mod html;
 mod order;
 mod parked;
@@ -289,6 +291,7 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/console/parked/{id}/body", get(parked::download))
         .route("/console/set-aside", get(views::set_aside))
         .route("/console/order", get(order::page))
+        .route("/console/history", get(history::page))
         .route("/console/parked/replay", post(parked::replay))
         .route("/console/parked/purge", post(parked::purge))
         .route(

@@ -62,7 +62,7 @@ fn store_of(console: &Console) -> Result<Store, String> {
 
 /// A turn to read the parked store: one of the [`READS_AT_ONCE`], if one
 /// is free within [`READ_WAIT`], and the store.
-async fn read_turn(
+pub(super) async fn read_turn(
     console: &Console,
 ) -> Result<(tokio::sync::SemaphorePermit<'_>, Store), (StatusCode, String)> {
     let store = store_of(console).map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e))?;

@@ -666,6 +666,10 @@ impl Vocabulary for MySql {
     /// exactly the rows to sweep.
     const SWEEP_DUE: &'static str = "sweep_at <= UTC_TIMESTAMP(6)";
     const SWEEP_AT: &'static str = "sweep_at";
+    /// `VARBINARY`: byte order already. Named with its table: in `ORDER
+    /// BY`, MySQL reads a bare `order_id` as the select list's text of it
+    /// (`{order_id} AS order_id`), which no index holds.
+    const ORDER_KEY: &'static str = "order_timeout_cancel_outbox.order_id";
     /// A no-op update rather than `INSERT IGNORE`, which would turn every
     /// other error into a warning too.
     fn keep_existing(column: &str) -> String {

@@ -504,6 +504,9 @@ impl Vocabulary for Postgres {
     const SWEEP_DUE: &'static str = "(stock_released_at IS NULL OR event_published_at IS NULL) \
          AND gave_up_at IS NULL AND coalesce(next_attempt_at, created_at) <= now()";
     const SWEEP_AT: &'static str = "coalesce(next_attempt_at, created_at)";
+    /// Byte order, as the history index `order_timeout_cancel_outbox_history`
+    /// keeps it (whatever the database's collation).
+    const ORDER_KEY: &'static str = "order_id COLLATE \"C\"";
     fn keep_existing(_column: &str) -> String {
         "ON CONFLICT DO NOTHING".into()
     }

@@ -176,3 +176,94 @@ pub(super) async fn the_sweepers_scan_leaves_out_reopened_and_set_aside_rows(f: 
             .is_empty()
     );
 }
+
+/// The history (the console's) pages through a timer's outbox rows newest
+/// first, by flip time then order id, whatever rows share a time (a batch's
+/// rows do), each page one backward range of the history index: 10,000 rows
+/// of another timer and 2,000 of this one, and the plan of the statement
+/// the console runs reads the index, not the table.
+pub(super) async fn the_history_pages_a_range_of_its_index(f: &Fixture) {
+    let my = f.dialect() == Dialect::MySql;
+    let (t0, t1, t2) = if my {
+        (
+            "UTC_TIMESTAMP(6) - INTERVAL 3 HOUR",
+            "UTC_TIMESTAMP(6) - INTERVAL 2 HOUR",
+            "UTC_TIMESTAMP(6) - INTERVAL 1 HOUR",
+        )
+    } else {
+        (
+            "now() - interval '3 hours'",
+            "now() - interval '2 hours'",
+            "now() - interval '1 hour'",
+        )
+    };
+    let digit = (0..10)
+        .map(|n| format!("SELECT {n} AS n"))
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
+    let n4 = "a.n * 1000 + b.n * 100 + c.n * 10 + d.n";
+    // This timer: 2,000 rows at t0, then 5 sharing t1 (one batch), then 1
+    // at t2 whose id sorts first; another timer: 10,000 rows, newest of all.
+    f.exec(&format!(
+        "INSERT INTO order_timeout_cancel_outbox (timer, order_id, created_at) \
+         SELECT 'other', CONCAT('o-', {n4}), {t2} FROM ({digit}) a, ({digit}) b, ({digit}) c, ({digit}) d; \
+         INSERT INTO order_timeout_cancel_outbox (order_id, created_at) \
+         SELECT CONCAT('old-', {n4}), {t0} FROM ({digit}) a, ({digit}) b, ({digit}) c, ({digit}) d \
+          WHERE {n4} < 2000; \
+         INSERT INTO order_timeout_cancel_outbox (order_id, created_at) \
+         SELECT CONCAT('batch-', n), {t1} FROM ({digit}) t WHERE n < 5; \
+         INSERT INTO order_timeout_cancel_outbox (order_id, created_at) VALUES ('a-newest', {t2}); \
+         {analyze} order_timeout_cancel_outbox",
+        analyze = if my { "ANALYZE TABLE" } else { "ANALYZE" },
+    ))
+    .await;
+    let store = f.store();
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    while seen.len() < 12 {
+        let page = store.history(cursor.as_ref(), 3).await.unwrap();
+        assert_eq!(page.len(), 3);
+        let last = page.last().unwrap();
+        cursor = Some(store::HistoryCursor {
+            at: last.created_at,
+            timer: "cancel_unpaid".into(),
+            order_id: last.order_id.clone(),
+        });
+        seen.extend(page.into_iter().map(|r| r.order_id));
+    }
+    assert_eq!(
+        seen,
+        [
+            "a-newest", "batch-4", "batch-3", "batch-2", "batch-1", "batch-0", "old-999",
+            "old-998", "old-997", "old-996", "old-995", "old-994"
+        ],
+        "newest first, then by id descending (byte order: old-999 after old-1999's page)"
+    );
+    let cursor = cursor.unwrap();
+    let statement = store::history_statement_for_explain(f.dialect(), "cancel_unpaid", &cursor, 50);
+    let plan = if my {
+        f.texts(&format!("EXPLAIN FORMAT=JSON {statement}")).await
+    } else {
+        f.texts(&format!("EXPLAIN {statement}")).await
+    }
+    .join("\n");
+    assert!(
+        plan.contains("order_timeout_cancel_outbox_history"),
+        "{plan}"
+    );
+    for full_scan in [
+        "Seq Scan",
+        "filesort",
+        "\"access_type\": \"ALL\"",
+        "Sort Key",
+    ] {
+        assert!(!plan.contains(full_scan), "{plan}");
+    }
+    // The page's start is where the index range begins, not a filter over
+    // the newer rows.
+    if my {
+        assert!(plan.contains("\"access_type\": \"range\""), "{plan}");
+    } else {
+        assert!(!plan.contains("Filter"), "{plan}");
+    }
+}
