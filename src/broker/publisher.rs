@@ -139,6 +139,17 @@ impl Publisher {
         &self.channels
     }
 
+    /// Closes every channel, each close confirmed (or given up after a
+    /// moment): a channel left to close itself when dropped races its
+    /// connection's close, and lapin then logs `ERROR lapin::channels:
+    /// Connection error … Closed` for a normal end. Call before closing the
+    /// connection.
+    pub(crate) async fn close(&self) {
+        for channel in self.channels.iter() {
+            super::close_channel_quietly(channel).await;
+        }
+    }
+
     fn pick(&self) -> &Channel {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         &self.channels[i % self.channels.len()]

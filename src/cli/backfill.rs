@@ -66,7 +66,8 @@ pub(super) async fn run(settings: Settings, args: BackfillArgs) -> anyhow::Resul
     for store in stores.iter() {
         backfill_timer(store, &publisher, &args).await?;
     }
-    let _ = conn.close(200, "done".into()).await;
+    publisher.close().await;
+    crate::broker::close_quietly(&conn).await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -91,7 +91,8 @@ pub(super) async fn run(settings: Settings, args: ScheduleArgs) -> anyhow::Resul
     let publisher = Publisher::new(&conn).await?;
     topology::declare(&conn, &Layout::of(&settings)).await?;
     publisher.schedule(&request).await?;
-    let _ = conn.close(200, "done".into()).await;
+    publisher.close().await;
+    crate::broker::close_quietly(&conn).await;
     if request.timer.is_default() {
         println!(
             "scheduled order {} to be cancelled at {} if unpaid",

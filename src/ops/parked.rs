@@ -176,13 +176,7 @@ pub async fn replay(
         .map_err(ParkedError::Amqp)?;
     let mut report = ReplayReport::default();
     let result = replay_each(&publisher, store, &ids, &mut report).await;
-    // Every channel of the publisher, each closed and its close-ok awaited:
-    // a channel left open closes itself when dropped, asynchronously, and
-    // that close raced the caller's connection close (lapin then logged
-    // `ERROR lapin::channels: Connection error … Closed` for a normal end).
-    for channel in publisher.channels() {
-        crate::broker::close_channel_quietly(channel).await;
-    }
+    publisher.close().await;
     result?;
     report.kept = usize::try_from(count(store).await?).unwrap_or(usize::MAX);
     Ok(report)

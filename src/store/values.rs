@@ -242,21 +242,11 @@ pub struct OrderFacts {
 pub struct HistoryRow {
     /// The order id, as the table spells it.
     pub order_id: String,
-    /// When it was flipped (the cancel transaction's start).
-    pub created_at: DateTime<Utc>,
-    /// When its stock was released (or, with `release = "none"`, marked so
-    /// at the flip).
-    pub stock_released_at: Option<DateTime<Utc>>,
-    /// When its event was published.
-    pub event_published_at: Option<DateTime<Utc>>,
-    /// Failed attempts at the release or the event.
-    pub attempts: i32,
-    /// The last attempt's error.
-    pub last_error: Option<String>,
-    /// When the sweeper tries again after a failure.
-    pub next_attempt_at: Option<DateTime<Utc>>,
-    /// When the release was given up.
-    pub gave_up_at: Option<DateTime<Utc>>,
+    /// What the outbox records of it (`stock_released_at` is also set at
+    /// the flip when `release = "none"`).
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub outbox: OutboxFacts,
     /// The order's deadline as its row says now (`None`: no row any more,
     /// or no usable time): read for the rows of a page only.
     #[sqlx(skip)]

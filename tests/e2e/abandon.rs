@@ -296,6 +296,21 @@ async fn deadlines_that_are_no_time_kill_no_task(dialect: Dialect) {
     service.stop().await.unwrap();
 }
 
+/// Creates `orders` (one item each) due together 3 s from now, each
+/// published as a bare id: they come due in one batch.
+async fn due_together(env: &TestEnv, orders: &[String]) {
+    for id in orders {
+        env.create_order(id, Duration::from_secs(60), &[(0, 1)])
+            .await;
+    }
+    let due = chrono::Utc::now() + chrono::Duration::seconds(3);
+    for id in orders {
+        env.set_deadline(id, due).await;
+        env.publish_raw(serde_json::json!({ "order_id": id }).to_string().as_bytes())
+            .await;
+    }
+}
+
 async fn held_stock_rows_delay_only_their_own_orders(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;
     env.stock_skus(1).await;
@@ -336,16 +351,7 @@ async fn held_stock_rows_delay_only_their_own_orders(dialect: Dialect) {
     }
     // One deadline for all: they come due together, in one batch, the
     // held ones first (ids in order).
-    for id in &orders {
-        env.create_order(id, Duration::from_secs(60), &[(0, 1)])
-            .await;
-    }
-    let due = chrono::Utc::now() + chrono::Duration::seconds(3);
-    for id in &orders {
-        env.set_deadline(id, due).await;
-        env.publish_raw(serde_json::json!({ "order_id": id }).to_string().as_bytes())
-            .await;
-    }
+    due_together(&env, &orders).await;
     env.eventually(
         Duration::from_secs(15),
         "the forty other orders cancelled",
@@ -431,16 +437,7 @@ async fn also_statements_taking_rows_in_opposite_orders_lose_nothing(dialect: Di
     let orders: Vec<String> = (0..60)
         .map(|i| format!("{}-{i:02}", if i % 2 == 0 { "even" } else { "odd" }))
         .collect();
-    for id in &orders {
-        env.create_order(id, Duration::from_secs(60), &[(0, 1)])
-            .await;
-    }
-    let due = chrono::Utc::now() + chrono::Duration::seconds(3);
-    for id in &orders {
-        env.set_deadline(id, due).await;
-        env.publish_raw(serde_json::json!({ "order_id": id }).to_string().as_bytes())
-            .await;
-    }
+    due_together(&env, &orders).await;
     env.eventually(Duration::from_secs(30), "every order cancelled", || async {
         env.count("even-", "CANCELLED").await + env.count("odd-", "CANCELLED").await == 60
     })

@@ -747,6 +747,11 @@ async fn schedule_far_in_the_future_is_an_error_and_publishes_nothing(dialect: D
         .cli(&["schedule", "--order-id", "far-2", "--in", "1h"])
         .await;
     assert_eq!(near.code, Some(0), "{near:?}");
+    assert!(
+        !near.stderr.contains("ERROR"),
+        "a normal end: {}",
+        near.stderr
+    );
     // With no service running, what was published waits in the due queue.
     let pending = env.cli(&["pending", "--json"]).await;
     let pending: serde_json::Value = serde_json::from_str(pending.stdout.trim()).unwrap();

@@ -101,6 +101,7 @@ impl Request {
             "at",
             &last
                 .row
+                .outbox
                 .created_at
                 .to_rfc3339_opts(SecondsFormat::Micros, true),
         );
@@ -113,8 +114,8 @@ impl Request {
 /// The history's order: newest first, then by timer and order id, each
 /// descending (what the cursor and the statements assume).
 fn newest_first(a: &Shown, b: &Shown) -> std::cmp::Ordering {
-    (b.row.created_at, &b.timer, &b.row.order_id).cmp(&(
-        a.row.created_at,
+    (b.row.outbox.created_at, &b.timer, &b.row.order_id).cmp(&(
+        a.row.outbox.created_at,
         &a.timer,
         &a.row.order_id,
     ))
@@ -267,15 +268,17 @@ fn rows_table(body: &mut String, rows: &[Shown]) {
             body,
             "<tr><td><time datetime=\"{}\">{}</time></td><td><a href=\"/console/order?{}\">{}</a></td><td>{}</td><td>{}</td>\
              <td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
-            row.created_at.to_rfc3339_opts(SecondsFormat::Micros, true),
-            time(Some(row.created_at)),
+            row.outbox
+                .created_at
+                .to_rfc3339_opts(SecondsFormat::Micros, true),
+            time(Some(row.outbox.created_at)),
             esc(&link.finish()),
             esc(&row.order_id),
             esc(&shown.timer),
             time(row.deadline),
             lateness(row),
             esc(&release_state(row, shown.release)),
-            if row.event_published_at.is_some() {
+            if row.outbox.event_published_at.is_some() {
                 "published"
             } else {
                 "pending"
@@ -289,7 +292,7 @@ fn rows_table(body: &mut String, rows: &[Shown]) {
 fn lateness(row: &HistoryRow) -> String {
     row.deadline.map_or_else(
         || "–".into(),
-        |due| format!("{} ms", (row.created_at - due).num_milliseconds()),
+        |due| format!("{} ms", (row.outbox.created_at - due).num_milliseconds()),
     )
 }
 
@@ -299,18 +302,19 @@ fn release_state(row: &HistoryRow, release: Release) -> String {
         return "none (release = \"none\")".into();
     }
     let error = row
+        .outbox
         .last_error
         .as_deref()
         .map(|e| format!(": {e}"))
         .unwrap_or_default();
-    match (row.stock_released_at, row.gave_up_at) {
+    match (row.outbox.stock_released_at, row.outbox.gave_up_at) {
         (Some(at), _) => format!("released {}", time(Some(at))),
         (None, Some(at)) => format!("given up {}{error}", time(Some(at))),
-        (None, None) if row.attempts == 0 => "pending".into(),
+        (None, None) if row.outbox.attempts == 0 => "pending".into(),
         (None, None) => format!(
             "pending, {} failed attempt{}{error}",
-            row.attempts,
-            if row.attempts == 1 { "" } else { "s" }
+            row.outbox.attempts,
+            if row.outbox.attempts == 1 { "" } else { "s" }
         ),
     }
 }
@@ -318,17 +322,20 @@ fn release_state(row: &HistoryRow, release: Release) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::OutboxFacts;
 
     fn row(id: &str, secs: i64) -> HistoryRow {
         HistoryRow {
             order_id: id.into(),
-            created_at: DateTime::from_timestamp(secs, 0).unwrap(),
-            stock_released_at: None,
-            event_published_at: None,
-            attempts: 0,
-            last_error: None,
-            next_attempt_at: None,
-            gave_up_at: None,
+            outbox: OutboxFacts {
+                created_at: DateTime::from_timestamp(secs, 0).unwrap(),
+                stock_released_at: None,
+                event_published_at: None,
+                attempts: 0,
+                last_error: None,
+                next_attempt_at: None,
+                gave_up_at: None,
+            },
             deadline: None,
         }
     }
@@ -370,12 +377,12 @@ mod tests {
             cursor: None,
         };
         let mut last = shown("cancel_unpaid", "a&b=c", 1_700_000_000);
-        last.row.created_at += chrono::Duration::microseconds(123_456);
+        last.row.outbox.created_at += chrono::Duration::microseconds(123_456);
         let next = Request::parse(Some(&request.next(&last))).unwrap();
         assert_eq!(next.timer.as_deref(), Some("cancel_unpaid"));
         assert_eq!(next.limit, 2);
         let cursor = next.cursor.unwrap();
-        assert_eq!(cursor.at, last.row.created_at, "to the microsecond");
+        assert_eq!(cursor.at, last.row.outbox.created_at, "to the microsecond");
         assert_eq!(cursor.order_id, "a&b=c");
         assert!(Request::parse(Some("at=2026-11-28T10:00:00Z")).is_err());
         assert_eq!(
@@ -388,15 +395,15 @@ mod tests {
     fn release_states_in_words() {
         let mut r = row("1", 0);
         assert_eq!(release_state(&r, Release::Grpc), "pending");
-        r.attempts = 2;
-        r.last_error = Some("inventory down".into());
+        r.outbox.attempts = 2;
+        r.outbox.last_error = Some("inventory down".into());
         assert_eq!(
             release_state(&r, Release::Grpc),
             "pending, 2 failed attempts: inventory down"
         );
-        r.gave_up_at = Some(DateTime::from_timestamp(60, 0).unwrap());
+        r.outbox.gave_up_at = Some(DateTime::from_timestamp(60, 0).unwrap());
         assert!(release_state(&r, Release::Grpc).starts_with("given up 1970-01-01 00:01:00 UTC"));
-        r.stock_released_at = Some(DateTime::from_timestamp(0, 0).unwrap());
+        r.outbox.stock_released_at = Some(DateTime::from_timestamp(0, 0).unwrap());
         assert_eq!(
             release_state(&r, Release::Grpc),
             "released 1970-01-01 00:00:00 UTC"

@@ -225,7 +225,7 @@ pub(super) async fn the_history_pages_a_range_of_its_index(f: &Fixture) {
         assert_eq!(page.len(), 3);
         let last = page.last().unwrap();
         cursor = Some(store::HistoryCursor {
-            at: last.created_at,
+            at: last.outbox.created_at,
             timer: "cancel_unpaid".into(),
             order_id: last.order_id.clone(),
         });
