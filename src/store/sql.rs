@@ -29,9 +29,9 @@ use super::releases::{Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
-    HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem, OrderState,
-    OrderStore, OutboxFailure, Page, PoolSettings, RowCursor, RowFacts, SetAsideRow, StoreError,
-    WatchMark,
+    Dialect, HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem,
+    OrderState, OrderStore, OutboxFailure, Page, PoolSettings, RowCursor, RowFacts, SetAsideRow,
+    StoreError, WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::{SecretUrl, StatusValue, Timer};
@@ -636,12 +636,15 @@ impl<D: SqlDialect> SqlStore<D> {
         let one = [id.as_str()];
         let cancel = || D::cancel(self, prepared, &one, lease);
         let mut result = super::retry_deadlocks(cancel).await;
-        if result.as_ref().is_err_and(StoreError::is_lock_timeout) {
+        if D::DIALECT == Dialect::Postgres
+            && result.as_ref().is_err_and(StoreError::is_lock_timeout)
+        {
             // Two orders' transactions each holding a row the other's
             // `also` statement needs (statements taking rows in different
-            // orders) end in a lock wait timing out on PostgreSQL before
-            // its deadlock check runs: the other has committed a moment
-            // later, so one more try at once, not a second later.
+            // orders) end in a lock wait timing out on PostgreSQL (200 ms)
+            // before its deadlock check runs (1 s): the other has committed
+            // a moment later, so one more try at once, not a second later.
+            // (InnoDB finds the deadlock at once: `retry_deadlocks`.)
             let jitter = u64::from(Utc::now().timestamp_subsec_nanos() % 25);
             tokio::time::sleep(Duration::from_millis(5 + jitter)).await;
             result = super::retry_deadlocks(cancel).await;

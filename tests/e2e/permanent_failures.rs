@@ -340,8 +340,18 @@ async fn publishes_the_broker_refuses_back_off_instead_of_spinning(dialect: Dial
         .await;
     env.publish_timeout(&order).await;
 
-    let window = Duration::from_secs(10);
-    tokio::time::sleep(window).await;
+    // At least 10 s of refusals, and up to 15 s for the second refusal (a
+    // loaded 4.x node can take seconds to refuse): well before the order's
+    // deadline, which must still be met once the level takes messages.
+    let started = std::time::Instant::now();
+    let _ = tokio::time::timeout(Duration::from_secs(15), async {
+        while service.metrics.publish_failures() < 2 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let window = started.elapsed().max(Duration::from_secs(10));
+    tokio::time::sleep(window.saturating_sub(started.elapsed())).await;
     let failures = service.metrics.publish_failures();
     let requeued = service.metrics.requeued_total();
     println!(
