@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-
-use super::report::LatenessStats;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -176,49 +174,6 @@ impl Alternating {
         let _ = self.stop.send(());
         self.task.await.unwrap_or_default()
     }
-}
-
-/// The lateness of the orders due in quiet windows and of those due in
-/// flooded ones (`points`: seconds from `started` to each deadline, and
-/// its lateness in ms). An order due within [`SETTLING`] of a switch
-/// counts for neither.
-pub fn split(points: &[(f64, f64)], started: DateTime<Utc>, windows: &Windows) -> FloodSplit {
-    let margin = SETTLING.as_secs_f64();
-    let on: Vec<(f64, f64)> = windows
-        .iter()
-        .map(|(from, to)| (seconds(*from - started), seconds(*to - started)))
-        .collect();
-    let (mut quiet, mut flooded) = (Vec::new(), Vec::new());
-    for &(due, late) in points {
-        if on.iter().any(|&(a, b)| due >= a + margin && due < b) {
-            flooded.push(late);
-        } else if !on.iter().any(|&(a, b)| due >= a && due < b + margin) {
-            quiet.push(late);
-        }
-    }
-    FloodSplit {
-        windows: on.len(),
-        quiet: LatenessStats::from_ms(&quiet),
-        flooded: LatenessStats::from_ms(&flooded),
-    }
-}
-
-/// How long after a switch the orders due are counted for neither window.
-const SETTLING: Duration = Duration::from_millis(500);
-
-fn seconds(d: chrono::TimeDelta) -> f64 {
-    d.num_milliseconds() as f64 / 1000.0
-}
-
-/// [`split`]'s answer.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct FloodSplit {
-    /// Flooded windows.
-    pub windows: usize,
-    /// Orders due in quiet windows.
-    pub quiet: LatenessStats,
-    /// Orders due in flooded windows.
-    pub flooded: LatenessStats,
 }
 
 /// Where the flood's clients run: two threads at nice 19. An attacker's

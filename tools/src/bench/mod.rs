@@ -695,7 +695,7 @@ async fn run_phase(
         .collect();
     phase.workload = chosen.to_string();
     phase.flood = flooded;
-    phase.flood_split = turns.map(|windows| flood::split(&points, s.started, &windows));
+    phase.flood_split = turns.map(|windows| report::flood_split(&points, s.started, &windows));
     per_order(&mut phase, &resources, route);
     phase.own_process = route.own_process().into();
     phase.resources = resources;

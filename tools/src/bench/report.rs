@@ -167,7 +167,7 @@ pub struct PhaseReport {
     /// With `--flood-every`: the lateness of the orders due in quiet and in
     /// flooded turns.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub flood_split: Option<super::flood::FloodSplit>,
+    pub flood_split: Option<FloodSplit>,
     /// `cascade` (the product), `single-queue` or `seed` (the baselines).
     pub design: String,
     /// The workload (`shop (every order 31s)`, `mix (…)`, `custom (…)`).
@@ -567,4 +567,51 @@ pub struct PathCost {
     pub broker_switches_per_message: Option<f64>,
     /// Messages published and not consumed by the end (should be 0).
     pub lost: u64,
+}
+
+/// The lateness of the orders due in quiet windows and of those due in
+/// flooded ones (`points`: seconds from `started` to each deadline, and
+/// its lateness in ms). An order due within [`SETTLING`] of a switch
+/// counts for neither.
+pub fn flood_split(
+    points: &[(f64, f64)],
+    started: DateTime<Utc>,
+    windows: &super::flood::Windows,
+) -> FloodSplit {
+    let margin = SETTLING.as_secs_f64();
+    let on: Vec<(f64, f64)> = windows
+        .iter()
+        .map(|(from, to)| (seconds(*from - started), seconds(*to - started)))
+        .collect();
+    let (mut quiet, mut flooded) = (Vec::new(), Vec::new());
+    for &(due, late) in points {
+        if on.iter().any(|&(a, b)| due >= a + margin && due < b) {
+            flooded.push(late);
+        } else if !on.iter().any(|&(a, b)| due >= a && due < b + margin) {
+            quiet.push(late);
+        }
+    }
+    FloodSplit {
+        windows: on.len(),
+        quiet: LatenessStats::from_ms(&quiet),
+        flooded: LatenessStats::from_ms(&flooded),
+    }
+}
+
+/// How long after a switch the orders due are counted for neither window.
+const SETTLING: Duration = Duration::from_millis(500);
+
+fn seconds(d: chrono::TimeDelta) -> f64 {
+    d.num_milliseconds() as f64 / 1000.0
+}
+
+/// [`flood_split`]'s answer.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FloodSplit {
+    /// Flooded windows.
+    pub windows: usize,
+    /// Orders due in quiet windows.
+    pub quiet: LatenessStats,
+    /// Orders due in flooded windows.
+    pub flooded: LatenessStats,
 }
