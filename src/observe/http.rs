@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Serialize;
 
+use super::fresh::Fresh;
 use super::metrics::Metrics;
 use crate::settings::SecretUrl;
 use crate::shutdown::Shutdown;
@@ -49,10 +50,10 @@ pub struct Health {
     /// connection the probe opens is then driven by the service's threads,
     /// never by the HTTP side's lower-priority ones (`server::apart`).
     runtime: tokio::runtime::Handle,
-    /// `/metrics` as last rendered, and when: one rendering per
-    /// [`METRICS_FRESH`] however many clients ask (a scraper every 15 s
-    /// never notices; a flood of anonymous requests costs one a second).
-    rendered: tokio::sync::Mutex<Option<(std::time::Instant, Arc<str>)>>,
+    /// `/metrics` as last rendered: one rendering per [`METRICS_FRESH`]
+    /// however many clients ask (a scraper every 15 s never notices; a
+    /// flood of anonymous requests costs one a second).
+    rendered: Fresh,
 }
 
 /// How long a rendering of `/metrics` is served again.
@@ -109,7 +110,7 @@ impl Health {
             metrics,
             last: tokio::sync::Mutex::new(None),
             runtime: tokio::runtime::Handle::current(),
-            rendered: tokio::sync::Mutex::new(None),
+            rendered: Fresh::new(METRICS_FRESH),
         }
     }
 
@@ -188,17 +189,10 @@ impl Health {
 }
 
 async fn metrics(State(health): State<Arc<Health>>) -> impl IntoResponse {
-    let text = {
-        let mut rendered = health.rendered.lock().await;
-        match rendered.as_ref() {
-            Some((at, text)) if at.elapsed() < METRICS_FRESH => text.clone(),
-            _ => {
-                let text: Arc<str> = health.metrics.render().into();
-                *rendered = Some((std::time::Instant::now(), text.clone()));
-                text
-            }
-        }
-    };
+    let text = health
+        .rendered
+        .get_or(async || health.metrics.render())
+        .await;
     (
         [(
             header::CONTENT_TYPE,

@@ -4,6 +4,7 @@
 //! instance's [`recent`] history for the console, and the log subscriber
 //! ([`telemetry`]).
 
+pub(crate) mod fresh;
 pub(crate) mod http;
 #[cfg(feature = "testing")]
 pub mod metrics;

@@ -38,19 +38,18 @@ use axum::routing::{get, post};
 use tower::ServiceBuilder;
 
 use self::auth::{Access, Admin, Refusal};
-use self::cache::Fresh;
 use self::guard::{LoginGuard, VisitGuard};
 use self::html::{Page, esc};
 use super::pending::PendingBoard;
+use crate::observe::fresh::Fresh;
 use crate::observe::http::Health;
 use crate::observe::metrics::Metrics;
 use crate::observe::recent::Recent;
 use crate::settings::{HttpSettings, SecretUrl, Settings, SweeperSettings};
 use crate::shutdown::Shutdown;
-use crate::store::{SetAsideRow, Stores};
+use crate::store::{SetAsideRow, Store, Stores};
 
 mod auth;
-mod cache;
 mod charts;
 mod guard;
 mod history;
@@ -147,6 +146,13 @@ impl Console {
         access.may_see_bodies(self.http.public_bodies)
     }
 
+    /// The store of the service's own tables (parked messages, logouts):
+    /// any timer's, since every timer's store is on the one database.
+    /// `None` for a console without a database.
+    fn own_tables(&self) -> Option<&Store> {
+        self.stores.iter().next()
+    }
+
     /// This console, reading the rows set aside of the timers of `stores`.
     pub(crate) fn with_stores(mut self, stores: Stores) -> Self {
         self.stores = stores;
@@ -206,7 +212,7 @@ impl Console {
     /// where every replica reads it. When the database cannot take it, the
     /// session is refused here only, and the log says so.
     async fn record_logout(&self, mac: &str, expires: i64) {
-        let Some(store) = self.stores.iter().next() else {
+        let Some(store) = self.own_tables() else {
             return;
         };
         let until = chrono::DateTime::from_timestamp(expires, 0).unwrap_or_default();
@@ -224,7 +230,7 @@ impl Console {
     /// here. Without `ADMIN_TOKEN` there are no sessions, and nothing to
     /// learn.
     pub(crate) async fn learn_logouts(self: Arc<Self>, shutdown: Shutdown) {
-        let (Some(admin), Some(store)) = (self.admin.as_ref(), self.stores.iter().next()) else {
+        let (Some(admin), Some(store)) = (self.admin.as_ref(), self.own_tables()) else {
             return;
         };
         let mut every = tokio::time::interval(LOGOUTS_FRESH);

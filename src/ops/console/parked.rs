@@ -53,9 +53,7 @@ fn query_value(query: Option<&str>, name: &str) -> Option<String> {
 /// database), or why there is none.
 fn store_of(console: &Console) -> Result<Store, String> {
     console
-        .stores
-        .iter()
-        .next()
+        .own_tables()
         .cloned()
         .ok_or_else(|| "this console has no database to read parked messages from".to_owned())
 }

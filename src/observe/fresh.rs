@@ -1,14 +1,14 @@
-//! A page body computed at most once per interval and served from memory
-//! in between: the pages of figures read the metrics, the recent history
-//! and readiness, and a flood of viewers must not turn into a flood of
-//! computations on the threads that cancel orders.
+//! A body computed at most once per interval and served from memory in
+//! between: the console's pages of figures and `/metrics` read the
+//! metrics, the recent history and readiness, and a flood of viewers must
+//! not turn into a flood of computations.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The last body of one page, and when it was computed.
 #[derive(Debug)]
-pub(super) struct Fresh {
+pub(crate) struct Fresh {
     fresh: Duration,
     /// Held while computing, so that concurrent viewers wait for the one
     /// computation instead of each computing.
@@ -17,7 +17,7 @@ pub(super) struct Fresh {
 
 impl Fresh {
     /// Bodies are served for `fresh` after they are computed.
-    pub(super) fn new(fresh: Duration) -> Self {
+    pub(crate) fn new(fresh: Duration) -> Self {
         Self {
             fresh,
             last: tokio::sync::Mutex::new(None),
@@ -25,7 +25,7 @@ impl Fresh {
     }
 
     /// The body computed within the interval, or a new one from `compute`.
-    pub(super) async fn get_or(&self, compute: impl AsyncFnOnce() -> String) -> Arc<str> {
+    pub(crate) async fn get_or(&self, compute: impl AsyncFnOnce() -> String) -> Arc<str> {
         let mut last = self.last.lock().await;
         if let Some((at, body)) = last.as_ref()
             && at.elapsed() < self.fresh
