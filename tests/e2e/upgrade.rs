@@ -341,46 +341,41 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
         let due = start + chrono::Duration::milliseconds(ms as i64);
         (due - Utc::now()).to_std().unwrap_or(Duration::ZERO)
     };
-    let mut n_orders = 0;
+    // (id, due in ms from `start`, its one item): created and published sixteen
+    // at a time, so that a loaded machine still publishes within the 4 s
+    // the timeline allows (one at a time took 5.7 s in CI).
+    let mut plan: Vec<(String, u64, (usize, i64))> = Vec::new();
     for i in 0..20u64 {
-        let o = env
-            .create_order(&format!("held-{i:02}"), at(2_000), &[(i as usize % 5, 1)])
-            .await;
-        env.publish_timeout(&o).await;
-        n_orders += 1;
+        plan.push((format!("held-{i:02}"), 2_000, (i as usize % 5, 1)));
     }
     for i in 0..200u64 {
-        let o = env
-            .create_order(
-                &format!("stream-{i:03}"),
-                at(4_000 + i * 150),
-                &[(i as usize % 5, 1 + i as i64 % 3)],
-            )
-            .await;
-        env.publish_timeout(&o).await;
-        n_orders += 1;
+        let item = (i as usize % 5, 1 + i as i64 % 3);
+        plan.push((format!("stream-{i:03}"), 4_000 + i * 150, item));
     }
     for i in 0..60u64 {
-        let o = env
-            .create_order(
-                &format!("cascade-{i:02}"),
-                at(40_000 + i * 250),
-                &[(i as usize % 5, 2)],
-            )
-            .await;
-        env.publish_timeout(&o).await;
-        n_orders += 1;
+        plan.push((
+            format!("cascade-{i:02}"),
+            40_000 + i * 250,
+            (i as usize % 5, 2),
+        ));
     }
+    let n_orders = plan.len() as i64;
     for i in 0..20u64 {
-        let o = env
-            .create_order(
-                &format!("paid-{i:02}"),
-                at(10_000 + i * 1_000),
-                &[(i as usize % 5, 1)],
-            )
-            .await;
-        env.publish_timeout(&o).await;
+        plan.push((
+            format!("paid-{i:02}"),
+            10_000 + i * 1_000,
+            (i as usize % 5, 1),
+        ));
     }
+    futures_util::stream::iter(plan)
+        .for_each_concurrent(16, |(id, due, item)| {
+            let env = &env;
+            async move {
+                let o = env.create_order(&id, at(due), &[item]).await;
+                env.publish_timeout(&o).await;
+            }
+        })
+        .await;
     sqlx::query("UPDATE orders SET status = 'PAID' WHERE starts_with(id, 'paid-')")
         .execute(&env.pool)
         .await
