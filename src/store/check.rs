@@ -7,9 +7,10 @@
 
 use super::catalog::Columns;
 use super::ids::IdColumn;
+use super::outbox::Mapped;
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore, tables_shape};
-use super::{StoreError, releases};
+use super::{StoreError, releases, shop};
 use crate::settings::{Release, TimerKey};
 
 impl<D: SqlDialect> SqlStore<D> {
@@ -42,16 +43,19 @@ impl<D: SqlDialect> SqlStore<D> {
             .as_ref()
             .map(|columns| self.check_items(columns))
             .transpose()?;
-        let sql = D::statements(self, &orders, items.as_ref()).await?;
+        let sql = D::statements(self, &orders).await?;
+        let items_base = items.as_ref().map(|(_, base)| base.as_str());
+        let mapped = shop::mapped::<D>(t, &orders, items_base);
         // The statements first: a placeholder in the guard would make the
         // count fail with a less helpful error.
-        let also_params = self.check_statements(&sql).await?;
-        let unpaid = self.count_waiting(&sql).await?;
+        let also_params = self.check_statements(&sql, &mapped).await?;
+        let unpaid = self.count_waiting(&sql, &mapped).await?;
         let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
         let shape = tables_shape(t, &orders_columns, items_columns.as_ref());
         Ok(Prepared {
             shape,
             sql,
+            mapped,
             id: orders.id.clone(),
             id_key: self.timer.key(TimerKey::Id),
             items_id: items.map(|(column, _)| column),
@@ -144,18 +148,21 @@ impl<D: SqlDialect> SqlStore<D> {
     /// first order due. A failure waiting can fix (the connection, a lock
     /// or statement timeout) is not a mistake in the mapping and stays
     /// transient.
-    async fn count_waiting(&self, sql: &D::Statements) -> Result<(i64, i64), StoreError> {
-        D::count_waiting(self, sql).await.map_err(|e| {
-            let problem = format!(
-                "evaluating them over the rows in status {} failed: {e}",
-                self.timer.from
-            );
-            match StoreError::Sql(e) {
-                error if !error.is_permanent() => error,
-                _ => StoreError::Schema {
-                    key: self.timer.key(TimerKey::DeadlineGuard),
-                    problem,
-                },
+    async fn count_waiting(
+        &self,
+        sql: &D::Statements,
+        mapped: &Mapped,
+    ) -> Result<(i64, i64), StoreError> {
+        self.count_rows(sql, mapped).await.map_err(|error| {
+            if !error.is_permanent() {
+                return error;
+            }
+            StoreError::Schema {
+                key: self.timer.key(TimerKey::DeadlineGuard),
+                problem: format!(
+                    "evaluating them over the rows in status {} failed: {error}",
+                    self.timer.from
+                ),
             }
         })
     }
@@ -168,6 +175,7 @@ impl<D: SqlDialect> SqlStore<D> {
     async fn check_statements(
         &self,
         sql: &D::Statements,
+        mapped: &Mapped,
     ) -> Result<Vec<D::AlsoParams>, StoreError> {
         let schema = |key: &'static str, statement: &str, e: sqlx::Error| match StoreError::Sql(e) {
             error if !error.is_permanent() => error,
@@ -193,7 +201,9 @@ impl<D: SqlDialect> SqlStore<D> {
             }
             Ok(())
         };
-        let mut checks = D::to_check(&self.timer, sql).into_iter();
+        let items = self.timer.release == Release::Grpc;
+        let shop = shop::checks::<D>(&self.timer, mapped, items);
+        let mut checks = D::to_check(&self.timer, sql).into_iter().chain(shop);
         if let Some(check) = checks.next() {
             prepare(&check).await?;
         }

@@ -106,6 +106,21 @@ pub(crate) enum IdValue {
     Uuid([u8; 16]),
 }
 
+impl IdValue {
+    /// The id as text, as PostgreSQL is sent it (and casts it to the
+    /// column's type).
+    pub(crate) fn text(&self) -> String {
+        match self {
+            Self::Text(s) | Self::Decimal(s) => s.clone(),
+            Self::I16(n) => n.to_string(),
+            Self::I32(n) => n.to_string(),
+            Self::I64(n) => n.to_string(),
+            Self::U64(n) => n.to_string(),
+            Self::Uuid(bytes) => uuid_text(bytes),
+        }
+    }
+}
+
 impl IdColumn {
     /// The id column `column` of the mapping key `key` (`[orders].id`,
     /// `[items].order_id`). A decimal column with fraction digits cannot

@@ -37,6 +37,7 @@ mod check;
 mod error;
 mod ids;
 mod mysql;
+#[macro_use]
 mod outbox;
 #[cfg(test)]
 mod outbox_words_tests;
@@ -44,6 +45,7 @@ mod parked;
 mod postgres;
 mod releases;
 mod shape;
+mod shop;
 mod sql;
 mod state;
 mod tls;

@@ -20,7 +20,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::ids::IdValue;
 use super::{Dialect, NextAttempt, StoreError, WatchMark};
+use crate::settings::StatusValue;
+
+/// `[(name, template), …]` for the named template constants.
+#[cfg(test)]
+macro_rules! templates {
+    ($($name:ident),* $(,)?) => {
+        [$((stringify!($name), $name)),*]
+    };
+}
 
 /// The words in which the dialects differ, for the templates here.
 pub(crate) trait Vocabulary {
@@ -51,6 +61,31 @@ pub(crate) trait Vocabulary {
     fn in_ids(first: usize, len: usize) -> String;
     /// How many placeholders an id list of `len` ids takes.
     fn id_placeholders(len: usize) -> usize;
+    /// The `n`th placeholder as a value of the column type `ty` (bound as
+    /// text and cast on PostgreSQL; in its own type on MySQL).
+    fn cast(n: usize, ty: &str) -> String;
+    /// [`Vocabulary::in_ids`] for ids of the column type `ty`.
+    fn in_cast_ids(first: usize, len: usize, ty: &str) -> String;
+    /// The `n`th placeholder as a UTC instant in the session's zone, where
+    /// it is compared with the shop's deadlines.
+    fn shop_time(n: usize) -> String;
+
+    /// The shop's clock, in the session's zone its deadlines are written
+    /// in: `now()`, `NOW(6)`.
+    const SHOP_NOW: &'static str;
+    /// `expr` as text.
+    fn text(expr: &str) -> String;
+    /// `expr` as a 64-bit integer.
+    fn int8(expr: &str) -> String;
+    /// How many rows `condition` holds for, as a 64-bit integer.
+    fn count_if(condition: &str) -> String;
+    /// The deadline `deadline` (in the session's zone) as UTC microseconds
+    /// since the epoch, NULL unless `usable`: never a value the driver
+    /// cannot represent.
+    fn epoch_micros(deadline: &str, usable: &str) -> String;
+    /// A digest of the whole row `o` (whose columns are `columns`): what
+    /// tells a row set aside from the same row changed since.
+    fn row_digest(columns: &[String]) -> String;
 }
 
 /// A row of the service's own tables, as either dialect decodes it.
@@ -110,6 +145,20 @@ pub(crate) enum Value<'a> {
     /// Row ids of the service's own tables: one array, or one placeholder
     /// each.
     Nums(&'a [i64]),
+    /// A status code of the shop's, in the status column's type.
+    Status(&'a StatusValue),
+    /// A status code or NULL (a timer without a `paid` code).
+    MaybeStatus(Option<&'a StatusValue>),
+    /// An order id in the id column's type, or NULL.
+    RowId(Option<&'a IdValue>),
+    /// Order ids in the id column's type: one array, or one placeholder
+    /// each.
+    RowIds(&'a [IdValue]),
+    /// Order ids in the items table's order id column's type.
+    ItemIds(&'a [IdValue]),
+    /// An instant (or NULL) compared with the shop's deadlines, which are
+    /// written in the session's zone.
+    ShopTime(Option<DateTime<Utc>>),
 }
 
 /// A rendered statement: its text in the dialect's words and the values
@@ -120,6 +169,25 @@ pub(crate) struct Statement<'a> {
     pub(crate) sql: String,
     /// Its values, one per value slot, in the order they appear.
     pub(crate) values: Vec<Value<'a>>,
+    /// How many placeholders its text has (an id list may take one per
+    /// id): what the schema check expects the server to count.
+    pub(crate) placeholders: usize,
+}
+
+/// The words of one timer's mapping a template on the shop's tables
+/// (`shop.rs`) is written with (`{table}`, `{row_id}`, `{deadline}`, …),
+/// rendered in its dialect once the check read the tables, and the column
+/// types PostgreSQL casts the bound ids and codes to.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Mapped {
+    /// Each word and its SQL.
+    pub(crate) words: Vec<(&'static str, String)>,
+    /// The status column's type.
+    pub(crate) status_type: String,
+    /// The id column's type without length or precision.
+    pub(crate) id_base: String,
+    /// The items table's order id column's, likewise.
+    pub(crate) items_id_base: String,
 }
 
 /// Fills `template`'s slots: dialect words as they are, values (looked up
@@ -127,6 +195,16 @@ pub(crate) struct Statement<'a> {
 /// it stands, which the unit tests below rule out for every template.
 pub(crate) fn render<'a, V: Vocabulary>(
     template: &str,
+    values: &[(&str, Value<'a>)],
+) -> Statement<'a> {
+    render_mapped::<V>(template, &Mapped::default(), values)
+}
+
+/// [`render`] with the words of a timer's mapping too (the templates on
+/// the shop's tables).
+pub(crate) fn render_mapped<'a, V: Vocabulary>(
+    template: &str,
+    mapped: &Mapped,
     values: &[(&str, Value<'a>)],
 ) -> Statement<'a> {
     let mut sql = String::with_capacity(template.len() + 32);
@@ -156,38 +234,51 @@ pub(crate) fn render<'a, V: Vocabulary>(
             sql.push_str(&V::keep_existing(column));
             continue;
         }
+        if let Some((_, word)) = mapped.words.iter().find(|(name, _)| *name == slot) {
+            sql.push_str(word);
+            continue;
+        }
         let Some(&(_, value)) = values.iter().find(|(name, _)| *name == slot) else {
             sql.push('{');
             sql.push_str(slot);
             sql.push('}');
             continue;
         };
-        match value {
-            Value::Ids(ids) => {
-                sql.push_str(&V::in_ids(next, ids.len()));
-                next += V::id_placeholders(ids.len());
-            }
-            Value::Nums(nums) => {
-                sql.push_str(&V::in_ids(next, nums.len()));
-                next += V::id_placeholders(nums.len());
-            }
-            Value::Micros(_) => {
-                sql.push_str(&V::micros(next));
-                next += 1;
-            }
-            Value::Text(_)
-            | Value::Int(_)
-            | Value::Time(_)
-            | Value::MaybeText(_)
-            | Value::Bytes(_) => {
-                sql.push_str(&V::placeholder(next));
-                next += 1;
-            }
-        }
+        let (text, taken) = placeholders::<V>(&value, next, mapped);
+        sql.push_str(&text);
+        next += taken;
         bound.push(value);
     }
     sql.push_str(rest);
-    Statement { sql, values: bound }
+    Statement {
+        sql,
+        values: bound,
+        placeholders: next - 1,
+    }
+}
+
+/// Where `value` stands, its placeholders from the `next`th, and how many
+/// they are.
+fn placeholders<V: Vocabulary>(value: &Value<'_>, next: usize, mapped: &Mapped) -> (String, usize) {
+    match value {
+        Value::Ids(ids) => (V::in_ids(next, ids.len()), V::id_placeholders(ids.len())),
+        Value::Nums(nums) => (V::in_ids(next, nums.len()), V::id_placeholders(nums.len())),
+        Value::RowIds(ids) => (
+            V::in_cast_ids(next, ids.len(), &mapped.id_base),
+            V::id_placeholders(ids.len()),
+        ),
+        Value::ItemIds(ids) => (
+            V::in_cast_ids(next, ids.len(), &mapped.items_id_base),
+            V::id_placeholders(ids.len()),
+        ),
+        Value::Status(_) | Value::MaybeStatus(_) => (V::cast(next, &mapped.status_type), 1),
+        Value::RowId(_) => (V::cast(next, &mapped.id_base), 1),
+        Value::ShopTime(_) => (V::shop_time(next), 1),
+        Value::Micros(_) => (V::micros(next), 1),
+        Value::Text(_) | Value::Int(_) | Value::Time(_) | Value::MaybeText(_) | Value::Bytes(_) => {
+            (V::placeholder(next), 1)
+        }
+    }
 }
 
 /// A duration in whole microseconds (saturating), for [`Value::Micros`].
@@ -877,6 +968,17 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
             .map(i64::to_string)
             .collect::<Vec<_>>()
             .join(", "),
+        Value::Status(code) | Value::MaybeStatus(Some(code)) => {
+            format!("'{}'", code.as_text().replace('\'', "''"))
+        }
+        Value::RowId(Some(id)) => format!("'{}'", id.text().replace('\'', "''")),
+        Value::RowIds(ids) | Value::ItemIds(ids) => ids
+            .iter()
+            .map(|id| format!("'{}'", id.text().replace('\'', "''")))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Value::ShopTime(Some(t)) => format!("'{}'", t.format("%Y-%m-%d %H:%M:%S%.6f")),
+        Value::MaybeStatus(None) | Value::RowId(None) | Value::ShopTime(None) => "NULL".into(),
     };
     let mut out = statement.sql.clone();
     match dialect {
@@ -884,7 +986,9 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
         Dialect::Postgres => {
             for (n, value) in statement.values.iter().enumerate().rev() {
                 let text = match value {
-                    Value::Ids(_) | Value::Nums(_) => format!("ARRAY[{}]", literal(value)),
+                    Value::Ids(_) | Value::Nums(_) | Value::RowIds(_) | Value::ItemIds(_) => {
+                        format!("ARRAY[{}]", literal(value))
+                    }
                     _ => literal(value),
                 };
                 out = out.replace(&format!("${}", n + 1), &text);
@@ -899,10 +1003,11 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
     out
 }
 
-/// Every template, for the tests that render them on each dialect
-/// (`store/mod.rs`).
+/// Every template by name, for the tests that render them on each dialect
+/// (`outbox_words_tests.rs`, which also finds every template constant in
+/// this file's source and checks that it is here).
 #[cfg(test)]
-pub(super) const TEMPLATES: [&str; 36] = [
+pub(super) const TEMPLATES: [(&str, &str); 36] = templates![
     HISTORY_NEWEST,
     HISTORY_BEFORE,
     HISTORY_AT_OR_BEFORE,
@@ -938,7 +1043,7 @@ pub(super) const TEMPLATES: [&str; 36] = [
     REPLICAS_LIVE,
     LOGOUT_ADD,
     LOGOUTS_FORGET,
-    LOGOUTS_LIVE,
+    LOGOUTS_LIVE
 ];
 
 #[cfg(test)]

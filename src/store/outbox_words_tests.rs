@@ -3,9 +3,16 @@
 
 use chrono::DateTime;
 
+use std::collections::BTreeSet;
+
+use super::catalog::Column;
+use super::ids::{IdColumn, IdValue};
 use super::mysql::MySql;
-use super::outbox::{self, Value};
+use super::outbox::{self, Mapped, Value, Vocabulary};
 use super::postgres::Postgres;
+use super::shape::OrdersColumns;
+use super::shop;
+use crate::settings::{ItemsMapping, OrdersMapping, Release, StatusValue, Timer};
 
 /// Every value any template names.
 fn values() -> Vec<(&'static str, Value<'static>)> {
@@ -32,7 +39,7 @@ fn values() -> Vec<(&'static str, Value<'static>)> {
 
 #[test]
 fn every_slot_of_every_template_is_filled_on_both_dialects() {
-    for template in outbox::TEMPLATES {
+    for (_, template) in outbox::TEMPLATES {
         for sql in [
             outbox::render::<Postgres>(template, &values()).sql,
             outbox::render::<MySql>(template, &values()).sql,
@@ -85,4 +92,128 @@ fn an_id_list_is_one_array_on_postgres_and_a_placeholder_each_on_mysql() {
         "{}",
         my.sql
     );
+}
+
+/// The names of the `&str` constants declared in `source`: the templates
+/// a file writes, found in its text rather than in a list kept by hand.
+fn template_constants(source: &str) -> BTreeSet<&str> {
+    source
+        .lines()
+        .filter_map(|line| {
+            let rest = line
+                .strip_prefix("const ")
+                .or_else(|| line.strip_prefix("pub(super) const "))?;
+            let (name, ty) = rest.split_once(':')?;
+            ty.trim_start().starts_with("&str =").then_some(name)
+        })
+        .collect()
+}
+
+#[test]
+fn every_template_constant_of_the_sources_is_rendered_by_these_tests() {
+    let sources = [
+        (include_str!("outbox.rs"), &outbox::TEMPLATES[..]),
+        (include_str!("shop.rs"), &shop::TEMPLATES[..]),
+    ];
+    for (source, listed) in sources {
+        let found = template_constants(source);
+        let listed: BTreeSet<&str> = listed.iter().map(|(name, _)| *name).collect();
+        assert!(found.len() > 10, "{found:?}");
+        assert_eq!(found, listed, "a template missing from TEMPLATES");
+    }
+}
+
+/// A timer with items and a watch, on an orders table of an integer id.
+fn mapped<V: Vocabulary>() -> (Timer, Mapped) {
+    let mut timer = Timer::cancel_unpaid(
+        &OrdersMapping::default(),
+        &ItemsMapping::default(),
+        Release::Grpc,
+    );
+    timer.watch = Some(std::time::Duration::from_secs(60));
+    let column = Column {
+        name: "id".into(),
+        shown: "bigint".into(),
+        type_name: "int8".into(),
+        base: "bigint".into(),
+        max_chars: None,
+        precision: None,
+        scale: None,
+        unsigned: false,
+    };
+    let orders = OrdersColumns {
+        id: IdColumn::of("[orders].id", &column).unwrap(),
+        id_type: "bigint".into(),
+        id_base: "bigint".into(),
+        status_type: "text".into(),
+        all: vec!["id".into(), "status".into()],
+    };
+    let mapped = shop::mapped::<V>(&timer, &orders, Some("bigint"));
+    (timer, mapped)
+}
+
+/// Every value a template on the shop's tables names.
+fn shop_values<'a>(ids: &'a [IdValue], code: &'a StatusValue) -> Vec<(&'static str, Value<'a>)> {
+    let mut values = values();
+    values.extend([
+        ("from", Value::Status(code)),
+        ("to", Value::Status(code)),
+        ("paid", Value::MaybeStatus(None)),
+        ("after_at", Value::ShopTime(None)),
+        ("after_id", Value::RowId(ids.first())),
+        ("digest", Value::Text("d")),
+        ("hourly", Value::Int(24)),
+        ("hour", Value::Micros(3_600_000_000)),
+        ("day", Value::Micros(86_400_000_000)),
+        ("id", Value::Text("7")),
+    ]);
+    values.retain(|(name, _)| *name != "ids");
+    values.push(("ids", Value::RowIds(ids)));
+    values
+}
+
+#[test]
+fn every_slot_of_every_shop_template_is_filled_on_both_dialects() {
+    let ids = [IdValue::I64(7), IdValue::I64(8)];
+    let code = StatusValue::Text("UNPAID".into());
+    let (_, pg) = mapped::<Postgres>();
+    let (_, my) = mapped::<MySql>();
+    for (name, template) in shop::TEMPLATES {
+        let values = shop_values(&ids, &code);
+        for statement in [
+            outbox::render_mapped::<Postgres>(template, &pg, &values),
+            outbox::render_mapped::<MySql>(template, &my, &values),
+        ] {
+            let sql = &statement.sql;
+            assert!(!sql.contains('{') && !sql.contains('}'), "{name}: {sql}");
+        }
+    }
+}
+
+#[test]
+fn shop_values_are_cast_to_their_columns_on_postgres_and_bound_as_they_are_on_mysql() {
+    let ids = [IdValue::I64(7), IdValue::I64(8)];
+    let code = StatusValue::Text("UNPAID".into());
+    let values = shop_values(&ids, &code);
+    let (_, pg) = mapped::<Postgres>();
+    let statement = outbox::render_mapped::<Postgres>(shop::STILL_WAITING, &pg, &values);
+    assert!(
+        statement.sql.ends_with(
+            "WHERE o.\"status\" = CAST($1::text AS text) \
+             AND o.\"id\" = ANY(CAST($2::text[] AS bigint[]))"
+        ),
+        "{}",
+        statement.sql
+    );
+    assert_eq!(statement.placeholders, 2);
+    let (_, my) = mapped::<MySql>();
+    let statement = outbox::render_mapped::<MySql>(shop::STILL_WAITING, &my, &values);
+    assert!(
+        statement
+            .sql
+            .ends_with("WHERE o.`status` = ? AND o.`id` IN (?, ?)"),
+        "{}",
+        statement.sql
+    );
+    assert_eq!(statement.placeholders, 3);
 }

@@ -23,15 +23,15 @@ use sqlx::{Connection, Pool};
 
 use super::catalog::Columns;
 use super::ids::{IdColumn, IdRejected, IdValue};
-use super::outbox::{self, OwnRow, OwnTables, Statement, Vocabulary};
+use super::outbox::{self, Mapped, OwnRow, OwnTables, Statement, Vocabulary};
 use super::parked::{self, NewParked, ParkedFilter, ParkedRow};
 use super::releases::{Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::state::StateRow;
 use super::{
     Dialect, HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem,
-    OrderState, OrderStore, OutboxFailure, Page, PoolSettings, RowCursor, RowFacts, SetAsideRow,
-    StoreError, WatchMark,
+    OrderState, OrderStore, OutboxFailure, Page, PoolSettings, RowCursor, SetAsideRow, StoreError,
+    WatchMark,
 };
 use crate::message::OrderId;
 use crate::settings::{SecretUrl, StatusValue, Timer};
@@ -85,13 +85,12 @@ pub(crate) trait SqlDialect:
         table: &str,
     ) -> impl Future<Output = Result<Columns, StoreError>> + Send;
 
-    /// The statements for the mapping, the orders table's columns and the
-    /// items' order id type (`None`: the items are not read), with what
-    /// binding them takes.
+    /// The dialect's own statements (the cancel transaction's) for the
+    /// mapping and the orders table's columns, with what binding them
+    /// takes.
     fn statements(
         store: &SqlStore<Self>,
         orders: &OrdersColumns,
-        items: Option<&(IdColumn, String)>,
     ) -> impl Future<Output = Result<Self::Statements, StoreError>> + Send;
 
     /// The rendered statements to prepare during the check, each with the
@@ -133,13 +132,6 @@ pub(crate) trait SqlDialect:
         query: String,
     ) -> impl Future<Output = Result<String, sqlx::Error>> + Send;
 
-    /// Rows in the `from` status passing the guard, and how many of them
-    /// are overdue.
-    fn count_waiting(
-        store: &SqlStore<Self>,
-        sql: &Self::Statements,
-    ) -> impl Future<Output = Result<(i64, i64), sqlx::Error>> + Send;
-
     /// Which of `tables` nothing vacuums: on PostgreSQL all of them when
     /// the server runs with `autovacuum = off`, else those whose own
     /// `autovacuum_enabled` is off; none on MySQL (InnoDB purges old row
@@ -160,81 +152,20 @@ pub(crate) trait SqlDialect:
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<StateRow>, StoreError>> + Send;
 
-    /// The items of the orders `ids` (canonical for the items table's
-    /// order id column), ordered by order id and sku.
-    fn items(
-        store: &SqlStore<Self>,
-        prepared: &Prepared<Self>,
-        ids: &[&str],
-    ) -> impl Future<Output = Result<Vec<ItemRow>, StoreError>> + Send;
-
-    /// `(id, deadline)` of rows in the `from` status overdue by more than
-    /// `grace` that the timer may still flip (see
-    /// [`OrderStore::overdue`]), in (deadline, id) order after `after` (a
-    /// deadline and the last id read at it).
-    fn overdue(
-        store: &SqlStore<Self>,
-        prepared: &Prepared<Self>,
-        grace: Duration,
-        after: Option<(DateTime<Utc>, Option<&str>)>,
-        limit: u32,
-    ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
-
-    /// Records the row of `id` (canonical) as set aside with `reason`,
-    /// with its digest; the mark's attempts (`None`: no such row).
-    fn set_aside(
-        store: &SqlStore<Self>,
-        prepared: &Prepared<Self>,
-        id: &str,
-        reason: &str,
-    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send;
-
-    /// Deletes the set-aside marks of the timer whose row is no longer in
-    /// the `from` status (or gone).
-    fn prune_set_aside(
-        store: &SqlStore<Self>,
-        prepared: &Prepared<Self>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// The facts of the row `id` (canonical) and the database's clock,
-    /// read without locking or changing anything (`explain`).
-    fn read_row(
-        store: &SqlStore<Self>,
-        prepared: &Prepared<Self>,
-        id: &str,
-    ) -> impl Future<Output = Result<(Option<RowFacts>, DateTime<Utc>), StoreError>> + Send;
-
-    /// `(id, deadline)` of rows in the `from` status after `from`, in id
-    /// order.
-    fn waiting_page(
-        store: &SqlStore<Self>,
-        prepared: &Prepared<Self>,
-        from: Option<&str>,
-        limit: u32,
-    ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
-
-    /// `(id, deadline)` of rows in the `from` status due after `after` (a
-    /// deadline, and an id at it) and not after `until`, in (deadline, id)
-    /// order. Only for timers with a watch.
-    fn due_between(
-        store: &SqlStore<Self>,
-        prepared: &Prepared<Self>,
-        after: (DateTime<Utc>, Option<&str>),
-        until: DateTime<Utc>,
-        limit: u32,
-    ) -> impl Future<Output = Result<Vec<PageRow>, StoreError>> + Send;
-
-    /// Runs a statement of the service's own tables ([`super::outbox`]);
-    /// the rows it changed.
+    /// Runs a rendered statement ([`super::outbox`], [`super::shop`]) on
+    /// `pool`; the rows it changed. `sql`: the timer's statements, whose
+    /// values bind ids in the column's type (the shop's tables only).
     fn execute(
-        store: &SqlStore<Self>,
+        pool: &Pool<Self::Db>,
+        sql: Option<&Self::Statements>,
         statement: Statement<'_>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Runs a query of the service's own tables ([`super::outbox`]); its
-    /// rows.
+    /// Runs a rendered query on `pool`; its rows (see
+    /// [`SqlDialect::execute`]).
     fn fetch<T: OwnRow>(
-        store: &SqlStore<Self>,
+        pool: &Pool<Self::Db>,
+        sql: Option<&Self::Statements>,
         statement: Statement<'_>,
     ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send;
 }
@@ -331,6 +262,8 @@ const SHAPE_LOOK_EVERY: Duration = Duration::from_secs(1);
 pub(crate) struct Prepared<D: SqlDialect> {
     /// The dialect's statements.
     pub(crate) sql: D::Statements,
+    /// The mapping's words, for the templates on the shop's tables.
+    pub(crate) mapped: Mapped,
     /// The table's id column.
     pub(crate) id: IdColumn,
     /// The config key that names it (`[orders].id`, `[[timers]].id`).
@@ -724,11 +657,11 @@ impl<D: SqlDialect> OwnTables for SqlStore<D> {
     }
 
     async fn execute(&self, statement: Statement<'_>) -> Result<u64, StoreError> {
-        D::execute(self, statement).await
+        D::execute(&self.own, None, statement).await
     }
 
     async fn fetch<T: OwnRow>(&self, statement: Statement<'_>) -> Result<Vec<T>, StoreError> {
-        D::fetch(self, statement).await
+        D::fetch(&self.own, None, statement).await
     }
 }
 
@@ -826,7 +759,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         keys.sort_unstable();
         let mut rows = Vec::new();
         for chunk in keys.chunks(D::MAX_BATCH_IDS) {
-            let result = D::items(self, &prepared, chunk).await;
+            let result = self.item_rows(&prepared, chunk).await;
             rows.extend(self.after(result).await?);
         }
         let mut map: HashMap<String, Vec<OrderItem>> = HashMap::new();
@@ -856,7 +789,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     ) -> Result<Page<RowCursor>, StoreError> {
         let prepared = self.prepared().await?;
         let after = after.map(|c| (c.deadline, c.id.as_deref()));
-        let result = D::overdue(self, &prepared, grace, after, limit).await;
+        let result = self.overdue_rows(&prepared, grace, after, limit).await;
         let rows = self.after(result).await?;
         Ok(shape::due_page(rows, limit))
     }
@@ -864,7 +797,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn explain(&self, id: &OrderId) -> Result<OrderFacts, StoreError> {
         let prepared = self.prepared().await?;
-        let (row, db_now) = D::read_row(self, &prepared, id.as_str()).await?;
+        let (row, db_now) = self.row_facts(&prepared, id.as_str()).await?;
         Ok(OrderFacts {
             row,
             db_now,
@@ -885,7 +818,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         }
         let prepared = self.prepared().await?;
         for row in &mut rows {
-            let (facts, _) = D::read_row(self, &prepared, &row.order_id).await?;
+            let (facts, _) = self.row_facts(&prepared, &row.order_id).await?;
             row.deadline = facts.and_then(|f| f.expires_at);
         }
         Ok(rows)
@@ -898,14 +831,14 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         limit: u32,
     ) -> Result<Page<String>, StoreError> {
         let prepared = self.prepared().await?;
-        let rows = D::waiting_page(self, &prepared, after, limit).await?;
+        let rows = self.waiting_rows(&prepared, after, limit).await?;
         Ok(shape::page(rows, limit, |(id, _)| Some(id.clone())))
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn set_aside(&self, id: &OrderId, reason: &str) -> Result<Option<u32>, StoreError> {
         let prepared = self.prepared().await?;
-        D::set_aside(self, &prepared, id.as_str(), reason).await
+        self.mark_set_aside(&prepared, id.as_str(), reason).await
     }
 
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
@@ -985,7 +918,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn prune_set_aside(&self) -> Result<u64, StoreError> {
         let prepared = self.prepared().await?;
-        D::prune_set_aside(self, &prepared).await
+        self.prune_marks(&prepared).await
     }
 
     #[tracing::instrument(skip(self))]
@@ -1066,7 +999,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     ) -> Result<Page<RowCursor>, StoreError> {
         let prepared = self.prepared().await?;
         let after = (after.deadline, after.id.as_deref());
-        let result = D::due_between(self, &prepared, after, until, limit).await;
+        let result = self.due_rows(&prepared, after, until, limit).await;
         let rows = self.after(result).await?;
         Ok(shape::due_page(rows, limit))
     }

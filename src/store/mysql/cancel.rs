@@ -11,10 +11,10 @@ use sqlx::AssertSqlSafe;
 use super::statements::{Arg, args, from_micros, id_arg, marks, micros};
 use super::{MySql, MySqlStore, Tx};
 use crate::settings::{Release, Timer};
+use crate::store::StoreError;
 use crate::store::ids::IdValue;
 use crate::store::sql::Prepared;
 use crate::store::state::StateRow;
-use crate::store::{RowFacts, StoreError};
 
 /// One order row as the cancel transaction locked it.
 #[derive(Debug, sqlx::FromRow)]
@@ -215,27 +215,6 @@ async fn relock_cancelled_meanwhile(
     Ok(())
 }
 
-/// The facts of the row `id` and the database's clock, read in a
-/// transaction that locks nothing and is rolled back (`explain`).
-pub(super) async fn read_one(
-    store: &MySqlStore,
-    prepared: &Prepared<MySql>,
-    id: &str,
-) -> Result<(Option<RowFacts>, DateTime<Utc>), StoreError> {
-    let mut tx = store.pool.begin().await?;
-    let mut rows = read_orders(&mut tx, store, prepared, &[id], &prepared.sql.read_orders).await?;
-    let db_now = utc_now(&mut tx).await?;
-    tx.rollback().await?;
-    let row = rows.remove(id).map(|r| RowFacts {
-        is_to: r.is_cancelled.unwrap_or(false),
-        is_paid: r.is_paid.unwrap_or(false),
-        is_from: r.is_unpaid.unwrap_or(false),
-        guard_ok: r.guard_ok.unwrap_or(false),
-        expires_at: from_micros(r.expires_us),
-    });
-    Ok((row, db_now))
-}
-
 /// The database's UTC clock.
 async fn utc_now(tx: &mut Tx) -> Result<DateTime<Utc>, StoreError> {
     Ok(sqlx::query_scalar("SELECT UTC_TIMESTAMP(6)")
@@ -270,7 +249,9 @@ async fn read_orders(
         Arg::Status(&o.from),
     ];
     let id_values = id_values(prepared, ids)?;
-    let id_args = id_values.iter().map(|v| id_arg(v, &prepared.sql));
+    let id_args = id_values
+        .iter()
+        .map(|v| id_arg(v, Some(&prepared.sql.decimal)));
     let values = args(statuses.into_iter().chain(id_args))?;
     let sql = sql.replace("{ids}", &marks(ids.len()));
     let rows: Vec<LockedOrder> = sqlx::query_as_with(AssertSqlSafe(sql), values)
@@ -346,7 +327,7 @@ async fn flip(
     let id_values = id_values(prepared, eligible)?;
     let update = sql.update.replace("{ids}", &marks(eligible.len()));
     let values = std::iter::once(Arg::Status(&o.to))
-        .chain(id_values.iter().map(|v| id_arg(v, sql)))
+        .chain(id_values.iter().map(|v| id_arg(v, Some(&sql.decimal))))
         .chain([Arg::Status(&o.from)]);
     run!(update, values, &mut **tx).await?;
     let after = lock_orders(tx, store, prepared, eligible).await?;
@@ -380,7 +361,7 @@ async fn record_effects(
         // A row the shop holds delays only this order, and briefly
         // (`Sql::also`).
         for (statement, params) in sql.also.iter().zip(&prepared.also_params) {
-            let values = std::iter::repeat_n(id_arg(&id, sql), *params);
+            let values = std::iter::repeat_n(id_arg(&id, Some(&sql.decimal)), *params);
             run!(statement.clone(), values, &mut **tx).await?;
         }
     }

@@ -27,21 +27,20 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlTypeInfo};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
 use crate::settings::{SecretUrl, StatusValue, Timer, TimerKey};
 use crate::store::catalog::{self, Column, Columns};
-use crate::store::ids::{IdColumn, IdValue};
+use crate::store::ids::IdValue;
 use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
 use crate::store::releases::{Expansion, KEPT_FOR_0_1_0_MARKER, KEPT_FOR_0_1_0_MYSQL, Migrated};
 use crate::store::shape::{self, OrdersColumns};
 use crate::store::sql::{
-    AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
+    AlsoCheckError, Check, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
 };
 use crate::store::state::StateRow;
-use crate::store::{Dialect, PoolSettings, RowFacts, StoreError};
+use crate::store::{Dialect, PoolSettings, StoreError};
 
 /// Runs `sql` with `values` bound, in `tx` or on the pool.
 macro_rules! run {
@@ -53,10 +52,9 @@ macro_rules! run {
 mod cancel;
 mod statements;
 
-use cancel::{cancel_in, read_one};
+use cancel::cancel_in;
 use statements::{
-    Arg, PLACEHOLDERS, PLACEHOLDERS_PER_ID, Sql, args, decimal_type, id_arg, marks, micros,
-    page_rows, skips_locked,
+    Arg, PLACEHOLDERS, PLACEHOLDERS_PER_ID, Sql, args, decimal_type, id_arg, marks, skips_locked,
 };
 
 /// MySQL and MariaDB, as a [`SqlDialect`].
@@ -328,11 +326,7 @@ impl SqlDialect for MySql {
         Ok(catalog::by_name(columns))
     }
 
-    async fn statements(
-        store: &MySqlStore,
-        orders: &OrdersColumns,
-        items: Option<&(IdColumn, String)>,
-    ) -> Result<Sql, StoreError> {
+    async fn statements(store: &MySqlStore, _: &OrdersColumns) -> Result<Sql, StoreError> {
         let decimal = decimal_type(store).await?;
         let version: String = sqlx::query_scalar("SELECT CAST(VERSION() AS CHAR)")
             .fetch_one(&store.pool)
@@ -343,35 +337,19 @@ impl SqlDialect for MySql {
         }
         Ok(Sql::render(
             &store.timer,
-            orders,
-            items.is_some(),
             decimal,
             skip_locked,
             version.to_ascii_lowercase().contains("mariadb"),
         ))
     }
 
-    /// With one id: the flip binds cancelled, the id, unpaid; the items
-    /// the id; a watch's scan seven values; the sweeper's page ten.
+    /// With one id, the flip binds cancelled, the id, unpaid.
     fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
-        let check = |key, sql: String, binds| Check { key, sql, binds };
-        let mut checks = vec![check(
-            timer.key(TimerKey::Flip),
-            sql.update.replace("{ids}", "?"),
-            3,
-        )];
-        if let Some(items) = &sql.items {
-            checks.push(check("[items]", items.replace("{ids}", "?"), 1));
-        }
-        if let Some(due) = &sql.due {
-            checks.push(check(timer.key(TimerKey::DeadlineGuard), due.clone(), 7));
-        }
-        let rows = timer.key(TimerKey::DeadlineGuard);
-        checks.push(check(rows, sql.overdue.clone(), 10));
-        checks.push(check(timer.key(TimerKey::Id), sql.set_aside.clone(), 4));
-        let waiting = sql.still_waiting.replace("{ids}", "?");
-        checks.push(check(timer.key(TimerKey::Status), waiting, 2));
-        checks
+        vec![Check {
+            key: timer.key(TimerKey::Flip),
+            sql: sql.update.replace("{ids}", "?"),
+            binds: 3,
+        }]
     }
 
     async fn parameters(store: &MySqlStore, statement: &str) -> Result<usize, sqlx::Error> {
@@ -442,14 +420,6 @@ impl SqlDialect for MySql {
         Ok(same == Some(1))
     }
 
-    async fn count_waiting(store: &MySqlStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
-        let values = args([Arg::Status(&store.timer.from)]);
-        let values = values.map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-        sqlx::query_as_with(AssertSqlSafe(sql.count.clone()), values)
-            .fetch_one(&store.pool)
-            .await
-    }
-
     /// The cancel transaction (see the module docs).
     async fn cancel(
         store: &MySqlStore,
@@ -462,196 +432,25 @@ impl SqlDialect for MySql {
         commit_or_roll_back(tx, result).await
     }
 
-    async fn items(
-        store: &MySqlStore,
-        prepared: &Prepared<Self>,
-        ids: &[&str],
-    ) -> Result<Vec<ItemRow>, StoreError> {
-        let Some(sql) = &prepared.sql.items else {
-            return Ok(Vec::new());
-        };
-        let values: Vec<IdValue> = ids
-            .iter()
-            .map(|id| prepared.items_id_value(id))
-            .collect::<Result<_, _>>()?;
-        let values = values.iter().map(|v| id_arg(v, &prepared.sql));
-        let sql = sql.replace("{ids}", &marks(ids.len()));
-        Ok(sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
-            .fetch_all(&store.pool)
-            .await?)
-    }
-
-    async fn overdue(
-        store: &MySqlStore,
-        prepared: &Prepared<Self>,
-        grace: Duration,
-        after: Option<(DateTime<Utc>, Option<&str>)>,
-        limit: u32,
-    ) -> Result<Vec<PageRow>, StoreError> {
-        let deadline = after.map_or(Arg::Null, |(at, _)| Arg::Time(at));
-        let id = after
-            .and_then(|(_, id)| id)
-            .map(|id| prepared.id_value(id))
-            .transpose()?;
-        let id = id.as_ref().map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
-        let timer = Arg::Text(store.timer.name.as_str());
-        let values = [
-            Arg::Status(&store.timer.from),
-            Arg::Int(micros(grace)),
-            deadline,
-            deadline,
-            deadline,
-            id,
-            id,
-            timer,
-            timer,
-            Arg::Int(i64::from(limit)),
-        ];
-        let sql = prepared.sql.overdue.clone();
-        page_rows(store, sql, values).await
-    }
-
-    async fn set_aside(
-        store: &MySqlStore,
-        prepared: &Prepared<Self>,
-        id: &str,
-        reason: &str,
-    ) -> Result<Option<u32>, StoreError> {
-        let value = prepared.id_value(id)?;
-        let timer = Arg::Text(store.timer.name.as_str());
-        let values = [
-            timer,
-            Arg::Text(reason),
-            id_arg(&value, &prepared.sql),
-            Arg::Text(id),
-        ];
-        let done = run!(prepared.sql.set_aside.clone(), values, &store.pool).await?;
-        if done.rows_affected() == 0 {
-            return Ok(None);
-        }
-        let attempts: Option<i32> = sqlx::query_scalar_with(
-            statements::SET_ASIDE_ATTEMPTS,
-            args([timer, Arg::Text(id)])?,
-        )
-        .fetch_optional(&store.pool)
-        .await?;
-        Ok(attempts.map(|n| u32::try_from(n).unwrap_or(1)))
-    }
-
-    /// The marks, then which of their rows are still waiting (ids bound
-    /// in the column's type, as everywhere), then the others deleted.
-    async fn prune_set_aside(
-        store: &MySqlStore,
-        prepared: &Prepared<Self>,
+    async fn execute(
+        pool: &MySqlPool,
+        sql: Option<&Sql>,
+        statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
-        let timer = Arg::Text(store.timer.name.as_str());
-        let marked: Vec<String> = sqlx::query_scalar_with(
-            "SELECT CAST(order_id AS CHAR) FROM order_timeout_set_aside WHERE timer = ? LIMIT 1000",
-            args([timer])?,
-        )
-        .fetch_all(&store.pool)
-        .await?;
-        // A mark whose id no longer fits the column names no row.
-        let fits: Vec<(&str, IdValue)> = marked
-            .iter()
-            .filter_map(|id| Some((id.as_str(), prepared.id_value(id).ok()?)))
-            .collect();
-        let mut waiting: Vec<String> = Vec::new();
-        if !fits.is_empty() {
-            let sql = prepared
-                .sql
-                .still_waiting
-                .replace("{ids}", &marks(fits.len()));
-            let values = std::iter::once(Arg::Status(&store.timer.from))
-                .chain(fits.iter().map(|(_, v)| id_arg(v, &prepared.sql)));
-            waiting = sqlx::query_scalar_with(AssertSqlSafe(sql), args(values)?)
-                .fetch_all(&store.pool)
-                .await?;
-        }
-        let gone: Vec<&str> = marked
-            .iter()
-            .map(String::as_str)
-            .filter(|id| !waiting.iter().any(|w| w == id))
-            .collect();
-        if gone.is_empty() {
-            return Ok(0);
-        }
-        let delete = format!(
-            "DELETE FROM order_timeout_set_aside WHERE timer = ? AND order_id IN ({})",
-            marks(gone.len())
-        );
-        let values = std::iter::once(timer).chain(gone.iter().map(|id| Arg::Text(id)));
-        Ok(run!(delete, values, &store.pool).await?.rows_affected())
-    }
-
-    async fn read_row(
-        store: &MySqlStore,
-        prepared: &Prepared<Self>,
-        id: &str,
-    ) -> Result<(Option<RowFacts>, DateTime<Utc>), StoreError> {
-        read_one(store, prepared, id).await
-    }
-
-    async fn waiting_page(
-        store: &MySqlStore,
-        prepared: &Prepared<Self>,
-        from: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<PageRow>, StoreError> {
-        let from = from.map(|id| prepared.id_value(id)).transpose()?;
-        let after = from
-            .as_ref()
-            .map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
-        let values = [
-            Arg::Status(&store.timer.from),
-            after,
-            after,
-            Arg::Int(i64::from(limit)),
-        ];
-        let sql = prepared.sql.waiting_page.clone();
-        page_rows(store, sql, values).await
-    }
-
-    async fn due_between(
-        store: &MySqlStore,
-        prepared: &Prepared<Self>,
-        after: (DateTime<Utc>, Option<&str>),
-        until: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<PageRow>, StoreError> {
-        let Some(sql) = &prepared.sql.due else {
-            return Ok(Vec::new());
-        };
-        let after_id = after.1.map(|id| prepared.id_value(id)).transpose()?;
-        let after_id = after_id
-            .as_ref()
-            .map_or(Arg::Null, |v| id_arg(v, &prepared.sql));
-        let values = [
-            Arg::Status(&store.timer.from),
-            Arg::Time(until),
-            Arg::Time(after.0),
-            Arg::Time(after.0),
-            after_id,
-            after_id,
-            Arg::Int(i64::from(limit)),
-        ];
-        page_rows(store, sql.clone(), values).await
-    }
-
-    async fn execute(store: &MySqlStore, statement: Statement<'_>) -> Result<u64, StoreError> {
-        let values = statement.values.iter().flat_map(arg);
-        Ok(run!(statement.sql, values, &store.own)
-            .await?
-            .rows_affected())
+        let decimal = sql.map(|sql| &sql.decimal);
+        let values = statement.values.iter().flat_map(|v| arg(v, decimal));
+        Ok(run!(statement.sql, values, pool).await?.rows_affected())
     }
 
     async fn fetch<T: OwnRow>(
-        store: &MySqlStore,
+        pool: &MySqlPool,
+        sql: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<Vec<T>, StoreError> {
-        let values = statement.values.iter().flat_map(arg);
+        let decimal = sql.map(|sql| &sql.decimal);
+        let values = statement.values.iter().flat_map(|v| arg(v, decimal));
         let query = sqlx::query_as_with(AssertSqlSafe(statement.sql), args(values)?);
-        Ok(query.fetch_all(&store.own).await?)
+        Ok(query.fetch_all(pool).await?)
     }
 }
 
@@ -691,12 +490,63 @@ impl Vocabulary for MySql {
     fn id_placeholders(len: usize) -> usize {
         len
     }
+
+    fn cast(_n: usize, _ty: &str) -> String {
+        "?".to_owned()
+    }
+
+    fn in_cast_ids(_first: usize, len: usize, _ty: &str) -> String {
+        format!("IN ({})", marks(len))
+    }
+
+    /// Bound in UTC, compared in the session's zone, the zone the shop's
+    /// `DATETIME`s are written in.
+    fn shop_time(_n: usize) -> String {
+        "CONVERT_TZ(?, '+00:00', @@session.time_zone)".to_owned()
+    }
+
+    const SHOP_NOW: &'static str = "NOW(6)";
+
+    fn text(expr: &str) -> String {
+        format!("CAST({expr} AS CHAR)")
+    }
+
+    fn int8(expr: &str) -> String {
+        format!("CAST({expr} AS SIGNED)")
+    }
+
+    fn count_if(condition: &str) -> String {
+        format!("CAST(COALESCE(SUM({condition}), 0) AS SIGNED)")
+    }
+
+    fn epoch_micros(deadline: &str, usable: &str) -> String {
+        format!(
+            "CASE WHEN {usable} THEN TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', \
+             CONVERT_TZ({deadline}, @@session.time_zone, '+00:00')) END"
+        )
+    }
+
+    /// Every column `QUOTE()`d, so that NULL and `'NULL'` differ.
+    fn row_digest(columns: &[String]) -> String {
+        let quoted: Vec<String> = columns
+            .iter()
+            .map(|c| format!("QUOTE(o.{})", shape::quote(Dialect::MySql, c)))
+            .collect();
+        format!("MD5(CONCAT_WS(',', {}))", quoted.join(", "))
+    }
 }
 
-/// A value of a statement of the service's own tables as MySQL binds it:
-/// an id list as one value per id.
-fn arg<'a>(value: &Value<'a>) -> Vec<Arg<'a>> {
+/// A value of a rendered statement as MySQL binds it: an id list as one
+/// value per id, an id in its column's type (`decimal`: the server's
+/// `DECIMAL`, for decimal ids).
+fn arg<'a>(value: &Value<'a>, decimal: Option<&'a MySqlTypeInfo>) -> Vec<Arg<'a>> {
+    let id = |v: &'a IdValue| id_arg(v, decimal);
     match *value {
+        Value::Status(code) => vec![Arg::Status(code)],
+        Value::MaybeStatus(code) => vec![Arg::MaybeStatus(code)],
+        Value::RowId(v) => vec![v.map_or(Arg::Null, id)],
+        Value::RowIds(ids) | Value::ItemIds(ids) => ids.iter().map(id).collect(),
+        Value::ShopTime(t) => vec![t.map_or(Arg::Null, Arg::Time)],
         Value::Text(s) => vec![Arg::Text(s)],
         Value::Int(n) | Value::Micros(n) => vec![Arg::Int(n)],
         Value::Time(t) => vec![Arg::Time(t)],

@@ -4,16 +4,16 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::Row;
 use sqlx::encode::{Encode, IsNull};
 use sqlx::error::BoxDynError;
 use sqlx::mysql::{MySqlArguments, MySqlTypeInfo};
-use sqlx::{AssertSqlSafe, Row};
 
-use super::MySqlStore;
+use super::{MySql, MySqlStore};
 use crate::settings::{StatusValue, Timer};
 use crate::store::ids::{IdValue, uuid_text};
-use crate::store::shape::{self, OrdersColumns};
-use crate::store::sql::PageRow;
+use crate::store::outbox::Vocabulary;
+use crate::store::shape;
 use crate::store::{Dialect, StoreError};
 
 /// The most placeholders one MySQL statement can have.
@@ -91,15 +91,20 @@ pub(super) fn add(out: &mut MySqlArguments, value: Arg<'_>) -> Result<(), BoxDyn
     }
 }
 
-/// An order id as an argument in the id column's own type.
-pub(super) fn id_arg<'a>(value: &'a IdValue, sql: &'a Sql) -> Arg<'a> {
+/// An order id as an argument in the id column's own type (`decimal`: the
+/// server's `DECIMAL`, read at the check; every statement on the shop's
+/// tables has it, and only those bind ids).
+pub(super) fn id_arg<'a>(value: &'a IdValue, decimal: Option<&'a MySqlTypeInfo>) -> Arg<'a> {
     match value {
         IdValue::Text(s) => Arg::Text(s),
         IdValue::I16(n) => Arg::Int(i64::from(*n)),
         IdValue::I32(n) => Arg::Int(i64::from(*n)),
         IdValue::I64(n) => Arg::Int(*n),
         IdValue::U64(n) => Arg::UInt(*n),
-        IdValue::Decimal(digits) => Arg::Decimal(digits, &sql.decimal),
+        IdValue::Decimal(digits) => match decimal {
+            Some(decimal) => Arg::Decimal(digits, decimal),
+            None => Arg::Text(digits),
+        },
         IdValue::Uuid(bytes) => Arg::Uuid(bytes),
     }
 }
@@ -156,22 +161,6 @@ pub(super) async fn decimal_type(store: &MySqlStore) -> Result<MySqlTypeInfo, St
     Ok(sqlx::Column::type_info(&row.columns()[0]).clone())
 }
 
-/// The `(id, deadline)` rows of a scan (`SELECT CAST(id AS CHAR),
-/// deadline_us …`), deadlines read as UTC microseconds.
-pub(super) async fn page_rows<'a>(
-    store: &MySqlStore,
-    sql: String,
-    values: impl IntoIterator<Item = Arg<'a>>,
-) -> Result<Vec<PageRow>, StoreError> {
-    let rows: Vec<(String, Option<i64>)> = sqlx::query_as_with(AssertSqlSafe(sql), args(values)?)
-        .fetch_all(&store.pool)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, us)| (id, from_micros(us)))
-        .collect())
-}
-
 /// Statement parts rendered from the mapping; the `{ids}` place is filled
 /// with one `?` per id.
 #[derive(Debug)]
@@ -191,48 +180,8 @@ pub(crate) struct Sql {
     pub(super) also: Vec<String>,
     /// Binds cancelled, the ids, then unpaid.
     pub(super) update: String,
-    /// Binds unpaid.
-    pub(super) count: String,
-    /// Binds the ids.
-    pub(super) items: Option<String>,
-    /// Binds unpaid, grace (µs), the cursor's deadline (UTC, or NULL)
-    /// three times, its id twice, the timer twice, limit.
-    pub(super) overdue: String,
-    /// Binds the timer, the reason, the id (in the column's type), the id
-    /// (text).
-    pub(super) set_aside: String,
-    /// Binds unpaid, then the ids: which of them are still waiting.
-    pub(super) still_waiting: String,
-    /// Binds unpaid, after id twice, limit.
-    pub(super) waiting_page: String,
-    /// A watch's scan (only for a timer with a watch): binds from, until
-    /// (UTC), after (UTC) twice, the after id twice, limit.
-    pub(super) due: Option<String>,
     /// The server's `DECIMAL`, for decimal ids.
     pub(super) decimal: MySqlTypeInfo,
-}
-
-/// A digest of the whole row `o` (every column, `QUOTE()`d so that NULL
-/// and `'NULL'` differ): what tells a row set aside from the same row
-/// changed since.
-pub(super) fn row_digest(columns: &[String]) -> String {
-    let quoted: Vec<String> = columns
-        .iter()
-        .map(|c| format!("QUOTE(o.{})", shape::quote(Dialect::MySql, c)))
-        .collect();
-    format!("MD5(CONCAT_WS(',', {}))", quoted.join(", "))
-}
-
-/// The deadline `deadline` (SQL, in the session's zone) as UTC
-/// microseconds since the epoch: what the service reads of it, NULL when
-/// it is no usable time ([`shape::usable_deadline_sql`]: a zero date, a
-/// year out of range), never a value the driver cannot represent.
-pub(super) fn deadline_us(deadline: &str) -> String {
-    format!(
-        "CASE WHEN {usable} THEN TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', \
-             CONVERT_TZ({deadline}, @@session.time_zone, '+00:00')) END",
-        usable = shape::usable_deadline_sql(deadline)
-    )
 }
 
 /// The timer's `also` statements as they run ([`Sql::also`]).
@@ -252,8 +201,6 @@ fn also_statements(timer: &Timer, mariadb: bool) -> Vec<String> {
 impl Sql {
     pub(super) fn render(
         timer: &Timer,
-        orders: &OrdersColumns,
-        with_items: bool,
         decimal: MySqlTypeInfo,
         skip_locked: bool,
         mariadb: bool,
@@ -263,7 +210,7 @@ impl Sql {
         let (table, id, status) = (q(&o.table), q(&o.id), q(&o.status));
         let deadline = shape::deadline_sql(Dialect::MySql, o);
         let guard = shape::guard_sql(o);
-        let deadline_us = deadline_us(&deadline);
+        let deadline_us = MySql::epoch_micros(&deadline, &shape::usable_deadline_sql(&deadline));
         // Due: a usable time (`shape::usable_deadline_sql`), and passed.
         let due = format!(
             "({deadline} <= NOW(6) AND {})",
@@ -291,107 +238,7 @@ impl Sql {
                 "UPDATE {table} SET {status} = ?{set} \
                   WHERE {id} IN ({{ids}}) AND {status} = ? AND {due} AND {guard}"
             ),
-            count: format!(
-                "SELECT COUNT(*), CAST(COALESCE(SUM({due}), 0) AS SIGNED) \
-                   FROM {table} WHERE {status} = ? AND {guard}"
-            ),
-            overdue: overdue_statement(o, &orders.all, &deadline_us),
-            set_aside: set_aside_statement(o, &orders.all),
-            still_waiting: format!(
-                "SELECT CAST({id} AS CHAR) FROM {table} WHERE {status} = ? AND {id} IN ({{ids}})"
-            ),
-            waiting_page: format!(
-                "SELECT CAST({id} AS CHAR), {deadline_us} FROM {table} \
-                  WHERE {status} = ? AND {guard} AND (? IS NULL OR {id} > ?) \
-                  ORDER BY {id} LIMIT ?"
-            ),
-            due: timer.watch.map(|_| {
-                // Instants are bound in UTC and compared in the session's
-                // zone, the zone the shop's DATETIMEs are written in.
-                let utc = "CONVERT_TZ(?, '+00:00', @@session.time_zone)";
-                format!(
-                    "SELECT CAST({id} AS CHAR), {deadline_us} FROM {table} \
-                      WHERE {status} = ? AND {guard} AND {deadline} <= {utc} \
-                        AND ({deadline} > {utc} \
-                             OR ({deadline} = {utc} AND ? IS NOT NULL AND {id} > ?)) \
-                      ORDER BY {deadline}, {id} LIMIT ?"
-                )
-            }),
-            items: with_items.then(|| items_statement(timer)),
             decimal,
         }
     }
-}
-
-/// The sweeper's page: overdue rows in (deadline, id) order after the
-/// cursor, leaving out the rows this timer flipped before (their outbox
-/// row) and those set aside unchanged. The cursor's instant is bound in
-/// UTC and compared in the session's zone, as a watch's scan does.
-pub(super) fn overdue_statement(timer: &Timer, columns: &[String], deadline_us: &str) -> String {
-    let q = |s: &str| shape::quote(Dialect::MySql, s);
-    let (table, id, status) = (q(&timer.table), q(&timer.id), q(&timer.status));
-    let deadline = shape::deadline_sql(Dialect::MySql, timer);
-    let guard = shape::guard_sql(timer);
-    let utc = "CONVERT_TZ(?, '+00:00', @@session.time_zone)";
-    let digest = row_digest(columns);
-    let usable = shape::usable_deadline_sql(&deadline);
-    format!(
-        "SELECT CAST(o.{id} AS CHAR), {deadline_us} FROM {table} AS o \
-          WHERE o.{status} = ? AND {deadline} < NOW(6) - INTERVAL ? MICROSECOND \
-            AND {usable} AND {guard} \
-            AND (? IS NULL \
-                 OR ({deadline} >= {utc} \
-                     AND ({deadline} > {utc} OR (? IS NOT NULL AND o.{id} > ?)))) \
-            AND NOT EXISTS (SELECT 1 FROM order_timeout_cancel_outbox AS x \
-                             WHERE x.timer = ? AND x.order_id = CAST(o.{id} AS CHAR)) \
-            AND NOT EXISTS (SELECT 1 FROM order_timeout_set_aside AS s \
-                             WHERE s.timer = ? AND s.order_id = CAST(o.{id} AS CHAR) \
-                               AND s.row_digest = {digest} AND s.retry_at > UTC_TIMESTAMP(6)) \
-          ORDER BY {deadline}, o.{id} LIMIT ?"
-    )
-}
-
-/// Records the row as set aside, with its digest, and when to try it
-/// again: the row whose id is exactly the one asked about. The `UPDATE`
-/// part's assignments run left to right, each seeing the ones before:
-/// `attempts` and `set_aside_at` compare the old digest, so the digest
-/// comes last. The mark's attempts are read back by
-/// [`SET_ASIDE_ATTEMPTS`].
-pub(super) fn set_aside_statement(timer: &Timer, columns: &[String]) -> String {
-    let q = |s: &str| shape::quote(Dialect::MySql, s);
-    let (table, id) = (q(&timer.table), q(&timer.id));
-    let digest = row_digest(columns);
-    let same = "row_digest = VALUES(row_digest)";
-    format!(
-        "INSERT INTO order_timeout_set_aside \
-                (timer, order_id, row_digest, reason, set_aside_at, attempts, retry_at) \
-         SELECT ?, CAST(o.{id} AS CHAR), {digest}, ?, UTC_TIMESTAMP(6), 1, \
-                UTC_TIMESTAMP(6) + INTERVAL 1 HOUR FROM {table} AS o \
-          WHERE o.{id} = ? AND BINARY CAST(o.{id} AS CHAR) = ? \
-         ON DUPLICATE KEY UPDATE \
-            attempts = IF({same}, attempts + 1, 1), \
-            retry_at = UTC_TIMESTAMP(6) + INTERVAL IF(attempts > {hourly}, 24, 1) HOUR, \
-            set_aside_at = IF({same}, set_aside_at, VALUES(set_aside_at)), \
-            reason = VALUES(reason), row_digest = VALUES(row_digest)",
-        hourly = crate::store::SET_ASIDE_HOURLY_TRIES,
-    )
-}
-
-/// The attempts of a mark [`set_aside_statement`] just wrote: binds the
-/// timer, the id.
-pub(super) const SET_ASIDE_ATTEMPTS: &str =
-    "SELECT attempts FROM order_timeout_set_aside WHERE timer = ? AND order_id = ?";
-
-pub(super) fn items_statement(timer: &Timer) -> String {
-    let i = &timer.items;
-    let q = |s: &str| shape::quote(Dialect::MySql, s);
-    format!(
-        "SELECT CAST({oid} AS CHAR) AS order_id, CAST({sku} AS CHAR) AS sku, \
-                CAST({qty} AS SIGNED) AS quantity \
-           FROM {table} WHERE {oid} IN ({{ids}}) ORDER BY 1, 2",
-        oid = q(&i.order_id),
-        sku = q(&i.sku),
-        qty = q(&i.quantity),
-        table = q(&i.table),
-    )
 }

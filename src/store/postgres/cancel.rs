@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Connection};
 
-use super::statements::Parts;
 use super::{PgStore, Postgres, text};
 use crate::settings::{Release, Timer, TimerKey};
-use crate::store::shape::{self};
+use crate::store::shape::{self, OrdersColumns};
 use crate::store::sql::{ALSO_LOCK_WAIT, Prepared, commit_or_roll_back};
 use crate::store::state::StateRow;
 use crate::store::{Dialect, StoreError};
@@ -207,4 +206,56 @@ pub(super) fn cancel_report(p: &Parts) -> String {
           LEFT JOIN leased l ON l.order_id = req.id
         "#
     )
+}
+
+/// The pieces of the mapping every statement is rendered from.
+pub(super) struct Parts {
+    pub(super) table: String,
+    pub(super) id: String,
+    pub(super) status: String,
+    /// The deadline as the service reads it: a `timestamptz`, NULL when it
+    /// is no usable time ([`shape::usable_deadline_sql`]).
+    pub(super) expires: String,
+    /// The row is due: its deadline is a usable time, and passed.
+    pub(super) due: String,
+    pub(super) guard: String,
+    /// The id column's type without length or precision.
+    pub(super) id_base: String,
+    pub(super) status_type: String,
+}
+
+impl Parts {
+    pub(super) fn of(timer: &Timer, orders: &OrdersColumns) -> Self {
+        let o = timer;
+        let q = |s: &str| shape::quote(Dialect::Postgres, s);
+        let deadline = shape::deadline_sql(Dialect::Postgres, o);
+        let usable = shape::usable_deadline_sql(&deadline);
+        Self {
+            table: q(&o.table),
+            id: q(&o.id),
+            status: q(&o.status),
+            expires: format!("CASE WHEN {usable} THEN ({deadline})::timestamptz END"),
+            due: format!("({deadline} <= now() AND {usable})"),
+            guard: shape::guard_sql(o),
+            id_base: orders.id_base.clone(),
+            status_type: orders.status_type.clone(),
+        }
+    }
+
+    /// The status code bound as `$n`, in the status column's type.
+    pub(super) fn code(&self, n: u8) -> String {
+        format!("CAST(${n}::text AS {})", self.status_type)
+    }
+
+    /// The rows of `o` whose id is one of the ids bound as `$1`: compared
+    /// in the id column's type (its index), and read back as exactly one of
+    /// them (`00123` is not `123`, `ABC` is not `abc` in a `citext`
+    /// column).
+    pub(super) fn matches(&self) -> String {
+        let Self { id, id_base, .. } = self;
+        format!(
+            "o.{id} = ANY(CAST($1::text[] AS {id_base}[])) \
+             AND (o.{id}::text COLLATE \"C\") = ANY($1::text[])"
+        )
+    }
 }

@@ -24,24 +24,20 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor};
 
 use crate::settings::{SecretUrl, StatusValue, Timer, TimerKey};
 use crate::store::catalog::{self, Column, Columns};
-use crate::store::ids::IdColumn;
+use crate::store::ids::IdValue;
 use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
 use crate::store::releases::{self, Expansion, Migrated};
 use crate::store::shape::{self, OrdersColumns};
-use crate::store::sql::{AlsoCheckError, Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
+use crate::store::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore};
 use crate::store::state::StateRow;
-use crate::store::{Dialect, PoolSettings, RowFacts, StoreError};
+use crate::store::{Dialect, PoolSettings, StoreError};
 
 mod binding;
 mod cancel;
-mod statements;
 
 use binding::{AlsoParam, parameter_types};
+use cancel::Parts;
 use cancel::cancel_statement;
-use statements::{
-    Parts, count_statement, due_statement, explain_statement, items_statement, overdue_statement,
-    prune_statement, set_aside_statement, waiting_page_statement,
-};
 
 /// PostgreSQL, as a [`SqlDialect`].
 #[derive(Debug)]
@@ -244,30 +240,19 @@ impl SqlDialect for Postgres {
         Ok(catalog::by_name(columns))
     }
 
-    async fn statements(
-        store: &PgStore,
-        orders: &OrdersColumns,
-        items: Option<&(IdColumn, String)>,
-    ) -> Result<Sql, StoreError> {
-        let items_base = items.map(|(_, base)| base.as_str());
-        Ok(Sql::render(&store.timer, orders, items_base))
+    async fn statements(store: &PgStore, orders: &OrdersColumns) -> Result<Sql, StoreError> {
+        let parts = Parts::of(&store.timer, orders);
+        Ok(Sql {
+            cancel: cancel_statement(&parts, &store.timer),
+        })
     }
 
     fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
-        let check = |key, sql: &String, binds| Check {
-            key,
-            sql: sql.clone(),
-            binds,
-        };
-        let mut checks = vec![check(timer.key(TimerKey::Flip), &sql.cancel, 7)];
-        let rows = timer.key(TimerKey::DeadlineGuard);
-        checks.push(check(rows, &sql.overdue, 6));
-        checks.push(check(timer.key(TimerKey::Id), &sql.set_aside, 3));
-        checks.push(check(timer.key(TimerKey::Status), &sql.prune, 2));
-        checks.extend(sql.items.iter().map(|items| check("[items]", items, 1)));
-        let watch = timer.key(TimerKey::DeadlineGuard);
-        checks.extend(sql.due.iter().map(|due| check(watch, due, 5)));
-        checks
+        vec![Check {
+            key: timer.key(TimerKey::Flip),
+            sql: sql.cancel.clone(),
+            binds: 7,
+        }]
     }
 
     async fn parameters(store: &PgStore, statement: &str) -> Result<usize, sqlx::Error> {
@@ -345,13 +330,6 @@ impl SqlDialect for Postgres {
             .await?)
     }
 
-    async fn count_waiting(store: &PgStore, sql: &Sql) -> Result<(i64, i64), sqlx::Error> {
-        sqlx::query_as(AssertSqlSafe(sql.count.clone()))
-            .bind(text(&store.timer.from))
-            .fetch_one(&store.pool)
-            .await
-    }
-
     /// The cancel statement, in a transaction with the `also` statements
     /// when there are any ([`cancel::cancel`]).
     async fn cancel(
@@ -363,133 +341,23 @@ impl SqlDialect for Postgres {
         cancel::cancel(store, prepared, ids, lease).await
     }
 
-    async fn items(
-        store: &PgStore,
-        prepared: &Prepared<Self>,
-        ids: &[&str],
-    ) -> Result<Vec<ItemRow>, StoreError> {
-        let Some(sql) = &prepared.sql.items else {
-            return Ok(Vec::new());
-        };
-        Ok(sqlx::query_as(AssertSqlSafe(sql.clone()))
-            .bind(ids)
-            .fetch_all(&store.pool)
-            .await?)
-    }
-
-    async fn read_row(
-        store: &PgStore,
-        prepared: &Prepared<Self>,
-        id: &str,
-    ) -> Result<(Option<RowFacts>, chrono::DateTime<chrono::Utc>), StoreError> {
-        let o = &store.timer;
-        let row: Option<RowFacts> = sqlx::query_as(AssertSqlSafe(prepared.sql.explain.clone()))
-            .bind([id])
-            .bind(text(&o.to))
-            .bind(o.paid.as_ref().map(text))
-            .bind(text(&o.from))
-            .fetch_optional(&store.pool)
-            .await?;
-        let db_now = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&store.pool)
-            .await?;
-        Ok((row, db_now))
-    }
-
-    async fn overdue(
-        store: &PgStore,
-        prepared: &Prepared<Self>,
-        grace: Duration,
-        after: Option<(chrono::DateTime<chrono::Utc>, Option<&str>)>,
-        limit: u32,
-    ) -> Result<Vec<PageRow>, StoreError> {
-        Ok(sqlx::query_as(AssertSqlSafe(prepared.sql.overdue.clone()))
-            .bind(text(&store.timer.from))
-            .bind(grace)
-            .bind(i64::from(limit))
-            .bind(after.map(|(deadline, _)| deadline))
-            .bind(after.and_then(|(_, id)| id))
-            .bind(store.timer.name.as_str())
-            .fetch_all(&store.pool)
-            .await?)
-    }
-
-    async fn set_aside(
-        store: &PgStore,
-        prepared: &Prepared<Self>,
-        id: &str,
-        reason: &str,
-    ) -> Result<Option<u32>, StoreError> {
-        let attempts: Option<i32> =
-            sqlx::query_scalar(AssertSqlSafe(prepared.sql.set_aside.clone()))
-                .bind(&[id][..])
-                .bind(store.timer.name.as_str())
-                .bind(reason)
-                .fetch_optional(&store.pool)
-                .await?;
-        Ok(attempts.map(|n| u32::try_from(n).unwrap_or(1)))
-    }
-
-    async fn prune_set_aside(
-        store: &PgStore,
-        prepared: &Prepared<Self>,
+    async fn execute(
+        pool: &PgPool,
+        _: Option<&Sql>,
+        statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
-        Ok(sqlx::query(AssertSqlSafe(prepared.sql.prune.clone()))
-            .bind(text(&store.timer.from))
-            .bind(store.timer.name.as_str())
-            .execute(&store.pool)
-            .await?
-            .rows_affected())
-    }
-
-    async fn waiting_page(
-        store: &PgStore,
-        prepared: &Prepared<Self>,
-        from: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<PageRow>, StoreError> {
-        Ok(
-            sqlx::query_as(AssertSqlSafe(prepared.sql.waiting_page.clone()))
-                .bind(text(&store.timer.from))
-                .bind(from)
-                .bind(i64::from(limit))
-                .fetch_all(&store.pool)
-                .await?,
-        )
-    }
-
-    async fn due_between(
-        store: &PgStore,
-        prepared: &Prepared<Self>,
-        after: (chrono::DateTime<chrono::Utc>, Option<&str>),
-        until: chrono::DateTime<chrono::Utc>,
-        limit: u32,
-    ) -> Result<Vec<PageRow>, StoreError> {
-        let Some(sql) = &prepared.sql.due else {
-            return Ok(Vec::new());
-        };
-        Ok(sqlx::query_as(AssertSqlSafe(sql.clone()))
-            .bind(text(&store.timer.from))
-            .bind(after.0)
-            .bind(after.1)
-            .bind(until)
-            .bind(i64::from(limit))
-            .fetch_all(&store.pool)
-            .await?)
-    }
-
-    async fn execute(store: &PgStore, statement: Statement<'_>) -> Result<u64, StoreError> {
         let query = sqlx::query_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
-        Ok(query.execute(&store.own).await?.rows_affected())
+        Ok(query.execute(pool).await?.rows_affected())
     }
 
     async fn fetch<T: OwnRow>(
-        store: &PgStore,
+        pool: &PgPool,
+        _: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<Vec<T>, StoreError> {
         let query =
             sqlx::query_as_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
-        Ok(query.fetch_all(&store.own).await?)
+        Ok(query.fetch_all(pool).await?)
     }
 }
 
@@ -526,6 +394,44 @@ impl Vocabulary for Postgres {
     fn id_placeholders(_len: usize) -> usize {
         1
     }
+
+    fn cast(n: usize, ty: &str) -> String {
+        format!("CAST(${n}::text AS {ty})")
+    }
+
+    fn in_cast_ids(first: usize, _len: usize, ty: &str) -> String {
+        format!("= ANY(CAST(${first}::text[] AS {ty}[]))")
+    }
+
+    fn shop_time(n: usize) -> String {
+        format!("${n}::timestamptz")
+    }
+
+    const SHOP_NOW: &'static str = "now()";
+
+    fn text(expr: &str) -> String {
+        format!("({expr})::text")
+    }
+
+    fn int8(expr: &str) -> String {
+        format!("({expr})::int8")
+    }
+
+    fn count_if(condition: &str) -> String {
+        format!("count(*) FILTER (WHERE {condition})")
+    }
+
+    fn epoch_micros(deadline: &str, usable: &str) -> String {
+        format!(
+            "CASE WHEN {usable} THEN \
+             (extract(epoch FROM ({deadline})::timestamptz) * 1000000)::int8 END"
+        )
+    }
+
+    /// Every column, as the row's text.
+    fn row_digest(_columns: &[String]) -> String {
+        "md5(o::text)".into()
+    }
 }
 
 /// Binds `values` in order; an id list as one `text[]`.
@@ -541,6 +447,13 @@ fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreE
             Value::MaybeText(s) => out.add(s),
             Value::Bytes(b) => out.add(b),
             Value::Nums(nums) => out.add(nums),
+            Value::Status(code) => out.add(text(code)),
+            Value::MaybeStatus(code) => out.add(code.map(text)),
+            Value::RowId(id) => out.add(id.map(IdValue::text)),
+            Value::RowIds(ids) | Value::ItemIds(ids) => {
+                out.add(ids.iter().map(IdValue::text).collect::<Vec<_>>())
+            }
+            Value::ShopTime(t) => out.add(t),
         }
         .map_err(|e| StoreError::Sql(sqlx::Error::Encode(e)))?;
     }
@@ -554,42 +467,4 @@ pub(crate) struct Sql {
     /// paid (text, nullable), `$5` lease (interval), `$6` nothing to
     /// release (bool), `$7` the timer's name (its outbox rows).
     pub(super) cancel: String,
-    /// `$1` from: rows in it passing the guard, and how many are due.
-    pub(super) count: String,
-    /// `$1` ids (text[]) → order id, sku, quantity.
-    pub(super) items: Option<String>,
-    /// `$1` from, `$2` grace (interval), `$3` limit, `$4` after deadline
-    /// (nullable), `$5` after id at that deadline (text, nullable), `$6`
-    /// the timer's name.
-    pub(super) overdue: String,
-    /// `$1` the id (text[] of one), `$2` the timer's name, `$3` reason.
-    pub(super) set_aside: String,
-    /// `$1` from, `$2` the timer's name.
-    pub(super) prune: String,
-    /// `$1` from, `$2` after id (text, nullable), `$3` limit.
-    pub(super) waiting_page: String,
-    /// One row's facts, unlocked: `$1` the id (text[] of one), `$2` to,
-    /// `$3` paid (nullable), `$4` from.
-    pub(super) explain: String,
-    /// A watch's scan: `$1` from, `$2` after deadline, `$3` after id at
-    /// that deadline (text, nullable), `$4` until, `$5` limit. Only for a
-    /// timer with a watch.
-    pub(super) due: Option<String>,
-}
-
-impl Sql {
-    pub(super) fn render(timer: &Timer, orders: &OrdersColumns, items_base: Option<&str>) -> Self {
-        let p = Parts::of(timer, orders);
-        Self {
-            cancel: cancel_statement(&p, timer),
-            count: count_statement(&p),
-            items: items_base.map(|base| items_statement(timer, base)),
-            overdue: overdue_statement(&p),
-            set_aside: set_aside_statement(&p),
-            prune: prune_statement(&p),
-            waiting_page: waiting_page_statement(&p),
-            explain: explain_statement(&p),
-            due: timer.watch.map(|_| due_statement(&p)),
-        }
-    }
 }
