@@ -12,8 +12,9 @@
 //! `scripts/rabbitmq4.sh` (deprecated features denied, Khepri on).
 //!
 //! The figures are printed (`--nocapture`); docs/benchmarks-log.md "Broker
-//! crashes" records them, with `crash_levers_measured` (ignored: ~10 min)
-//! comparing the broker setting and the service's catch-up sweeps.
+//! crashes" records them, with `order-timeout-tools crash-levers` (~10 min)
+//! comparing the broker setting and the service's catch-up sweeps on the
+//! issue's run.
 
 use std::time::Duration;
 
@@ -118,24 +119,6 @@ impl std::fmt::Display for Figures {
             self.after.1,
             self.after.2,
         )
-    }
-}
-
-/// `deploy/rabbitmq/advanced.config`, plus the dead-letter retry set to
-/// `retry_ms` (`None`: as shipped, RabbitMQ's default of 180 s).
-fn advanced_config(retry_ms: Option<u64>) -> String {
-    let shipped = include_str!("../../deploy/rabbitmq/advanced.config");
-    let prefetch = "{dead_letter_worker_consumer_prefetch, 512}";
-    assert!(
-        shipped.contains(prefetch),
-        "the shipped config sets the window"
-    );
-    match retry_ms {
-        Some(ms) => shipped.replace(
-            prefetch,
-            &format!("{prefetch},\n    {{dead_letter_worker_publisher_confirm_timeout, {ms}}}"),
-        ),
-        None => shipped.to_owned(),
     }
 }
 
@@ -398,53 +381,3 @@ on_both_brokers!(
     a_single_broker_killed_and_restarted_gracefully_loses_nothing_and_catches_up,
     in_a_cluster_losing_the_connected_node_or_a_leader_node_loses_nothing,
 );
-
-/// Both levers, measured on the issue's run (600 orders due over 3-30 s,
-/// `kill -9`, 8 s down): RabbitMQ's default dead-letter retry (180 s, as
-/// shipped) or a lower one, and the service's catch-up sweeps off or on.
-/// ~12 min:
-/// `cargo test --release -p order-timeout --test e2e crash_levers -- --ignored --nocapture`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement (~10 min), not a check: see docs/BENCHMARKS.md"]
-async fn crash_levers_measured() {
-    let mut table = Vec::new();
-    // CRASH_LEVERS="none:off,2000:on": per run, the dead-letter retry in ms
-    // (or "none": the broker's default) and catch-up sweeps on or off.
-    let plans = std::env::var("CRASH_LEVERS")
-        .unwrap_or_else(|_| "none:off,none:on,2000:off,2000:on,10000:on".into());
-    for run_spec in plans.split(',') {
-        let (retry, catch_up) = run_spec.split_once(':').expect("RETRY:on|off");
-        let retry: Option<u64> = retry.parse().ok();
-        let catch_up = catch_up == "on";
-        let env = TestEnv::new().await;
-        env.stock_skus(SKUS).await;
-        let cluster = PrivateCluster::start(ClusterConfig {
-            advanced_config: Some(advanced_config(retry)),
-            ..ClusterConfig::nodes(1)
-        })
-        .await
-        .unwrap();
-        let mut settings = on(&cluster, &env, 1);
-        if !catch_up {
-            settings.sweeper.catch_up_window = Duration::ZERO;
-        }
-        let label: &'static str = Box::leak(
-            format!(
-                "dead-letter retry {}, {}",
-                retry.map_or("180 s (default)".into(), |ms| format!("{ms} ms")),
-                if catch_up {
-                    "catch-up sweeps"
-                } else {
-                    "no catch-up"
-                }
-            )
-            .into_boxed_str(),
-        );
-        let plan = Plan::new(label, "k-", 600, 30, Fault::Kill, 1, 8);
-        let figures = run(&env, &cluster, settings, plan).await;
-        eprintln!("{figures}");
-        table.push(figures.to_string());
-        drop(cluster);
-    }
-    eprintln!("\n{}", table.join("\n"));
-}

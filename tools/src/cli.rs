@@ -52,6 +52,19 @@ pub enum Command {
     /// RabbitMQ 4.x nodes). Needs root; docs/benchmarks-log.md "Silent
     /// peers".
     Partition(crate::partition::PartitionArgs),
+    /// Kill -9 a private RabbitMQ node under load (600 orders due over
+    /// 3-30 s, 8 s down) once per `--levers` run, the broker's dead-letter
+    /// retry and the service's catch-up sweeps set as given, and print
+    /// what it did to the orders: lost, early, the outage, reconnect, the
+    /// lateness of the orders due in it and after it (~2 min a run;
+    /// docs/benchmarks-log.md "Broker crashes").
+    CrashLevers(crate::measure::crash_levers::CrashLeversArgs),
+    /// How late the sweeper, with its default settings, cancels orders
+    /// whose timeout was never published while a poison row or 600
+    /// re-opened rows sit at the head of its timer: 20 due inside the
+    /// catch-up window, 20 after it, per database and head, side by side
+    /// (~7 min; docs/guarantees.md).
+    SweepLateness(crate::measure::sweep_lateness::SweepLatenessArgs),
     /// Run the reference gRPC inventory service (stock in `inventory.stock`
     /// of DATABASE_URL's database).
     InventoryServer {
@@ -78,7 +91,9 @@ impl Command {
             Command::Demo(_)
             | Command::Bench(_)
             | Command::BenchWatch(_)
-            | Command::Partition(_) => "warn",
+            | Command::Partition(_)
+            | Command::CrashLevers(_)
+            | Command::SweepLateness(_) => "warn",
             _ => "info",
         }
     }
@@ -92,6 +107,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => crate::bench::run(settings, cli.config, *args).await,
         Command::BenchWatch(args) => crate::bench::watch::run(settings, cli.config, *args).await,
         Command::Partition(args) => crate::partition::command(args).await,
+        Command::CrashLevers(args) => crate::measure::crash_levers::command(args).await,
+        Command::SweepLateness(args) => crate::measure::sweep_lateness::command(args).await,
         Command::InventoryServer { addr } => {
             let pool = shop::prepare_database(&settings.database_url, 10).await?;
             ReferenceInventory::new(pool)

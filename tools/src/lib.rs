@@ -12,6 +12,9 @@
 //! - [`netns`]: network namespaces with links a test cuts (real silence),
 //!   [`private_pg`] a PostgreSQL behind one, and [`partition`] the runs
 //!   that cut the broker, the database or the inventory off and measure;
+//! - [`measure`]: measurements against private or scratch servers that
+//!   were ignored tests (a broker crash's levers, the sweeper's lateness
+//!   behind rows it leaves alone);
 //! - [`cli`]: the `order-timeout-tools` command line.
 //!
 //! Depends on the `order-timeout` crate; that crate never depends on this
@@ -25,6 +28,7 @@ pub mod bench;
 pub mod cli;
 pub mod demo;
 pub mod inventory;
+pub mod measure;
 pub mod netns;
 pub mod partition;
 pub mod private_broker;

@@ -188,7 +188,8 @@ fn sku(k: usize) -> String {
     format!("PART-SKU-{k}")
 }
 
-async fn ready(addr: std::net::SocketAddr) -> bool {
+/// Whether the service at `addr` answers `/readyz` with 200.
+pub(crate) async fn ready(addr: std::net::SocketAddr) -> bool {
     let url = format!("http://{addr}/readyz");
     figures::http_status(&url).await == Some(200)
 }
