@@ -118,7 +118,7 @@ impl SweepResult {
 
 /// A timed step of the work, for `order_timeout_stage_duration_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// The cancel statement for a batch.
     Db,
     /// One `ReleaseStock` call.
@@ -178,7 +178,7 @@ struct TargetLabel {
 /// The statements of a timer whose failures of the environment readiness
 /// reports ([`Metrics::set_timer_failing`]).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Statements {
+pub(crate) enum Statements {
     /// The cancel transaction (the consumer's and the sweeper's).
     Cancel,
     /// The sweeper's scans of overdue rows and outbox work.
@@ -289,6 +289,22 @@ impl Metrics {
     /// at 0, for the default timer only.
     pub fn new() -> Self {
         Self::for_timers([crate::settings::DEFAULT_TIMER])
+    }
+
+    /// [`Metrics::new`] with every series the service can serve present
+    /// (the pending gauges and the parked queue's depth too, which the
+    /// service sets only once it has looked): what a dashboard's or an
+    /// alert's queries are checked against. Outside the crate metrics are
+    /// only read; this is the one way to see every name.
+    pub fn with_every_series() -> Self {
+        let metrics = Self::new();
+        metrics.pending().set_level(0, 0, 0);
+        metrics.pending().set_latest_due_secs(0);
+        metrics
+            .pending()
+            .set_consumers(crate::broker::topology::DUE_QUEUE, 0);
+        metrics.set_queue_depth(crate::broker::topology::PARKED_QUEUE, 0);
+        metrics
     }
 
     /// [`Metrics::new`] for the timers named `timers` (the config's): their
@@ -520,7 +536,7 @@ impl Metrics {
 
     /// Counts one message of `timer` (a name of the config, or
     /// [`NO_TIMER`]) ending with `outcome`.
-    pub fn record(&self, timer: &str, outcome: Outcome) {
+    pub(crate) fn record(&self, timer: &str, outcome: Outcome) {
         self.messages
             .get_or_create(&ResultLabel {
                 result: outcome.as_str(),
@@ -557,7 +573,7 @@ impl Metrics {
     }
 
     /// Counts a parked message by its reason (`x-error-kind`).
-    pub fn parked(&self, reason: ParkReason) {
+    pub(crate) fn parked(&self, reason: ParkReason) {
         self.parked
             .get_or_create(&ReasonLabel {
                 reason: reason.as_str(),
@@ -568,7 +584,7 @@ impl Metrics {
     /// Records the lateness of a cancellation (a flip) of `timer`
     /// (negative values, impossible by construction, would land in the
     /// first bucket).
-    pub fn lateness(&self, timer: &str, lateness: chrono::Duration) {
+    pub(crate) fn lateness(&self, timer: &str, lateness: chrono::Duration) {
         self.lateness
             .get_or_create(&TimerLabel {
                 timer: timer.to_owned(),
@@ -577,7 +593,7 @@ impl Metrics {
     }
 
     /// Times one step.
-    pub fn stage(&self, stage: Stage, took: Duration) {
+    pub(crate) fn stage(&self, stage: Stage, took: Duration) {
         self.stage
             .get_or_create(&StageLabel {
                 stage: stage.as_str(),
@@ -586,7 +602,7 @@ impl Metrics {
     }
 
     /// Counts a broker reconnect.
-    pub fn reconnect(&self) {
+    pub(crate) fn reconnect(&self) {
         self.reconnects
             .get_or_create(&TargetLabel { target: "amqp" })
             .inc();
@@ -614,7 +630,7 @@ impl Metrics {
     }
 
     /// Counts a failed stock release.
-    pub fn release_failed(&self) {
+    pub(crate) fn release_failed(&self) {
         self.release_failures.inc();
     }
 
@@ -624,7 +640,7 @@ impl Metrics {
     }
 
     /// Counts an outbox row given up.
-    pub fn outbox_given_up(&self) {
+    pub(crate) fn outbox_given_up(&self) {
         self.outbox_given_up.inc();
     }
 
@@ -634,7 +650,7 @@ impl Metrics {
     }
 
     /// Counts finished outbox rows deleted by retention.
-    pub fn outbox_deleted(&self, n: u64) {
+    pub(crate) fn outbox_deleted(&self, n: u64) {
         self.outbox_deleted.inc_by(n);
     }
 
@@ -644,7 +660,7 @@ impl Metrics {
     }
 
     /// Counts a readiness evaluation that probed the dependencies.
-    pub fn readiness_probed(&self) {
+    pub(crate) fn readiness_probed(&self) {
         self.readiness_probes.inc();
     }
 
@@ -654,7 +670,7 @@ impl Metrics {
     }
 
     /// Counts a computation of the console's overview.
-    pub fn console_overview_computed(&self) {
+    pub(crate) fn console_overview_computed(&self) {
         self.console_overviews.inc();
     }
 
@@ -664,7 +680,7 @@ impl Metrics {
     }
 
     /// Counts an HTTP connection or request refused for `reason`.
-    pub fn http_refused(&self, reason: &'static str) {
+    pub(crate) fn http_refused(&self, reason: &'static str) {
         self.http_refused
             .get_or_create(&ReasonLabel { reason })
             .inc();
@@ -678,7 +694,7 @@ impl Metrics {
     }
 
     /// Counts a failed confirmed publish (re-schedule, park).
-    pub fn publish_failed(&self) {
+    pub(crate) fn publish_failed(&self) {
         self.publish_failures.inc();
     }
 
@@ -688,7 +704,7 @@ impl Metrics {
     }
 
     /// Counts a delivery returned to the queue unfinished.
-    pub fn requeued(&self) {
+    pub(crate) fn requeued(&self) {
         self.requeued.inc();
     }
 
@@ -698,7 +714,7 @@ impl Metrics {
     }
 
     /// Counts rows of `timer` the sweeper settled.
-    pub fn swept(&self, timer: &str, n: u64) {
+    pub(crate) fn swept(&self, timer: &str, n: u64) {
         self.swept
             .get_or_create(&TimerLabel {
                 timer: timer.to_owned(),
@@ -707,7 +723,7 @@ impl Metrics {
     }
 
     /// Counts one sweep of `timer` that ended with `result`.
-    pub fn sweep(&self, timer: &str, result: SweepResult) {
+    pub(crate) fn sweep(&self, timer: &str, result: SweepResult) {
         self.sweeps
             .get_or_create(&ResultLabel {
                 result: result.as_str(),
@@ -727,7 +743,7 @@ impl Metrics {
     }
 
     /// Counts rows of `timer` its watch scheduled.
-    pub fn watched(&self, timer: &str, n: u64) {
+    pub(crate) fn watched(&self, timer: &str, n: u64) {
         self.watched
             .get_or_create(&TimerLabel {
                 timer: timer.to_owned(),
@@ -745,13 +761,13 @@ impl Metrics {
     }
 
     /// Sets the readiness gauge.
-    pub fn set_ready(&self, ready: bool) {
+    pub(crate) fn set_ready(&self, ready: bool) {
         self.ready.set(i64::from(ready));
     }
 
     /// Records whether a broker session is up (the alert
     /// `OrderTimeoutBrokerSessionDown` fires after a minute without one).
-    pub fn set_broker_session_up(&self, up: bool) {
+    pub(crate) fn set_broker_session_up(&self, up: bool) {
         self.broker_session_up.set(i64::from(up));
     }
 
@@ -760,7 +776,7 @@ impl Metrics {
     /// do not): readiness and an alert say so while any of its statements
     /// do. Each kind is set and cleared by what runs it, so that a sweep
     /// finding nothing overdue does not clear a failing cancel statement.
-    pub fn set_timer_failing(&self, timer: &str, statements: Statements, failing: bool) {
+    pub(crate) fn set_timer_failing(&self, timer: &str, statements: Statements, failing: bool) {
         let any = {
             let mut set = self.failing.lock().unwrap_or_else(|e| e.into_inner());
             let key = (timer.to_owned(), statements);
@@ -798,7 +814,7 @@ impl Metrics {
 
     /// Records that a sweep of `timer` completed now (the sweeper also
     /// calls it when it starts, so the series exists from then).
-    pub fn sweep_succeeded(&self, timer: &str) {
+    pub(crate) fn sweep_succeeded(&self, timer: &str) {
         self.sweep_last_success
             .get_or_create(&TimerLabel {
                 timer: timer.to_owned(),
@@ -816,7 +832,7 @@ impl Metrics {
     }
 
     /// Sets how many rows of `timer` are set aside.
-    pub fn set_set_aside_rows(&self, timer: &str, rows: u64) {
+    pub(crate) fn set_set_aside_rows(&self, timer: &str, rows: u64) {
         self.set_aside_rows
             .get_or_create(&TimerLabel {
                 timer: timer.to_owned(),
@@ -835,7 +851,7 @@ impl Metrics {
 
     /// Counts an order of `timer` cancelled for a message whose deadline
     /// was later than the row's.
-    pub fn late_message_deadline(&self, timer: &str) {
+    pub(crate) fn late_message_deadline(&self, timer: &str) {
         self.late_message_deadlines
             .get_or_create(&TimerLabel {
                 timer: timer.to_owned(),
@@ -854,7 +870,7 @@ impl Metrics {
     }
 
     /// Counts a task (`batch`, `sweeper`, `watch`) that ended in a panic.
-    pub fn task_panicked(&self, task: &'static str) {
+    pub(crate) fn task_panicked(&self, task: &'static str) {
         self.task_panics.get_or_create(&TaskLabel { task }).inc();
     }
 
@@ -864,14 +880,14 @@ impl Metrics {
     }
 
     /// Sets a queue depth gauge.
-    pub fn set_queue_depth(&self, queue: &'static str, messages: u32) {
+    pub(crate) fn set_queue_depth(&self, queue: &'static str, messages: u32) {
         self.queue_messages
             .get_or_create(&QueueLabel { queue })
             .set(i64::from(messages));
     }
 
     /// Sets how many parked messages the parked store keeps.
-    pub fn set_parked_messages(&self, messages: u64) {
+    pub(crate) fn set_parked_messages(&self, messages: u64) {
         self.parked_messages
             .set(i64::try_from(messages).unwrap_or(i64::MAX));
     }
@@ -882,17 +898,17 @@ impl Metrics {
     }
 
     /// The pending-timeout gauges (`observe/pending.rs`).
-    pub fn pending(&self) -> &super::pending::PendingGauges {
+    pub(crate) fn pending(&self) -> &super::pending::PendingGauges {
         &self.pending
     }
 
     /// A guard counting one in-flight delivery until dropped.
-    pub fn in_flight(self: &Arc<Self>) -> GaugeGuard {
+    pub(crate) fn in_flight(self: &Arc<Self>) -> GaugeGuard {
         GaugeGuard::new(self.in_flight.clone())
     }
 
     /// A guard counting one held delivery until dropped.
-    pub fn held(self: &Arc<Self>) -> GaugeGuard {
+    pub(crate) fn held(self: &Arc<Self>) -> GaugeGuard {
         GaugeGuard::new(self.held.clone())
     }
 
@@ -908,7 +924,7 @@ impl Metrics {
 /// Increments a gauge on creation and decrements it on drop, so every
 /// path out of a piece of work (ack, requeue, panic) is counted.
 #[derive(Debug)]
-pub struct GaugeGuard(Gauge);
+pub(crate) struct GaugeGuard(Gauge);
 
 impl GaugeGuard {
     fn new(gauge: Gauge) -> Self {

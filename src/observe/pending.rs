@@ -25,7 +25,7 @@ struct QueueLabel {
 
 /// The pending-timeout gauges of one instance.
 #[derive(Clone, Debug, Default)]
-pub struct PendingGauges {
+pub(crate) struct PendingGauges {
     messages: Family<LevelLabels, Gauge>,
     latest_due: Gauge,
     consumers: Family<QueueLabel, Gauge>,
@@ -34,7 +34,7 @@ pub struct PendingGauges {
 impl PendingGauges {
     /// Registers the gauges on `registry` (the instance's, prefixed
     /// `order_timeout`).
-    pub fn register(registry: &mut Registry) -> Self {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
         let gauges = Self::default();
         registry.register(
             "pending_messages",
@@ -56,14 +56,14 @@ impl PendingGauges {
     }
 
     /// Messages waiting in level `level` of shard `shard`.
-    pub fn set_level(&self, shard: u32, level: u32, messages: u32) {
+    pub(crate) fn set_level(&self, shard: u32, level: u32, messages: u32) {
         self.set_queue(shard, format!("{level:02}"), messages);
     }
 
     /// Messages waiting in shard `shard` of lane `lane` (labelled
     /// `level="lane_1800s"`, so a sum over the family is every timeout
     /// waiting in the delay store).
-    pub fn set_lane(&self, shard: u32, lane: Lane, messages: u32) {
+    pub(crate) fn set_lane(&self, shard: u32, lane: Lane, messages: u32) {
         self.set_queue(shard, format!("lane_{lane}"), messages);
     }
 
@@ -77,12 +77,12 @@ impl PendingGauges {
     }
 
     /// The bound by which every waiting timeout falls due (0: none).
-    pub fn set_latest_due_secs(&self, secs: u64) {
+    pub(crate) fn set_latest_due_secs(&self, secs: u64) {
         self.latest_due.set(i64::try_from(secs).unwrap_or(i64::MAX));
     }
 
     /// Consumers of `queue`.
-    pub fn set_consumers(&self, queue: &'static str, consumers: u32) {
+    pub(crate) fn set_consumers(&self, queue: &'static str, consumers: u32) {
         self.consumers
             .get_or_create(&QueueLabel { queue })
             .set(i64::from(consumers));
