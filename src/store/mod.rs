@@ -10,15 +10,18 @@
 //! there, so a crash at any point leaves either nothing done or a pending
 //! outbox row that the next delivery (or the sweeper) finishes.
 //!
-//! The flow around the statements is written once (`sql.rs`: the schema
-//! check, canonical ids, the cancel transaction's id order and deadlock
-//! retries, items, ping, migrate), over a dialect trait whose two modules
-//! hold only what differs: `postgres/` and `mysql/` render their own
-//! statements on the shop's tables and run their own cancel transaction
-//! (`cancel.rs` in each). The statements on the service's own tables (the
-//! outbox, the watch marks) are written once, in `outbox.rs`, over a small
-//! vocabulary each dialect supplies. What a row *means*
-//! ([`OrderState`]) is decided once, in `state.rs`, for all of them.
+//! The flow around the statements is written once (`sql.rs`: canonical
+//! ids, the cancel transaction's id order and deadlock retries, items,
+//! ping; `check.rs`: the schema check), over a dialect trait whose two
+//! modules hold only what differs: `postgres/` and `mysql/` connect, read
+//! their catalogs, run their own cancel transaction (`cancel.rs` in each)
+//! and supply the words of a small vocabulary. Every other statement is a
+//! template written once over that vocabulary: on the shop's tables in
+//! `shop.rs` (scans, one row's facts, items, the rows set aside), on the
+//! service's own (the outbox, the watch marks) in `outbox.rs`. What a row
+//! *means* ([`OrderState`]) is decided once, in `state.rs`. Connecting an
+//! instance is `connect.rs`, the dialects `dialect.rs`, what an error means
+//! `error.rs`.
 //! `migrate` creates only the service's own tables (prefixed
 //! `order_timeout_`), never the shop's.
 
@@ -29,11 +32,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::message::OrderId;
-use crate::settings::{ConfigError, SecretUrl, Settings, Timer, TimerName};
+use crate::settings::Timer;
 
 mod bounded;
 mod catalog;
 mod check;
+mod connect;
+mod dialect;
 mod error;
 mod ids;
 mod mysql;
@@ -52,7 +57,18 @@ mod tls;
 mod values;
 
 #[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use connect::{PoolSettings, migrate};
+#[cfg(feature = "testing")]
+pub use connect::{ShopSchema, connect_lazy, connect_lazy_with, connect_timer};
+pub(crate) use connect::{Stores, connect_timers, contract};
+#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub(crate) use dialect::Dialect;
+pub(crate) use dialect::check_batch_sizes;
+#[cfg(feature = "testing")]
+pub use dialect::max_batch_ids;
+#[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use error::StoreError;
+pub(crate) use error::retry_deadlocks;
 pub(crate) use ids::IdRejected;
 pub use parked::ParkedFilter;
 #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -68,9 +84,6 @@ pub(crate) use values::{
     Cancellation, HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem,
     OrderState, OutboxFacts, OutboxFailure, Page, RowCursor, RowFacts, SetAsideRow, WatchMark,
 };
-
-use mysql::MySqlStore;
-use postgres::PgStore;
 
 /// The store of one timer as the service holds it: shared by every task.
 #[cfg_attr(feature = "testing", visibility::make(pub))]
@@ -332,515 +345,10 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     async fn watch_release(&self, holder: &str) -> Result<(), StoreError>;
 }
 
-/// The default timer's mapping as the sections of the config file give
-/// it: `[orders]`, `[items]` and whether stock is released over gRPC
-/// (else the items are never read). A shorthand for
-/// [`Timer::cancel_unpaid`], for code that knows only the default timer.
-#[cfg(feature = "testing")]
-#[derive(Clone, Debug, Default)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct ShopSchema {
-    /// `[orders]`.
-    pub orders: crate::settings::OrdersMapping,
-    /// `[items]`.
-    pub items: crate::settings::ItemsMapping,
-    /// `[inventory].release`.
-    pub release: crate::settings::Release,
-}
-
-#[cfg(feature = "testing")]
-impl ShopSchema {
-    /// The default timer this describes.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn timer(&self) -> Timer {
-        Timer::cancel_unpaid(&self.orders, &self.items, self.release)
-    }
-}
-
-/// The stores of every timer of an instance, the default one
-/// (`cancel_unpaid`) first: one per timer, sharing a connection pool per
-/// session time zone. Cheap to clone.
-#[derive(Clone, Debug)]
-pub(crate) struct Stores {
-    stores: Arc<[Store]>,
-}
-
-impl Stores {
-    /// Stores of the timers `stores` (the default one first).
-    pub(crate) fn new(stores: Vec<Store>) -> Self {
-        Self {
-            stores: stores.into(),
-        }
-    }
-
-    /// The store of the timer named `name`, if the settings have one.
-    pub(crate) fn get(&self, name: &TimerName) -> Option<&Store> {
-        self.stores.iter().find(|s| &s.timer().name == name)
-    }
-
-    /// The default timer's store (`cancel_unpaid`), also the one the
-    /// readiness probe pings.
-    pub(crate) fn default_timer(&self) -> &Store {
-        &self.stores[0]
-    }
-
-    /// Every timer's store, the default one first.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Store> {
-        self.stores.iter()
-    }
-
-    /// The timers' names, in order.
-    pub(crate) fn names(&self) -> Vec<TimerName> {
-        self.iter().map(|s| s.timer().name.clone()).collect()
-    }
-}
-
-/// The connection pool's size and how long one of its statements may wait,
-/// so that a row the shop holds, or a slow guard or deadline expression,
-/// fails the statement with a transient error instead of hanging the
-/// pipeline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct PoolSettings {
-    /// Most connections open at once.
-    pub max_connections: u32,
-    /// Longest wait for one lock (PostgreSQL `lock_timeout`, InnoDB
-    /// `innodb_lock_wait_timeout`, in whole seconds rounded up).
-    pub lock_timeout: Duration,
-    /// Longest run of one statement (PostgreSQL `statement_timeout`,
-    /// MariaDB `max_statement_time`, MySQL `max_execution_time`, which
-    /// bounds only `SELECT`s).
-    pub statement_timeout: Duration,
-    /// Longest one store operation may take on the client's side, answered
-    /// or not (`[liveness].database_timeout`, [`bounded`]).
-    pub client_timeout: Duration,
-}
-
-impl PoolSettings {
-    /// A pool of at most `max_connections` with the default timeouts.
-    #[cfg(feature = "testing")]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(max_connections: u32) -> Self {
-        let defaults = Settings::default();
-        Self {
-            max_connections,
-            lock_timeout: defaults.db_lock_timeout,
-            statement_timeout: defaults.db_statement_timeout,
-            client_timeout: defaults.liveness.database_timeout,
-        }
-    }
-
-    /// The pool `settings` describe (`db_max_connections`,
-    /// `db_lock_timeout`, `db_statement_timeout`).
-    pub(crate) fn of(settings: &Settings) -> Self {
-        Self {
-            max_connections: settings.db_max_connections,
-            lock_timeout: settings.db_lock_timeout,
-            statement_timeout: settings.db_statement_timeout,
-            client_timeout: settings.liveness.database_timeout,
-        }
-    }
-
-    /// The same with at most `max_connections` (the CLI's commands need
-    /// one or two).
-    pub(crate) fn with_max_connections(self, max_connections: u32) -> Self {
-        Self {
-            max_connections,
-            ..self
-        }
-    }
-}
-
-/// Connects the default timer's store to the database `url` names, with a
-/// pool of at most `max_connections` and the default timeouts, lazily: the
-/// first query opens the first connection, so start-up does not fail on a
-/// database that is still booting.
-#[cfg(feature = "testing")]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn connect_lazy(
-    url: &SecretUrl,
-    max_connections: u32,
-    schema: &ShopSchema,
-) -> Result<Store, StoreError> {
-    connect_lazy_with(url, PoolSettings::new(max_connections), schema)
-}
-
-/// [`connect_lazy`] with the pool's size and timeouts given.
-#[cfg(feature = "testing")]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn connect_lazy_with(
-    url: &SecretUrl,
-    pool: PoolSettings,
-    schema: &ShopSchema,
-) -> Result<Store, StoreError> {
-    connect_timer(url, pool, &schema.timer())
-}
-
-/// The store of one timer, on a pool of its own (lazily, as
-/// [`connect_lazy`]).
-#[cfg(feature = "testing")]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn connect_timer(
-    url: &SecretUrl,
-    pool: PoolSettings,
-    timer: &Timer,
-) -> Result<Store, StoreError> {
-    let store: Store = match Dialect::of(url)? {
-        Dialect::Postgres => Arc::new(PgStore::connect_lazy(url, pool, timer)?),
-        Dialect::MySql => Arc::new(MySqlStore::connect_lazy(url, pool, timer)?),
-    };
-    Ok(Arc::new(bounded::Bounded::new(store, pool.client_timeout)))
-}
-
-/// The stores of every timer of `settings` ([`Settings::timers`]), lazily:
-/// one pool of `pool`'s size per session time zone the timers use (one,
-/// unless a timer sets a `time_zone` of its own), shared by the timers of
-/// that zone.
-pub(crate) fn connect_timers(
-    url: &SecretUrl,
-    pool: PoolSettings,
-    timers: &[Timer],
-) -> Result<Stores, StoreError> {
-    fn build<D: sql::SqlDialect>(
-        url: &SecretUrl,
-        pool: PoolSettings,
-        timers: &[Timer],
-    ) -> Result<Vec<Store>, StoreError>
-    where
-        sql::SqlStore<D>: OrderStore,
-    {
-        type Pools<D> = (
-            sqlx::Pool<<D as sql::SqlDialect>::Db>,
-            sqlx::Pool<<D as sql::SqlDialect>::Db>,
-        );
-        let mut pools: HashMap<&str, Pools<D>> = HashMap::new();
-        let mut stores: Vec<Store> = Vec::with_capacity(timers.len());
-        for timer in timers {
-            let zone = timer.time_zone.as_str();
-            let (on, own) = match pools.get(zone) {
-                Some(p) => p.clone(),
-                None => {
-                    let p = sql::SqlStore::<D>::pools(url, pool, zone)?;
-                    pools.insert(zone, p.clone());
-                    p
-                }
-            };
-            let store: Store = Arc::new(sql::SqlStore::<D>::on_pool(on, own, timer));
-            stores.push(Arc::new(bounded::Bounded::new(store, pool.client_timeout)));
-        }
-        Ok(stores)
-    }
-    if timers.is_empty() {
-        return Err(StoreError::Schema {
-            key: "[orders]",
-            problem: "no timers to run".into(),
-        });
-    }
-    Ok(Stores::new(match Dialect::of(url)? {
-        Dialect::Postgres => build::<postgres::Postgres>(url, pool, timers)?,
-        Dialect::MySql => build::<mysql::MySql>(url, pool, timers)?,
-    }))
-}
-
-/// Creates the database if it does not exist, then applies the service's
-/// own migrations (the `order_timeout_*` tables; never the shop's). What
-/// they keep for the previous release stays until [`contract`], unless the
-/// database had none of the service's tables.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
-    match Dialect::of(url)? {
-        Dialect::Postgres => PgStore::migrate(url).await,
-        Dialect::MySql => MySqlStore::migrate(url).await,
-    }
-}
-
-/// Drops what the migrations keep for the previous release (`migrate
-/// --contract`, once no replica of it runs); returns what was there.
-pub(crate) async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
-    match Dialect::of(url)? {
-        Dialect::Postgres => PgStore::contract(url).await,
-        Dialect::MySql => MySqlStore::contract(url).await,
-    }
-}
-
-/// How many order ids one cancel transaction of `dialect` can carry, so
-/// that the settings can refuse a batch size over it: MySQL's statements
-/// have at most 65,535 placeholders and the cancel transaction's outbox
-/// insert binds four per order (16,383 ids); PostgreSQL binds the ids as
-/// one array, with no such limit (`usize::MAX`).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn max_batch_ids(dialect: Dialect) -> usize {
-    use sql::SqlDialect;
-    match dialect {
-        Dialect::Postgres => postgres::Postgres::MAX_BATCH_IDS,
-        Dialect::MySql => mysql::MySql::MAX_BATCH_IDS,
-    }
-}
-
-/// Refuses, naming the key, a batch size that one cancel transaction of
-/// `DATABASE_URL`'s dialect cannot carry ([`max_batch_ids`]): the store
-/// would split such a batch into several transactions, so the setting would
-/// not mean what it says. A URL of no known dialect is left to
-/// [`connect_lazy`], which names it.
-pub(crate) fn check_batch_sizes(settings: &Settings) -> Result<(), ConfigError> {
-    let Ok(dialect) = Dialect::of(&settings.database_url) else {
-        return Ok(());
-    };
-    let max = max_batch_ids(dialect);
-    let sizes: [(&'static str, usize); 2] = [
-        ("batch_max", settings.batch_max),
-        (
-            "[sweeper].batch",
-            usize::try_from(settings.sweeper.batch).unwrap_or(usize::MAX),
-        ),
-    ];
-    for (key, value) in sizes {
-        if value > max {
-            return Err(ConfigError::Invalid {
-                key,
-                problem: format!(
-                    "{value} orders per cancel transaction is over what one statement can carry \
-                     on {dialect:?} ({max}: 65,535 placeholders, 4 per order)"
-                ),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The SQL dialects the service speaks, picked by `DATABASE_URL`'s scheme.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dialect {
-    /// `postgres://` or `postgresql://`.
-    Postgres,
-    /// `mysql://` (MySQL 5.7/8, MariaDB 10.x).
-    MySql,
-}
-
-impl Dialect {
-    /// The dialect of `url`.
-    pub fn of(url: &SecretUrl) -> Result<Self, StoreError> {
-        let scheme = url.expose().split_once("://").map(|(s, _)| s);
-        match scheme {
-            Some("postgres" | "postgresql") => Ok(Self::Postgres),
-            Some("mysql" | "mariadb") => Ok(Self::MySql),
-            _ => Err(StoreError::Scheme { url: url.clone() }),
-        }
-    }
-}
-
 /// Failures of a row set aside after each of which the sweeper tries it
 /// again an hour later; after more, a day later.
 pub(crate) const SET_ASIDE_HOURLY_TRIES: u32 = 24;
 
-/// How often a cancel transaction that the database chose as a deadlock
-/// victim is run again at once, before the failure goes to the retry
-/// policy (which would cost the batch a second or more).
-pub(crate) const DEADLOCK_RETRIES: u32 = 5;
-
-/// Runs `attempt` again, a few milliseconds later, while it fails because
-/// the database broke a deadlock by aborting it (SQLSTATE 40001 or 40P01;
-/// MySQL 1213): "try restarting transaction" is the documented answer, and
-/// `also` statements touching the same stock rows from concurrent batches
-/// make such deadlocks part of normal operation (measured with `bench
-/// --stock also` on MariaDB: p99 lateness 23 s without this).
-pub(crate) async fn retry_deadlocks<T, F, Fut>(mut attempt: F) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, StoreError>>,
-{
-    let mut tries = 1;
-    loop {
-        match attempt().await {
-            Err(e) if e.is_deadlock() && tries < DEADLOCK_RETRIES => {
-                tracing::debug!(error = %e, tries, "deadlock victim; running the transaction again");
-                tokio::time::sleep(Duration::from_millis(3 * u64::from(tries))).await;
-                tries += 1;
-            }
-            result => return result,
-        }
-    }
-}
-
-impl StoreError {
-    /// The database aborted the transaction to break a deadlock (or a
-    /// serialization conflict): running it again is the answer.
-    pub fn is_deadlock(&self) -> bool {
-        match self {
-            Self::Sql(sqlx::Error::Database(e)) => {
-                matches!(e.code().as_deref(), Some("40001" | "40P01"))
-            }
-            _ => false,
-        }
-    }
-
-    /// The statement waited for a row lock another transaction held for
-    /// longer than `db_lock_timeout` (PostgreSQL 55P03, MySQL 1205, and
-    /// 3572 for `NOWAIT`): not a failure of the order, which is asked
-    /// about again shortly.
-    pub fn is_lock_timeout(&self) -> bool {
-        match self {
-            Self::Sql(sqlx::Error::Database(e)) => {
-                if let Some(class) = mysql::error_class(e.as_ref()) {
-                    return class == mysql::ErrorClass::LockTimeout;
-                }
-                e.code().as_deref() == Some("55P03")
-            }
-            _ => false,
-        }
-    }
-
-    /// Whether waiting cannot fix this error, so that retrying the same
-    /// work later would fail the same way (the pipeline parks such work at
-    /// once instead of spending its retries).
-    ///
-    /// Permanent: configuration and schema errors, and SQL errors about the
-    /// statement or the data — SQLSTATE classes 42 (syntax, undefined table
-    /// or column, privilege), 22 (data exception: out of range, invalid
-    /// text, division by zero), 23 (integrity), 21 (cardinality), 0A (not
-    /// supported), 3D/3F (no such database/schema), 44, 27, 54, 2F/38/39
-    /// and P0/45 (routines, triggers and `SIGNAL`s raising errors), and the
-    /// MySQL numbers filed under the generic `HY000` that mean the same
-    /// (1366 incorrect value, 1292 truncated value, 1364 no default, 3819
-    /// check constraint, 1093/1442 statements MySQL refuses); and values the
-    /// driver cannot encode or decode.
-    ///
-    /// Transient: connection, pool, I/O and TLS errors; timeouts (PostgreSQL
-    /// 57014, MySQL 1969/3024/1317), deadlocks and serialization failures
-    /// (class 40, MySQL 1213), lock waits (55P03, MySQL 1205/3572), server
-    /// shutdown and restarts (classes 08, 57, 58, MySQL 1053/1927), read-only
-    /// servers during a failover (25006, MySQL 1290/1836), resource limits
-    /// (class 53, MySQL 1040/1203/1226), and anything not recognised.
-    /// Login errors (class 28, MySQL 1044/1045) count as transient too: they
-    /// are about the connection, not the work, and a rotated credential
-    /// fixes them without anyone replaying the messages they would park.
-    pub fn is_permanent(&self) -> bool {
-        /// SQLSTATE classes of errors about the statement or the data.
-        const PERMANENT_CLASSES: [&str; 15] = [
-            "42", "22", "23", "21", "0A", "3D", "3F", "44", "27", "54", "2F", "38", "39", "P0",
-            "45",
-        ];
-        fn database(e: &dyn sqlx::error::DatabaseError) -> bool {
-            match mysql::error_class(e) {
-                Some(mysql::ErrorClass::Row | mysql::ErrorClass::Statement) => return true,
-                Some(mysql::ErrorClass::Transient | mysql::ErrorClass::LockTimeout) => {
-                    return false;
-                }
-                None => {}
-            }
-            let code = e.code();
-            let class = code.as_deref().and_then(|c| c.get(..2)).unwrap_or("");
-            PERMANENT_CLASSES.contains(&class)
-        }
-        fn sql(e: &sqlx::Error) -> bool {
-            match e {
-                sqlx::Error::Database(e) => database(e.as_ref()),
-                sqlx::Error::Configuration(_)
-                | sqlx::Error::InvalidArgument(_)
-                | sqlx::Error::TypeNotFound { .. }
-                | sqlx::Error::ColumnIndexOutOfBounds { .. }
-                | sqlx::Error::ColumnNotFound(_)
-                | sqlx::Error::ColumnDecode { .. }
-                | sqlx::Error::Encode(_)
-                | sqlx::Error::Decode(_)
-                | sqlx::Error::InvalidSavePointStatement => true,
-                sqlx::Error::Migrate(e) => migrate(e),
-                _ => false,
-            }
-        }
-        fn migrate(e: &sqlx::migrate::MigrateError) -> bool {
-            match e {
-                sqlx::migrate::MigrateError::Execute(e)
-                | sqlx::migrate::MigrateError::ExecuteMigration(e, _) => sql(e),
-                _ => true,
-            }
-        }
-        match self {
-            Self::Sql(e) => sql(e),
-            Self::Migrate(e) => migrate(e),
-            Self::Widespread { error, .. } => error.is_permanent(),
-            Self::Unanswered { .. } => false,
-            Self::Url { .. }
-            | Self::Tls(_)
-            | Self::TlsWithoutMode { .. }
-            | Self::Scheme { .. }
-            | Self::Schema { .. } => true,
-        }
-    }
-
-    /// Whether the error is about the row's own values, so that another
-    /// order would not fail the same way: only then is an order parked
-    /// and its row set aside. SQLSTATE classes 22 (a value out of range,
-    /// invalid text, division by zero), 23 (a constraint: unique, not
-    /// null, foreign key, CHECK), 21 (a subquery of more than one row),
-    /// 27 and 44 (triggered data change, `WITH CHECK OPTION`), P0 (a
-    /// trigger's `RAISE`), 45 (MySQL's `SIGNAL`), 2F/38/39 (a routine
-    /// failing), the MySQL numbers of the same under `HY000`, and a value
-    /// the driver cannot decode.
-    ///
-    /// Everything else is **the world's**: a missing privilege, table,
-    /// column or function, a syntax error, a statement the server refuses
-    /// whatever the row, a lost connection, a timeout, the mapping (a
-    /// [`StoreError::Schema`]). Such a failure would hit any order: it is
-    /// retried with backoff for as long as it lasts, and readiness and an
-    /// alert say so, but it never parks or sets aside an order, so that
-    /// fixing the environment (a `GRANT`, the table back) is all it takes.
-    pub fn is_row_fault(&self) -> bool {
-        /// SQLSTATE classes of errors about the row's values.
-        const ROW_CLASSES: [&str; 10] =
-            ["22", "23", "21", "27", "44", "P0", "45", "2F", "38", "39"];
-        match self {
-            Self::Sql(sqlx::Error::Database(e)) => match mysql::error_class(e.as_ref()) {
-                Some(class) => class == mysql::ErrorClass::Row,
-                None => {
-                    let code = e.code();
-                    let class = code.as_deref().and_then(|c| c.get(..2)).unwrap_or("");
-                    ROW_CLASSES.contains(&class)
-                }
-            },
-            Self::Sql(sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)) => true,
-            _ => false,
-        }
-    }
-
-    /// Whether waiting cannot fix it and no row is to blame: an error about
-    /// the statement or the schema (a table or column missing, a type that
-    /// changed, a syntax error), after which the store looks whether the
-    /// tables' shape changed.
-    pub(crate) fn is_about_the_statement(&self) -> bool {
-        self.is_permanent() && !self.is_row_fault()
-    }
-
-    /// The SQLSTATE (or MySQL error number) of a database error, to tell
-    /// whether several orders failed the same way.
-    pub(crate) fn code(&self) -> Option<String> {
-        match self {
-            Self::Sql(sqlx::Error::Database(e)) => {
-                match e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-                    Some(my) => Some(my.number().to_string()),
-                    None => e.code().map(|c| c.into_owned()),
-                }
-            }
-            Self::Widespread { error, .. } => error.code(),
-            _ => None,
-        }
-    }
-
-    /// A configuration error (retrying cannot help).
-    pub fn is_config(&self) -> bool {
-        matches!(
-            self,
-            Self::Schema { .. }
-                | Self::Url { .. }
-                | Self::Scheme { .. }
-                | Self::Tls(_)
-                | Self::TlsWithoutMode { .. }
-        )
-    }
-}
-
-// Hand-written (not `#[from]`) so the inner error is shown once, in the
-// message, and not again as a `source` in `{:#}` chains.
 /// The sweep's outbox scan as the sweeper runs it on `dialect`, with its
 /// values written in: for a test that asks the database for its plan.
 #[cfg(feature = "testing")]
@@ -869,34 +377,5 @@ pub fn history_statement_for_explain(
     match dialect {
         Dialect::Postgres => outbox::history_written_in::<postgres::Postgres>(timer, cursor, limit),
         Dialect::MySql => outbox::history_written_in::<mysql::MySql>(timer, cursor, limit),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batch_sizes_over_the_dialects_limit_are_refused_with_the_key() {
-        let mut settings = Settings {
-            database_url: SecretUrl::new("mysql://root@127.0.0.1/shop"),
-            ..Settings::default()
-        };
-        settings.batch_max = max_batch_ids(Dialect::MySql);
-        assert!(
-            check_batch_sizes(&settings).is_ok(),
-            "the limit itself fits"
-        );
-        settings.batch_max += 1;
-        let err = check_batch_sizes(&settings).unwrap_err().to_string();
-        assert!(err.starts_with("config batch_max: 16384 orders"), "{err}");
-        settings.batch_max = 200;
-        settings.sweeper.batch = 20_000;
-        let err = check_batch_sizes(&settings).unwrap_err().to_string();
-        assert!(err.starts_with("config [sweeper].batch: 20000"), "{err}");
-        // PostgreSQL binds one array: no such limit.
-        settings.database_url = SecretUrl::new("postgres://postgres@127.0.0.1/shop");
-        settings.batch_max = 1_000_000;
-        assert!(check_batch_sizes(&settings).is_ok());
     }
 }

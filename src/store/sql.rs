@@ -1,16 +1,14 @@
 //! The store's flow, written once for every SQL dialect: [`SqlStore`]
 //! implements [`OrderStore`] over a [`SqlDialect`], and a dialect module
 //! (`postgres/`, `mysql/`) holds only what differs: its connection
-//! options, reading a table's columns, rendering the statements on the
-//! shop's tables, the cancel transaction, its error numbers, and the words
-//! of the vocabulary the statements on the service's own tables are
-//! written in once (`outbox.rs`).
+//! options, reading a table's columns, the cancel transaction, its error
+//! numbers, and the words of the vocabulary every other statement is
+//! written in once (`shop.rs` on the shop's tables, `outbox.rs` on the
+//! service's own).
 //!
-//! Shared here: the schema check (identifiers, the orders and items
-//! columns, the statements prepared, the report), ids in the id column's
-//! canonical form (an id no row can have is never sent), the id order and
-//! deadlock retries of the cancel transaction and the mapping of its rows
-//! to order states, the items by order, ping and migrate.
+//! Shared here: canonical ids (an id no row can have is never sent), the
+//! id order and deadlock retries of the cancel transaction and the mapping
+//! of its rows to order states, the items by order, ping and migrate.
 
 use std::collections::HashMap;
 use std::fmt;
