@@ -119,6 +119,13 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// [`OrderStore::prepare`]; before, every id is text.
     fn canonical(&self, id: &OrderId) -> Result<OrderId, IdRejected>;
 
+    /// Renders and prepares every statement template of the service for
+    /// this timer (`outbox.rs`, `shop.rs`), each checked to take exactly
+    /// the parameters the service binds; how many. For the test that
+    /// prepares them all on both dialects.
+    #[cfg(feature = "testing")]
+    async fn prepare_every_template(&self) -> Result<usize, StoreError>;
+
     /// Looks whether the tables' shape changed since the last check (the
     /// shop widened the id column while the service runs); if so, the
     /// next statement checks the mapping again. `true` when it changed:

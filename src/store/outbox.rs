@@ -25,7 +25,7 @@ use super::{Dialect, NextAttempt, StoreError, WatchMark};
 use crate::settings::StatusValue;
 
 /// `[(name, template), …]` for the named template constants.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 macro_rules! templates {
     ($($name:ident),* $(,)?) => {
         [$((stringify!($name), $name)),*]
@@ -279,6 +279,64 @@ fn placeholders<V: Vocabulary>(value: &Value<'_>, next: usize, mapped: &Mapped) 
             (V::placeholder(next), 1)
         }
     }
+}
+
+/// Every value `template` names, for the tests that render and prepare
+/// every template: `{ids}` as the template's kind of id list (`ids` of the
+/// service's own tables, `row_ids` of the shop's), `code` a status code.
+#[cfg(any(test, feature = "testing"))]
+pub(super) fn sample_values<'a>(
+    template: &str,
+    ids: &'a [&'a str],
+    row_ids: &'a [IdValue],
+    code: &'a StatusValue,
+) -> Vec<(&'static str, Value<'a>)> {
+    let epoch = DateTime::UNIX_EPOCH;
+    let shop = template.contains("{table}") || template.contains("{items_table}");
+    let id_list = if template.contains("{item_order_id}") {
+        Value::ItemIds(row_ids)
+    } else if template.contains("{row_id}") {
+        Value::RowIds(row_ids)
+    } else {
+        Value::Ids(ids)
+    };
+    let after_id = if shop {
+        Value::RowId(row_ids.first())
+    } else {
+        Value::Text("a")
+    };
+    let until = if shop {
+        Value::ShopTime(Some(epoch))
+    } else {
+        Value::Time(epoch)
+    };
+    vec![
+        ("timer", Value::Text("cancel_unpaid")),
+        ("grace", Value::Micros(1)),
+        ("age", Value::Micros(2)),
+        ("delay", Value::Micros(3)),
+        ("lease", Value::Micros(4)),
+        ("limit", Value::Int(5)),
+        ("error", Value::Text("e")),
+        ("reason", Value::Text("r")),
+        ("holder", Value::Text("h")),
+        ("instance", Value::Text("i")),
+        ("version", Value::Text("v")),
+        ("session", Value::Text("s")),
+        ("at", Value::Time(epoch)),
+        ("until", until),
+        ("after_id", after_id),
+        ("ids", id_list),
+        ("from", Value::Status(code)),
+        ("to", Value::Status(code)),
+        ("paid", Value::MaybeStatus(None)),
+        ("after_at", Value::ShopTime(None)),
+        ("digest", Value::Text("d")),
+        ("hourly", Value::Int(24)),
+        ("hour", Value::Micros(3_600_000_000)),
+        ("day", Value::Micros(86_400_000_000)),
+        ("id", Value::Text("7")),
+    ]
 }
 
 /// A duration in whole microseconds (saturating), for [`Value::Micros`].
@@ -1005,8 +1063,10 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
 
 /// Every template by name, for the tests that render them on each dialect
 /// (`outbox_words_tests.rs`, which also finds every template constant in
-/// this file's source and checks that it is here).
-#[cfg(test)]
+/// this file's source and checks that it is here) and the test that
+/// prepares every one on both dialects ([`super::SqlStore`]'s
+/// `prepare_every_template`).
+#[cfg(any(test, feature = "testing"))]
 pub(super) const TEMPLATES: [(&str, &str); 36] = templates![
     HISTORY_NEWEST,
     HISTORY_BEFORE,

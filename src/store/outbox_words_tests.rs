@@ -1,8 +1,6 @@
 //! The statements of the service's own tables (`outbox.rs`) in each
 //! dialect's words: every slot filled, values bound where they stand.
 
-use chrono::DateTime;
-
 use std::collections::BTreeSet;
 
 use super::catalog::Column;
@@ -14,35 +12,21 @@ use super::shape::OrdersColumns;
 use super::shop;
 use crate::settings::{ItemsMapping, OrdersMapping, Release, StatusValue, Timer};
 
-/// Every value any template names.
-fn values() -> Vec<(&'static str, Value<'static>)> {
-    const IDS: &[&str] = &["a", "b", "c"];
-    vec![
-        ("timer", Value::Text("cancel_unpaid")),
-        ("grace", Value::Micros(1)),
-        ("age", Value::Micros(2)),
-        ("delay", Value::Micros(3)),
-        ("lease", Value::Micros(4)),
-        ("limit", Value::Int(5)),
-        ("error", Value::Text("e")),
-        ("reason", Value::Text("r")),
-        ("holder", Value::Text("h")),
-        ("instance", Value::Text("i")),
-        ("version", Value::Text("v")),
-        ("until", Value::Time(DateTime::UNIX_EPOCH)),
-        ("session", Value::Text("s")),
-        ("at", Value::Time(DateTime::UNIX_EPOCH)),
-        ("after_id", Value::Text("a")),
-        ("ids", Value::Ids(IDS)),
-    ]
+const IDS: &[&str] = &["a", "b", "c"];
+
+/// Every value `template` names ([`outbox::sample_values`]).
+fn values(template: &str) -> Vec<(&'static str, Value<'static>)> {
+    static ROW_IDS: [IdValue; 2] = [IdValue::I64(7), IdValue::I64(8)];
+    static CODE: StatusValue = StatusValue::Int(0);
+    outbox::sample_values(template, IDS, &ROW_IDS, &CODE)
 }
 
 #[test]
 fn every_slot_of_every_template_is_filled_on_both_dialects() {
     for (_, template) in outbox::TEMPLATES {
         for sql in [
-            outbox::render::<Postgres>(template, &values()).sql,
-            outbox::render::<MySql>(template, &values()).sql,
+            outbox::render::<Postgres>(template, &values(template)).sql,
+            outbox::render::<MySql>(template, &values(template)).sql,
         ] {
             assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
         }
@@ -152,34 +136,12 @@ fn mapped<V: Vocabulary>() -> (Timer, Mapped) {
     (timer, mapped)
 }
 
-/// Every value a template on the shop's tables names.
-fn shop_values<'a>(ids: &'a [IdValue], code: &'a StatusValue) -> Vec<(&'static str, Value<'a>)> {
-    let mut values = values();
-    values.extend([
-        ("from", Value::Status(code)),
-        ("to", Value::Status(code)),
-        ("paid", Value::MaybeStatus(None)),
-        ("after_at", Value::ShopTime(None)),
-        ("after_id", Value::RowId(ids.first())),
-        ("digest", Value::Text("d")),
-        ("hourly", Value::Int(24)),
-        ("hour", Value::Micros(3_600_000_000)),
-        ("day", Value::Micros(86_400_000_000)),
-        ("id", Value::Text("7")),
-    ]);
-    values.retain(|(name, _)| *name != "ids");
-    values.push(("ids", Value::RowIds(ids)));
-    values
-}
-
 #[test]
 fn every_slot_of_every_shop_template_is_filled_on_both_dialects() {
-    let ids = [IdValue::I64(7), IdValue::I64(8)];
-    let code = StatusValue::Text("UNPAID".into());
     let (_, pg) = mapped::<Postgres>();
     let (_, my) = mapped::<MySql>();
     for (name, template) in shop::TEMPLATES {
-        let values = shop_values(&ids, &code);
+        let values = values(template);
         for statement in [
             outbox::render_mapped::<Postgres>(template, &pg, &values),
             outbox::render_mapped::<MySql>(template, &my, &values),
@@ -192,9 +154,7 @@ fn every_slot_of_every_shop_template_is_filled_on_both_dialects() {
 
 #[test]
 fn shop_values_are_cast_to_their_columns_on_postgres_and_bound_as_they_are_on_mysql() {
-    let ids = [IdValue::I64(7), IdValue::I64(8)];
-    let code = StatusValue::Text("UNPAID".into());
-    let values = shop_values(&ids, &code);
+    let values = values(shop::STILL_WAITING);
     let (_, pg) = mapped::<Postgres>();
     let statement = outbox::render_mapped::<Postgres>(shop::STILL_WAITING, &pg, &values);
     assert!(
@@ -216,4 +176,19 @@ fn shop_values_are_cast_to_their_columns_on_postgres_and_bound_as_they_are_on_my
         statement.sql
     );
     assert_eq!(statement.placeholders, 3);
+}
+
+#[test]
+fn no_value_is_named_as_a_word_of_the_mapping() {
+    let (_, mapped) = mapped::<Postgres>();
+    let names: BTreeSet<&str> = values(shop::STILL_WAITING)
+        .iter()
+        .map(|(name, _)| *name)
+        .collect();
+    for (word, _) in &mapped.words {
+        assert!(
+            !names.contains(word),
+            "{{{word}}} is both a word and a value"
+        );
+    }
 }

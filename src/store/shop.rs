@@ -7,7 +7,7 @@
 //!
 //! A template is plain SQL with `{slots}`, as in `outbox.rs`: the words of
 //! the timer's mapping (`{table}`, `{row_id}`, `{status}`, `{deadline}`,
-//! `{guard}`, …, rendered in the dialect once the check read the tables:
+//! `{guard}`, `{digest_of_row}`, …, rendered in the dialect once the check read the tables:
 //! [`mapped`]), the dialect's words (`{now}`), and values bound by name
 //! where they stand ([`super::outbox::render_mapped`]). An id or a status
 //! code is bound in its column's type (cast from text on PostgreSQL), an
@@ -47,7 +47,7 @@ SELECT {row_id_text}, {expires} FROM {table} AS o \
                     WHERE x.timer = {timer} AND x.order_id = {row_id_text}) \
    AND NOT EXISTS (SELECT 1 FROM order_timeout_set_aside AS s \
                     WHERE s.timer = {timer} AND s.order_id = {row_id_text} \
-                      AND s.row_digest = {digest} AND s.retry_at > {now}) \
+                      AND s.row_digest = {digest_of_row} AND s.retry_at > {now}) \
  ORDER BY {deadline}, {row_id} LIMIT {limit}";
 
 /// The rows a watch schedules, in (deadline, id) order: keyset pages, so
@@ -89,7 +89,7 @@ SELECT {row_id_text} FROM {table} AS o WHERE {status} = {from} AND {row_id} {ids
 
 /// The digest of the row `ids` (of one).
 const ROW_DIGEST: &str = "\
-SELECT {row_id_text}, {digest} FROM {table} AS o WHERE {row_id} {ids}";
+SELECT {row_id_text}, {digest_of_row} FROM {table} AS o WHERE {row_id} {ids}";
 
 /// The mark of a row set aside again: one more attempt when the row is
 /// as it was (its digest), else a first one; tried again an hour later, a
@@ -124,8 +124,9 @@ DELETE FROM order_timeout_set_aside WHERE timer = {timer} AND order_id {ids}";
 
 /// Every template by name, for the tests that render them on each dialect
 /// (`outbox_words_tests.rs`, which also finds every template constant in
-/// this file's source and checks that it is here).
-#[cfg(test)]
+/// this file's source and checks that it is here) and the test that
+/// prepares every one on both dialects.
+#[cfg(any(test, feature = "testing"))]
 pub(super) const TEMPLATES: [(&str, &str); 13] = templates![
     COUNT,
     OVERDUE,
@@ -168,7 +169,7 @@ pub(super) fn mapped<D: Vocabulary>(
             ("deadline", deadline),
             ("usable", usable),
             ("guard", shape::guard_sql(timer)),
-            ("digest", D::row_digest(&orders.all)),
+            ("digest_of_row", D::row_digest(&orders.all)),
             ("shop_now", D::SHOP_NOW.to_owned()),
             ("items_table", q(&i.table)),
             ("item_order_id_text", D::text(&item_order_id)),

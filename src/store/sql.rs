@@ -646,6 +646,44 @@ impl<D: SqlDialect> Prepared<D> {
     }
 }
 
+#[cfg(feature = "testing")]
+impl<D: SqlDialect> SqlStore<D> {
+    /// Renders every template of `outbox.rs` and `shop.rs` for this timer
+    /// and prepares it, checking that it takes exactly the parameters the
+    /// service binds: the templates the unit tests found in the sources,
+    /// not a list kept by hand (the other dialect's variants, named
+    /// `…_POSTGRES` or `…_MYSQL`, left out). How many were prepared.
+    async fn prepare_every_template(&self) -> Result<usize, StoreError> {
+        let prepared = self.prepared().await?;
+        let other = match D::DIALECT {
+            super::Dialect::Postgres => "_MYSQL",
+            super::Dialect::MySql => "_POSTGRES",
+        };
+        let row_ids = [IdValue::Text(String::new())];
+        let templates = outbox::TEMPLATES
+            .iter()
+            .chain(super::shop::TEMPLATES.iter());
+        let mut count = 0;
+        for (name, template) in templates.filter(|(name, _)| !name.ends_with(other)) {
+            let values = outbox::sample_values(template, &["a"], &row_ids, &self.timer.from);
+            let statement = outbox::render_mapped::<D>(template, &prepared.mapped, &values);
+            let problem = |problem: String| StoreError::Schema {
+                key: name,
+                problem: format!("{problem}: {}", statement.sql),
+            };
+            let found = D::parameters(self, &statement.sql)
+                .await
+                .map_err(|e| problem(e.to_string()))?;
+            if found != statement.placeholders {
+                let binds = statement.placeholders;
+                return Err(problem(format!("{found} parameters, {binds} bound")));
+            }
+            count += 1;
+        }
+        Ok(count)
+    }
+}
+
 /// What the statements of the service's own tables (`outbox.rs`) run on.
 impl<D: SqlDialect> OwnTables for SqlStore<D> {
     type Words = D;
@@ -682,6 +720,11 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
 
     async fn reread_shape(&self) -> bool {
         SqlStore::reread_shape(self).await
+    }
+
+    #[cfg(feature = "testing")]
+    async fn prepare_every_template(&self) -> Result<usize, StoreError> {
+        SqlStore::prepare_every_template(self).await
     }
 
     #[tracing::instrument(skip_all, fields(orders = ids.len()))]

@@ -31,6 +31,7 @@ mod safety_net;
 mod secrets;
 mod service;
 mod store;
+mod templates;
 mod timers;
 mod tls;
 mod upgrade;
