@@ -43,7 +43,7 @@ fn values_are_bound_in_the_order_their_placeholders_stand() {
     let pg = outbox::render::<Postgres>(outbox::WATCH_TAKE, &values);
     for part in [
         "SET holder = $1,",
-        "lease_until = now() + ($2 * interval '1 microsecond')",
+        "lease_until = now() + ($2::int8 * interval '1 microsecond')",
         "WHERE timer = $3",
         "(holder = $4 OR",
     ] {

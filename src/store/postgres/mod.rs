@@ -383,8 +383,13 @@ impl Vocabulary for Postgres {
         format!("${n}")
     }
 
+    /// Typed: the schema check prepares statements without binding them,
+    /// and sqlx keeps each connection's first preparation of a text with
+    /// the parameter types the server inferred then: an untyped `$n *
+    /// interval` is inferred `float8`, and a bound `int8` would be read as
+    /// a float's bits (a grace of 60 s as 0).
     fn micros(n: usize) -> String {
-        format!("(${n} * interval '1 microsecond')")
+        format!("(${n}::int8 * interval '1 microsecond')")
     }
 
     fn in_ids(first: usize, _len: usize) -> String {
