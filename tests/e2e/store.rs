@@ -135,14 +135,18 @@ matrix! {
             effects_follow_the_flip_while_another_session_flips_the_guard,
             effects_follow_the_flip_while_another_session_moves_the_deadline,
         },
-        in timers {
+        in timers::flips {
             a_timer_flips_only_due_rows_in_its_from_status,
-            a_held_row_delays_only_itself_for_a_timer,
-            a_held_row_the_holder_moves_on_is_never_flipped_by_the_timer,
-            effects_follow_a_timers_flip_while_another_session_moves_rows_out_of_its_from_status,
-            effects_follow_a_timers_flip_while_another_session_flips_the_guard_column,
             a_timers_batch_never_flips_a_row_it_was_not_asked_about,
             a_row_back_in_its_from_status_is_not_flipped_again,
+        },
+        in timers::held {
+            a_held_row_delays_only_itself_for_a_timer,
+            a_held_row_the_holder_moves_on_is_never_flipped_by_the_timer,
+        },
+        in timers::races {
+            effects_follow_a_timers_flip_while_another_session_moves_rows_out_of_its_from_status,
+            effects_follow_a_timers_flip_while_another_session_flips_the_guard_column,
         },
     ],
 }

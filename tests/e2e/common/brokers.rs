@@ -7,10 +7,9 @@
 //! starts it (`scripts/test.sh` does).
 //!
 //! A test body runs on the broker of [`Broker::current`]: the machine's,
-//! unless it runs inside [`Broker::scope`], which the test matrix's
-//! [`on_rabbitmq4!`](crate::common::on_rabbitmq4) and
-//! [`on_both_brokers!`](crate::common::on_both_brokers) wrap around it. [`crate::common::TestEnv`] makes
-//! its vhost there, so a body written for the machine's broker runs
+//! unless it runs inside [`Broker::scope`], which the test matrix
+//! ([`crate::common::matrix`]) wraps around it. [`crate::common::TestEnv`]
+//! makes its vhost there, so a body written for the machine's broker runs
 //! unchanged on 4.x.
 //!
 //! When the 4.x node does not run, its tests fail with what to run if

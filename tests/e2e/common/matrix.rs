@@ -46,6 +46,7 @@ pub async fn run<F: Future<Output = ()>>(broker: Broker, body: F) {
 ///         #[mariadb(ignore = "why")] // an attribute of the MariaDB
 ///         another_case,              // tests only (a known bug, reported)
 ///         in group { third_case },   // `super::group::third_case`
+///         in a::b { fifth_case },    // `super::a::b::fifth_case`
 ///         in group with [tokio::test] { fourth_case }, // another runtime
 ///     ],
 /// }
@@ -72,12 +73,12 @@ macro_rules! matrix {
     (@cases $cell:tt $test:tt $group:tt [, $($rest:tt)*]) => {
         $crate::common::matrix!(@cases $cell $test $group [$($rest)*]);
     };
-    (@cases $cell:tt $test:tt [] [in $group:ident with $inner:tt { $($cases:tt)* } $($rest:tt)*]) => {
-        $crate::common::matrix!(@cases $cell $inner [$group] [$($cases)*]);
+    (@cases $cell:tt $test:tt [] [in $($group:ident)::+ with $inner:tt { $($cases:tt)* } $($rest:tt)*]) => {
+        $crate::common::matrix!(@cases $cell $inner [$($group)+] [$($cases)*]);
         $crate::common::matrix!(@cases $cell $test [] [$($rest)*]);
     };
-    (@cases $cell:tt $test:tt [] [in $group:ident { $($cases:tt)* } $($rest:tt)*]) => {
-        $crate::common::matrix!(@cases $cell $test [$group] [$($cases)*]);
+    (@cases $cell:tt $test:tt [] [in $($group:ident)::+ { $($cases:tt)* } $($rest:tt)*]) => {
+        $crate::common::matrix!(@cases $cell $test [$($group)+] [$($cases)*]);
         $crate::common::matrix!(@cases $cell $test [] [$($rest)*]);
     };
     (@cases $cell:tt $test:tt $group:tt [$(#[$which:ident $attr:tt])* $name:ident $($rest:tt)*]) => {
@@ -93,13 +94,13 @@ macro_rules! matrix {
     (@attrs $cell:tt $test:tt $group:tt $name:ident $kept:tt $which:ident $attr:tt $($rest:tt)*) => {
         $crate::common::matrix!(@attrs $cell $test $group $name $kept $($rest)*);
     };
-    (@attrs ($pass:ident $dialect:ident $broker:ident) $test:tt [$($group:ident)?] $name:ident [$($kept:tt)*]) => {
+    (@attrs ($pass:ident $dialect:ident $broker:ident) $test:tt [$($group:ident)*] $name:ident [$($kept:tt)*]) => {
         $(#$kept)*
         #$test
         async fn $name() {
             $crate::common::matrix::run(
                 $crate::common::Broker::$broker,
-                $crate::common::matrix!(@body $pass $dialect $broker super::$($group::)?$name),
+                $crate::common::matrix!(@body $pass $dialect $broker super::$($group::)*$name),
             )
             .await;
         }
