@@ -16,17 +16,20 @@
 //! timers' `mysql`) calls [`matrix!`] itself.
 //!
 //! A test on RabbitMQ 4.x runs only when the node runs
-//! ([`Broker::available`](crate::common::Broker::available)); every test
-//! runs inside its broker's [`Broker::scope`](crate::common::Broker::scope).
+//! ([`Broker::available`](crate::common::Broker::available), asked of 4.x
+//! cells only); every test runs inside its broker's
+//! [`Broker::scope`](crate::common::Broker::scope).
 
 use std::future::Future;
 
 use super::Broker;
 
 /// Runs one cell's test `body` on `broker`: inside its scope, or (RabbitMQ
-/// 4.x not running and not required) not at all.
+/// 4.x not running and not required) not at all. Only a 4.x cell asks
+/// whether its node runs (the first question runs `scripts/rabbitmq4.sh
+/// status`).
 pub async fn run<F: Future<Output = ()>>(broker: Broker, body: F) {
-    if broker.available() {
+    if broker == Broker::Rabbitmq3 || broker.available() {
         broker.scope(body).await;
     }
 }
@@ -46,8 +49,8 @@ pub async fn run<F: Future<Output = ()>>(broker: Broker, body: F) {
 ///         #[mariadb(ignore = "why")] // an attribute of the MariaDB
 ///         another_case,              // tests only (a known bug, reported)
 ///         in group { third_case },   // `super::group::third_case`
-///         in a::b { fifth_case },    // `super::a::b::fifth_case`
-///         in group with [tokio::test] { fourth_case }, // another runtime
+///         in a::b { fourth_case },   // `super::a::b::fourth_case`
+///         in group with [tokio::test] { fifth_case }, // another runtime
 ///     ],
 /// }
 /// ```
