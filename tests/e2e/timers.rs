@@ -25,7 +25,7 @@ use order_timeout::store::Dialect;
 use order_timeout_tools::scratch;
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 
-use crate::common::{TestEnv, on_rabbitmq4};
+use crate::common::{TestEnv, matrix, on_rabbitmq4};
 use crate::store::{mysql_base, mysql_pool};
 use crate::worked_configs::{keyed, read_events};
 
@@ -617,33 +617,17 @@ async fn a_watch_flips_unpublished_rows_on_time_across_replicas(dialect: Dialect
     other.stop().await.unwrap();
 }
 
-/// Every case above, for both dialects.
-macro_rules! on_both_dialects {
-    ($($case:ident),* $(,)?) => {
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(order_timeout::store::Dialect::Postgres).await;
-                }
-            )*
-        }
-        mod mysql {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(order_timeout::store::Dialect::MySql).await;
-                }
-            )*
-        }
-    };
+// Every case above, for both dialects (`timers::postgres::…`,
+// `timers::mysql::…`).
+matrix! {
+    pass: dialect,
+    cells: [postgres(Postgres, Rabbitmq3), mysql(MySql, Rabbitmq3)],
+    cases: [
+        timers_flip_only_their_own_rows,
+        backfill_schedules_one_timer_at_a_time,
+        a_watch_flips_unpublished_rows_on_time_across_replicas,
+    ],
 }
-
-on_both_dialects!(
-    timers_flip_only_their_own_rows,
-    backfill_schedules_one_timer_at_a_time,
-    a_watch_flips_unpublished_rows_on_time_across_replicas,
-);
 
 // On RabbitMQ 4.x, with the orders on PostgreSQL.
 on_rabbitmq4!(

@@ -7,9 +7,9 @@
 //! starts it (`scripts/test.sh` does).
 //!
 //! A test body runs on the broker of [`Broker::current`]: the machine's,
-//! unless it runs inside [`Broker::scope`], which [`on_rabbitmq4!`] and
-//! [`on_both_brokers!`] wrap around it. [`crate::common::TestEnv`] makes
-//! its vhost there, so a body written for the machine's broker runs
+//! unless it runs inside [`Broker::scope`], which the test matrix
+//! ([`crate::common::matrix`]) wraps around it. [`crate::common::TestEnv`]
+//! makes its vhost there, so a body written for the machine's broker runs
 //! unchanged on 4.x.
 //!
 //! When the 4.x node does not run, its tests fail with what to run if
@@ -222,60 +222,3 @@ fn sweep_abandoned() {
         }
     }
 }
-
-/// Instantiates each listed test body, `async fn name(dialect: Dialect)`
-/// (the shape [`on_both_dialects!`](crate::common::on_both_dialects)
-/// takes), once more as `rabbitmq4::name`: the shop's orders on
-/// PostgreSQL, the test's vhost on the RabbitMQ 4.x test node. The same
-/// body's `postgres::name` runs it on the machine's broker, so a suite
-/// states which of its tests must behave the same on both, and
-/// `cargo test --test e2e rabbitmq4::` runs every 4.x test.
-macro_rules! on_rabbitmq4 {
-    ($($name:ident),* $(,)?) => {
-        /// The suite's tests that also run on RabbitMQ 4.x.
-        mod rabbitmq4 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let broker = $crate::common::Broker::Rabbitmq4;
-                    if broker.available() {
-                        broker.scope(super::$name($crate::common::Dialect::Postgres)).await;
-                    }
-                }
-            )*
-        }
-    };
-}
-pub(crate) use on_rabbitmq4;
-
-/// Instantiates each listed test body, `async fn name(broker: Broker)`,
-/// as two tests: `rabbitmq3::name` (the machine's RabbitMQ) and
-/// `rabbitmq4::name` (RabbitMQ 4.x), each run inside its
-/// [`Broker::scope`].
-macro_rules! on_both_brokers {
-    ($($name:ident),* $(,)?) => {
-        /// The suite's tests on the machine's RabbitMQ (3.10).
-        mod rabbitmq3 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let broker = $crate::common::Broker::Rabbitmq3;
-                    broker.scope(super::$name(broker)).await;
-                }
-            )*
-        }
-        /// The suite's tests on RabbitMQ 4.x.
-        mod rabbitmq4 {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let broker = $crate::common::Broker::Rabbitmq4;
-                    if broker.available() {
-                        broker.scope(super::$name(broker)).await;
-                    }
-                }
-            )*
-        }
-    };
-}
-pub(crate) use on_both_brokers;

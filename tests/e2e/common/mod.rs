@@ -5,8 +5,9 @@
 //!
 //! [`TestEnv::on`]`(Dialect::MySql)` puts the shop's orders (and the
 //! service's own tables) in a MariaDB database of the test's own instead;
-//! the helpers that read or change orders work on either, and
-//! [`on_both_dialects!`] runs a test body once per dialect.
+//! the helpers that read or change orders work on either, and the test
+//! matrix ([`matrix`], [`on_both_dialects!`]) runs a test body once per
+//! dialect.
 //!
 //! Needs a local RabbitMQ (`rabbitmqctl` creates the vhosts, as root),
 //! PostgreSQL and (for the MariaDB worlds) MariaDB; `scripts/test.sh` makes
@@ -67,37 +68,6 @@ macro_rules! on_shop {
     };
 }
 pub(crate) use on_shop;
-
-/// Instantiates each listed test body, `async fn name(dialect: Dialect)`,
-/// as two tests of the suite: `postgres::name` (the shop's orders on
-/// PostgreSQL) and `mariadb::name` (on MariaDB), so that a suite states
-/// once which of its tests run on both dialects, and `cargo test
-/// SUITE::mariadb::` picks one dialect's. `#[mariadb(ignore = "why")]`
-/// before a name ignores its MariaDB test only (a known bug, reported).
-macro_rules! on_both_dialects {
-    ($($(#[mariadb($($attr:tt)*)])? $name:ident),* $(,)?) => {
-        /// The suite's tests with the shop's orders on PostgreSQL.
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name($crate::common::Dialect::Postgres).await;
-                }
-            )*
-        }
-        /// The suite's tests with the shop's orders on MariaDB.
-        mod mariadb {
-            $(
-                $(#[$($attr)*])?
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name($crate::common::Dialect::MySql).await;
-                }
-            )*
-        }
-    };
-}
-pub(crate) use on_both_dialects;
 
 /// Tests that stop or kill a `serve` process holding hundreds of messages
 /// and then restart it take turns. On the shared RabbitMQ 3.10.8, two such
@@ -468,14 +438,15 @@ async fn pg_pool(url: &SecretUrl) -> PgPool {
 pub mod brokers;
 mod cli;
 mod doubles;
+pub mod matrix;
 mod orders;
 mod probes;
 mod shop_tx;
 
 pub use brokers::Broker;
-pub(crate) use brokers::{on_both_brokers, on_rabbitmq4};
 pub use cli::CliOutput;
 pub use doubles::RuleInventory;
+pub(crate) use matrix::{matrix, on_both_brokers, on_both_dialects, on_rabbitmq4};
 pub use orders::refusing_trigger;
 pub use probes::{
     csrf_of, declare_durable_queue, depth_on, exclusive_queue, http_get, http_send, ready,
