@@ -478,6 +478,42 @@ impl<D: SqlDialect> SqlStore<D> {
     }
 }
 
+#[cfg(feature = "testing")]
+impl<D: SqlDialect> SqlStore<D> {
+    /// Renders every template of `outbox.rs` and `shop.rs` for this timer
+    /// and prepares it, checking that it takes exactly the parameters the
+    /// service binds: the templates the unit tests found in the sources,
+    /// not a list kept by hand (the other dialect's variants, named
+    /// `…_POSTGRES` or `…_MYSQL`, left out). How many were prepared.
+    pub(super) async fn prepare_every_template(&self) -> Result<usize, StoreError> {
+        let prepared = self.prepared().await?;
+        let other = match D::DIALECT {
+            super::Dialect::Postgres => "_MYSQL",
+            super::Dialect::MySql => "_POSTGRES",
+        };
+        let row_ids = [IdValue::Text(String::new())];
+        let templates = outbox::TEMPLATES.iter().chain(TEMPLATES.iter());
+        let mut count = 0;
+        for (name, template) in templates.filter(|(name, _)| !name.ends_with(other)) {
+            let values = outbox::sample_values(template, &["a"], &row_ids, &self.timer.from);
+            let statement = outbox::render_mapped::<D>(template, &prepared.mapped, &values);
+            let problem = |problem: String| StoreError::Schema {
+                key: name,
+                problem: format!("{problem}: {}", statement.sql),
+            };
+            let found = D::parameters(self, &statement.sql)
+                .await
+                .map_err(|e| problem(e.to_string()))?;
+            if found != statement.placeholders {
+                let binds = statement.placeholders;
+                return Err(problem(format!("{found} parameters, {binds} bound")));
+            }
+            count += 1;
+        }
+        Ok(count)
+    }
+}
+
 /// One row's facts as both dialects read them.
 #[derive(Debug, sqlx::FromRow)]
 struct FactsRow {
