@@ -49,7 +49,8 @@
 //!   `broker/parked.rs`; every `x-*` header: `broker/headers.rs`;
 //! - what happens to each message: `pipeline/consumer.rs`; what an order's
 //!   state means, one pure function: `pipeline/verdict.rs`; the ways a job
-//!   ends, one `job::end`: `pipeline/job.rs` (ack, requeue, hold, back
+//!   ends, carried out in one place, `Worker::end` (`pipeline/worker.rs`;
+//!   the mechanics in `pipeline/job.rs`: ack, requeue, hold, back
 //!   through the delay store, retried, parked); how a parked message is
 //!   written: `pipeline/park.rs`; what the steps share: `pipeline/context.rs`
 //!   and `pipeline/worker.rs`;

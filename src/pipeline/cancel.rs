@@ -94,7 +94,10 @@ pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store,
 /// order by order.
 async fn cancel_timer(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pending> {
     let ctx = &worker.ctx;
-    let mut waiting = by_order(worker, store, jobs).await;
+    let (mut waiting, impossible) = group_by_order(store, jobs);
+    if !impossible.is_empty() {
+        no_row_can_have(worker, store, impossible, &mut waiting).await;
+    }
     let mut to_finish = Vec::new();
     for round in 0..CONTENDED_ROUNDS {
         if waiting.is_empty() {
@@ -124,14 +127,17 @@ async fn cancel_timer(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pen
     to_finish
 }
 
-/// Groups jobs by the canonical form of their order id (`00123` and `123`
-/// are one order in an integer id column). Ids no row can have (`abc` for
-/// an integer column) are unknown orders, settled at once — after the
-/// table's shape is read again if it changed (a widened id column), so
-/// that they are asked about in its new shape first.
-async fn by_order(worker: &Worker, store: &Store, jobs: Vec<Job>) -> ByOrder {
-    let (mut waiting, mut impossible) = group_by_order(store, jobs);
-    if !impossible.is_empty() && store.reread_shape().await {
+/// Settles the jobs of ids no row can have (`abc` for an integer id
+/// column) as unknown orders — after the table's shape is read again if it
+/// changed (a widened id column), so that they are asked about in its new
+/// shape first: those that fit it join `waiting`.
+async fn no_row_can_have(
+    worker: &Worker,
+    store: &Store,
+    mut impossible: Impossible,
+    waiting: &mut ByOrder,
+) {
+    if store.reread_shape().await {
         if let Err(e) = store.prepare().await {
             tracing::warn!(error = %e, timer = %store.timer().name, "checking the mapping against the changed table failed");
         }
@@ -158,11 +164,11 @@ async fn by_order(worker: &Worker, store: &Store, jobs: Vec<Job>) -> ByOrder {
         })
         .collect();
     worker.end_all(endings).await;
-    waiting
 }
 
-/// Groups jobs by the canonical form of their order id, apart from ids no
-/// row can have, with the reason.
+/// Groups jobs by the canonical form of their order id (`00123` and `123`
+/// are one order in an integer id column), apart from ids no row can have,
+/// with the reason.
 fn group_by_order(store: &Store, jobs: Vec<Job>) -> (ByOrder, Impossible) {
     let mut by_order = ByOrder::new();
     let mut impossible = Impossible::new();
@@ -293,9 +299,9 @@ fn message_ending(verdict: &Verdict, store: &Store, id: &OrderId, n: usize) -> E
         Verdict::Retry(ref failure) | Verdict::SetAside(ref failure) => {
             Ending::Fail(failure.clone())
         }
-        // The sweeper's verdicts, never given for a message (the verdict's
-        // table test says so): were one to be, the delivery goes back to
-        // the queue rather than be lost.
+        // Settled by the caller (finish, ask again), or the sweeper's, never
+        // given for a message (the verdict's table test says so): were one
+        // to be, the delivery goes back to the queue rather than be lost.
         Verdict::Finish(_)
         | Verdict::AskAgain
         | Verdict::Skip

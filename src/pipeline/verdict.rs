@@ -179,15 +179,16 @@ pub(crate) fn verdict(origin: Origin, seen: Seen<'_>, unknown: UnknownOrderPolic
         }
         (Message, State(&S::Locked { expires_at, db_now })) => {
             let held_for = locked_wait(expires_at, db_now);
-            wait(
-                later(db_now, held_for),
-                db_now,
-                Wait::Locked { wait: held_for },
-            )
+            let at = later(db_now, held_for);
+            wait(at, db_now, Wait::Locked { wait: held_for })
         }
         (Message, State(S::Unknown)) if unknown == UnknownOrderPolicy::Park => Verdict::ParkUnknown,
         (Message, State(S::Unknown)) => Verdict::DropUnknown,
-        (_, State(S::Failed(failure))) => failed_flip(failure),
+        // The flip failed for this order alone: about the row's own values
+        // ([`Failure::is_permanent`]), or the environment's (retried, never
+        // parked for it).
+        (_, State(S::Failed(f))) if f.0.is_row_fault() => Verdict::SetAside(store_failure(f)),
+        (_, State(S::Failed(f))) => Verdict::Retry(store_failure(f)),
         // Paid, left alone, finished or being finished elsewhere, not yet
         // due, gone: nothing for the sweep.
         (Sweep, State(_)) => Verdict::Skip,
@@ -200,16 +201,9 @@ pub(crate) fn verdict(origin: Origin, seen: Seen<'_>, unknown: UnknownOrderPolic
     }
 }
 
-/// An order whose cancel transaction failed on its own: set aside when the
-/// failure is about the row's own values, retried when it is the
-/// environment's (never parked for it).
-fn failed_flip(failure: &OrderFailure) -> Verdict {
-    let failure = Failure::Store(failure.0.clone());
-    if failure.is_permanent() {
-        Verdict::SetAside(failure)
-    } else {
-        Verdict::Retry(failure)
-    }
+/// The failure of an order's own cancel transaction, as a step's failure.
+fn store_failure(failure: &OrderFailure) -> Failure {
+    Failure::Store(failure.0.clone())
 }
 
 /// The shortest and longest wait of an order whose row another transaction
@@ -279,7 +273,7 @@ mod tests {
         let ms = |m: i64| now + chrono::Duration::milliseconds(m);
         let row_fault = OrderFailure::new(StoreError::Sql(sqlx::Error::Decode("bad".into())));
         let env_fault = OrderFailure::new(StoreError::Sql(sqlx::Error::PoolTimedOut));
-        let (permanent, transient) = (store(&row_fault), store(&env_fault));
+        let (permanent, transient) = (store_failure(&row_fault), store_failure(&env_fault));
         let ack = |first, duplicates| V::Ack { first, duplicates };
         let wait = |at, why| V::WaitUntil {
             at,
@@ -351,10 +345,6 @@ mod tests {
             let case = format!("{origin:?} {seen:?}");
             assert_eq!(format!("{got:?}"), format!("{expected:?}"), "{case}");
         }
-    }
-
-    fn store(failure: &OrderFailure) -> Failure {
-        Failure::Store(failure.0.clone())
     }
 
     #[test]
