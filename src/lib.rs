@@ -41,14 +41,16 @@
 //! - **the SQL of the outbox** (and of the watch marks), written once for
 //!   both dialects over their vocabulary: `store/outbox.rs`;
 //! - **the retry policy**: `pipeline/retry.rs` (pure, at the bottom of the
-//!   pipeline), applied by `Job::fail` (`pipeline/job.rs`) and
-//!   `Worker::retry_later` (`pipeline/worker.rs`); what a failure is and whether
+//!   pipeline), applied by `Job::fail` (`pipeline/job.rs`, one delivery per
+//!   order: the ending `Ending::Fail`); what a failure is and whether
 //!   waiting can fix it: `pipeline/failure.rs`; the sweeper (safety net):
 //!   `pipeline/sweeper.rs`;
 //! - **the parked format** (headers written, read back, replayed):
 //!   `broker/parked.rs`; every `x-*` header: `broker/headers.rs`;
-//! - what happens to each message: `pipeline/consumer.rs`; the ways a job
-//!   ends, one `impl Job`: `pipeline/job.rs` (ack, requeue, hold, back
+//! - what happens to each message: `pipeline/consumer.rs`; what an order's
+//!   state means, one pure function: `pipeline/verdict.rs`; the ways a job
+//!   ends, carried out in one place, `Worker::end` (`pipeline/worker.rs`;
+//!   the mechanics in `pipeline/job.rs`: ack, requeue, hold, back
 //!   through the delay store, retried, parked); how a parked message is
 //!   written: `pipeline/park.rs`; what the steps share: `pipeline/context.rs`
 //!   and `pipeline/worker.rs`;

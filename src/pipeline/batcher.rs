@@ -16,6 +16,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::cancel;
 use super::finish;
 use super::job::Job;
+use super::verdict::Origin;
 use super::worker::{Worker, catch_panic};
 
 /// Runs until every sender of `due` is gone (the consumer has stopped and
@@ -38,7 +39,7 @@ pub(crate) async fn run(worker: Worker, mut due: mpsc::Receiver<Job>) {
             // work (inventory calls, events) runs after it is given back.
             drop(slot);
             for (store, pending) in to_finish {
-                finish::finish(&worker2, &store, pending).await;
+                finish::finish(&worker2, &store, pending, Origin::Message).await;
             }
         };
         let worker2 = worker.clone();

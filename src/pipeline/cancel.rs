@@ -7,8 +7,8 @@
 //! 1. [`OrderStore::cancel_due`](crate::store::OrderStore::cancel_due): one
 //!    transaction flips every unpaid, overdue order to cancelled and records
 //!    its outbox row;
-//! 2. every order is settled by its state: paid and cancelled-elsewhere
-//!    orders are acked, orders not yet due wait again, unknown orders are
+//! 2. every order is settled by its verdict ([`super::verdict`]) on its
+//!    state: paid and cancelled-elsewhere orders are acked, orders not yet due wait again, unknown orders are
 //!    parked, contended ones are asked about again, and orders whose row
 //!    another transaction holds (skipped by the cancel transaction, so
 //!    that one held row delays only itself) wait a few seconds through the
@@ -37,63 +37,34 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-
 use super::failure::Failure;
 use super::finish::Pending;
-use super::job::{Job, ack_each};
-use super::park::{Parking, park};
-use super::retry::later;
-use super::worker::Worker;
-use crate::message::{OrderId, ParkReason};
+use super::job::Job;
+use super::park::ParkWhy;
+use super::verdict::{Origin, Seen, Verdict, Wait, verdict};
+use super::worker::{Ending, Worker};
+use crate::message::OrderId;
 use crate::observe::metrics::{Metrics, Outcome, Stage, Statements};
-use crate::settings::{TimerName, UnknownOrderPolicy};
-use crate::store::{IdRejected, OrderFailure, OrderState, Store, StoreError};
+use crate::settings::TimerName;
+use crate::store::{IdRejected, OrderState, Store, StoreError};
 
 /// How often a batch re-asks about orders another transaction was changing
 /// at the same moment, before treating it as a transient failure.
 const CONTENDED_ROUNDS: u32 = 5;
 
-/// The shortest and longest wait of an order whose row another transaction
-/// holds ([`OrderState::Locked`]) before it is asked about again.
-const LOCKED_WAIT: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(4));
-
-/// How long an order whose row another transaction holds waits before it is
-/// asked about again: a quarter of how long it has been overdue, between
-/// [`LOCKED_WAIT`]'s bounds. A row held for a moment (a payment callback)
-/// is asked about again after a second; one held for minutes every few
-/// seconds, so that the order is cancelled within seconds of the lock
-/// going away, and the messages of many held rows do not churn the broker.
-/// No state is needed for the wait to grow: how long the order has been
-/// overdue grows by itself.
-fn locked_wait(expires_at: DateTime<Utc>, db_now: DateTime<Utc>) -> Duration {
-    let overdue = (db_now - expires_at).to_std().unwrap_or_default();
-    (overdue / 4).clamp(LOCKED_WAIT.0, LOCKED_WAIT.1)
-}
-
 /// Jobs grouped by order (duplicates of one order travel together and are
 /// settled together).
 type ByOrder = HashMap<OrderId, Vec<Job>>;
 
-/// Cancels one batch: per timer, the cancel transaction, then every order
-/// settled by its state. Returns, per timer, the cancelled orders whose
-/// outbox work is left: the batcher hands them to [`super::finish`] once it
-/// has given back its slot, so the next batch's cancellation does not wait
-/// for this batch's inventory calls.
-#[tracing::instrument(skip_all, fields(messages = jobs.len()))]
-pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Pending>)> {
-    let mut to_finish = Vec::new();
-    for (store, jobs) in by_timer(worker, jobs).await {
-        let pending = cancel_timer_batch(worker, &store, jobs).await;
-        to_finish.push((store, pending));
-    }
-    to_finish
-}
-
-/// The jobs of each timer with its store, in the order of the config. A
+/// Cancels one batch: per timer (in the order of the config), the cancel
+/// transaction, then every order settled by its verdict. Returns, per
+/// timer, the cancelled orders whose outbox work is left: the batcher hands
+/// them to [`super::finish`] once it has given back its slot, so the next
+/// batch's cancellation does not wait for this batch's inventory calls. A
 /// job for a timer the config does not have (the consumer parks those
 /// before they get here) is parked.
-async fn by_timer(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Job>)> {
+#[tracing::instrument(skip_all, fields(messages = jobs.len()))]
+pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Pending>)> {
     let mut groups: HashMap<TimerName, Vec<Job>> = HashMap::new();
     for job in jobs {
         groups.entry(job.timer().clone()).or_default().push(job);
@@ -105,18 +76,68 @@ async fn by_timer(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Job>)> {
         }
     }
     for job in groups.into_values().flatten() {
-        job.park_unknown_timer(&worker.ctx).await;
+        let why = job.unknown_timer(&worker.ctx);
+        worker.end(vec![job], Ending::Park(why)).await;
     }
-    by_store
+    let mut to_finish = Vec::with_capacity(by_store.len());
+    for (store, jobs) in by_store {
+        let pending = cancel_timer(worker, &store, jobs).await;
+        to_finish.push((store, pending));
+    }
+    to_finish
 }
 
-/// Cancels (flips) the orders of `jobs`, all of `store`'s timer; returns
-/// what is left for the outbox.
-async fn cancel_timer_batch(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pending> {
-    let (mut waiting, mut impossible) = group_by_order(store, jobs);
-    if !impossible.is_empty() && store.reread_shape().await {
-        // The shop changed the table (a widened id column): ask about
-        // these ids in its new shape before calling them unknown.
+/// Cancels (flips) the orders of `jobs`, all of `store`'s timer: the
+/// cancel transaction, asked again about contended orders up to
+/// [`CONTENDED_ROUNDS`] times; returns what is left for the outbox. A
+/// failure of the whole statement (the connection) is retried later,
+/// order by order.
+async fn cancel_timer(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pending> {
+    let ctx = &worker.ctx;
+    let (mut waiting, impossible) = group_by_order(store, jobs);
+    if !impossible.is_empty() {
+        no_row_can_have(worker, store, impossible, &mut waiting).await;
+    }
+    let mut to_finish = Vec::new();
+    for round in 0..CONTENDED_ROUNDS {
+        if waiting.is_empty() {
+            return to_finish;
+        }
+        if round > 0 {
+            tokio::time::sleep(Duration::from_millis(10 * u64::from(round))).await;
+        }
+        let ids: Vec<OrderId> = waiting.keys().cloned().collect();
+        let started = std::time::Instant::now();
+        let result = store.cancel_due(&ids, ctx.settings.outbox_lease).await;
+        ctx.metrics.stage(Stage::Db, started.elapsed());
+        note_statements(&ctx.metrics, store, result.as_deref());
+        match result {
+            Ok(states) => waiting = settle(worker, store, states, waiting, &mut to_finish).await,
+            Err(e) => {
+                let failure = Failure::from(e);
+                for (_, jobs) in waiting.drain() {
+                    worker.end(jobs, Ending::Fail(failure.clone())).await;
+                }
+            }
+        }
+    }
+    for (_, jobs) in waiting {
+        worker.end(jobs, Ending::Fail(Failure::KeptChanging)).await;
+    }
+    to_finish
+}
+
+/// Settles the jobs of ids no row can have (`abc` for an integer id
+/// column) as unknown orders — after the table's shape is read again if it
+/// changed (a widened id column), so that they are asked about in its new
+/// shape first: those that fit it join `waiting`.
+async fn no_row_can_have(
+    worker: &Worker,
+    store: &Store,
+    mut impossible: Impossible,
+    waiting: &mut ByOrder,
+) {
+    if store.reread_shape().await {
         if let Err(e) = store.prepare().await {
             tracing::warn!(error = %e, timer = %store.timer().name, "checking the mapping against the changed table failed");
         }
@@ -130,48 +151,24 @@ async fn cancel_timer_batch(worker: &Worker, store: &Store, jobs: Vec<Job>) -> V
         }
         impossible = still;
     }
-    for (id, (why, jobs)) in impossible {
-        unknown_order(worker, store, &id, Some(&why), jobs).await;
-    }
-    let mut to_finish = Vec::new();
-    cancel_group(worker, store, waiting, &mut to_finish).await;
-    to_finish
-}
-
-/// Runs the cancel transaction for `waiting` and settles every order,
-/// asking again about contended ones up to [`CONTENDED_ROUNDS`] times. A
-/// failure of the whole statement (the connection) is retried later,
-/// order by order.
-async fn cancel_group(
-    worker: &Worker,
-    store: &Store,
-    mut waiting: ByOrder,
-    to_finish: &mut Vec<Pending>,
-) {
-    for round in 0..CONTENDED_ROUNDS {
-        if waiting.is_empty() {
-            return;
-        }
-        if round > 0 {
-            tokio::time::sleep(Duration::from_millis(10 * u64::from(round))).await;
-        }
-        match cancel_statement(worker, store, &waiting).await {
-            Ok(states) => waiting = settle(worker, store, states, waiting, to_finish).await,
-            Err(failure) => {
-                for (_, jobs) in waiting.drain() {
-                    worker.retry_later(jobs, failure.clone());
-                }
-            }
-        }
-    }
-    for (_, jobs) in waiting {
-        worker.retry_later(jobs, Failure::KeptChanging);
-    }
+    let unknown = verdict(
+        Origin::Message,
+        Seen::State(&OrderState::Unknown),
+        worker.ctx.settings.unknown_order,
+    );
+    let endings = impossible
+        .into_iter()
+        .map(|(id, (why, jobs))| {
+            let ending = unknown_ending(&unknown, store, &id, Some(why), jobs.len());
+            (jobs, ending)
+        })
+        .collect();
+    worker.end_all(endings).await;
 }
 
 /// Groups jobs by the canonical form of their order id (`00123` and `123`
-/// are one order in an integer id column), apart from ids no row can have
-/// (`abc` for an integer column), which are unknown orders, with the reason.
+/// are one order in an integer id column), apart from ids no row can have,
+/// with the reason.
 fn group_by_order(store: &Store, jobs: Vec<Job>) -> (ByOrder, Impossible) {
     let mut by_order = ByOrder::new();
     let mut impossible = Impossible::new();
@@ -190,21 +187,6 @@ fn group_by_order(store: &Store, jobs: Vec<Job>) -> (ByOrder, Impossible) {
 
 /// Jobs whose order id no row can have, by id, with the reason.
 type Impossible = HashMap<OrderId, (IdRejected, Vec<Job>)>;
-
-/// Step 1: the cancel transaction for every order in `waiting`.
-async fn cancel_statement(
-    worker: &Worker,
-    store: &Store,
-    waiting: &ByOrder,
-) -> Result<Vec<(OrderId, OrderState)>, Failure> {
-    let ctx = &worker.ctx;
-    let ids: Vec<OrderId> = waiting.keys().cloned().collect();
-    let started = std::time::Instant::now();
-    let result = store.cancel_due(&ids, ctx.settings.outbox_lease).await;
-    ctx.metrics.stage(Stage::Db, started.elapsed());
-    note_statements(&ctx.metrics, store, result.as_deref());
-    Ok(result?)
-}
 
 /// Tells readiness (and `order_timeout_timer_failing`) whether the cancel
 /// transaction of `store`'s timer runs: it fails for a reason of the
@@ -226,8 +208,11 @@ pub(crate) fn note_statements(
     metrics.set_timer_failing(store.timer().name.as_str(), Statements::Cancel, failing);
 }
 
-/// Step 2: settles every order of `waiting` by its state. Cancelled orders
-/// are added to `to_finish`; contended ones are returned, to ask again.
+/// Settles every order of `waiting` by its verdict on its state. Cancelled
+/// orders are added to `to_finish`; contended ones are returned, to ask
+/// again; the others' deliveries end (the acks together, last). An order
+/// the statement did not report on is a transient failure, never a message
+/// left unacknowledged.
 async fn settle(
     worker: &Worker,
     store: &Store,
@@ -235,98 +220,120 @@ async fn settle(
     mut waiting: ByOrder,
     to_finish: &mut Vec<Pending>,
 ) -> ByOrder {
-    let ctx = &worker.ctx;
     let mut contended = ByOrder::new();
-    // The deliveries of orders needing nothing more, acked together below.
-    let mut acked = Vec::new();
+    let mut endings = Vec::new();
     for (id, state) in states {
         let Some(jobs) = waiting.remove(&id) else {
             continue;
         };
-        match state {
-            OrderState::Contended => {
+        let ending = match verdict(
+            Origin::Message,
+            Seen::State(&state),
+            worker.ctx.settings.unknown_order,
+        ) {
+            Verdict::Finish(cancellation) => {
+                to_finish.push(Pending {
+                    id,
+                    cancellation,
+                    jobs,
+                });
+                continue;
+            }
+            Verdict::AskAgain => {
                 contended.insert(id, jobs);
+                continue;
             }
-            OrderState::Cancelled(cancellation) => to_finish.push(Pending {
-                id,
-                cancellation,
-                jobs,
-            }),
-            OrderState::Paid => {
-                acked.extend(jobs.into_iter().map(|job| (job, Outcome::AlreadyPaid)));
+            Verdict::SetAside(failure) => {
+                set_aside(store, &id, &failure).await;
+                Ending::Fail(failure)
             }
-            OrderState::LeftAlone => {
-                tracing::debug!(order_id = %id, "not unpaid, failing the guard, or no deadline: left alone");
-                acked.extend(jobs.into_iter().map(|job| (job, Outcome::LeftAlone)));
-            }
-            OrderState::CancelledElsewhere => {
-                acked.extend(jobs.into_iter().map(|job| (job, Outcome::AlreadyCancelled)));
-            }
-            OrderState::NotYetDue { expires_at, db_now } => {
-                // The row's deadline is later than the message's (extended, or
-                // a bare order id): wait for the row's deadline. One message
-                // is enough; the others are duplicates.
-                tracing::debug!(order_id = %id, %expires_at, "not due yet; re-scheduling for the row's deadline");
-                worker
-                    .wait_again(jobs, expires_at, db_now, Outcome::Duplicate)
-                    .await;
-            }
-            OrderState::LeasedElsewhere { until, db_now } => {
-                // Another worker is finishing this order's release right now.
-                // It normally takes milliseconds: look again in a second, and
-                // keep looking until the lease runs out (the worker crashed)
-                // and this delivery can take over.
-                tracing::debug!(order_id = %id, %until, "release in progress elsewhere; checking again shortly");
-                let at = leased_look_again_at(until, db_now);
-                worker
-                    .wait_again(jobs, at, db_now, Outcome::AlreadyCancelled)
-                    .await;
-            }
-            OrderState::Locked { expires_at, db_now } => {
-                // Not a failure: the shop holds the row (a payment in
-                // flight). Never acked as done, never parked for it.
-                let wait = locked_wait(expires_at, db_now);
-                tracing::debug!(order_id = %id, ?wait, "the order's row is held by another transaction; skipped, asking again shortly");
-                let at = later(db_now, wait);
-                worker
-                    .wait_again_as(jobs, at, db_now, Outcome::Locked, Outcome::Duplicate)
-                    .await;
-            }
-            OrderState::Unknown => unknown_order(worker, store, &id, None, jobs).await,
-            OrderState::Failed(failure) => failed_order(worker, store, &id, failure, jobs).await,
-        }
+            verdict => message_ending(&verdict, store, &id, jobs.len()),
+        };
+        endings.push((jobs, ending));
     }
-    ack_each(&ctx.metrics, acked).await;
-    // An order the statement did not report on: a transient failure, never
-    // a message left unacknowledged.
+    worker.end_all(endings).await;
     for (id, jobs) in waiting {
-        worker.retry_later(jobs, Failure::NoState(id));
+        worker.end(jobs, Ending::Fail(Failure::NoState(id))).await;
     }
     contended
 }
 
-/// When to look again at an order whose release another worker holds the
-/// lease of: 100 ms after the lease ends, and at most a second from now.
-fn leased_look_again_at(until: DateTime<Utc>, db_now: DateTime<Utc>) -> DateTime<Utc> {
-    later(until, Duration::from_millis(100)).min(later(db_now, Duration::from_secs(1)))
+/// How the `n` deliveries of order `id` end for `verdict` (one that leaves
+/// nothing more for the cancel path to do), logged as it is decided.
+fn message_ending(verdict: &Verdict, store: &Store, id: &OrderId, n: usize) -> Ending {
+    match *verdict {
+        Verdict::Ack { first, duplicates } => {
+            if first == Outcome::LeftAlone {
+                tracing::debug!(order_id = %id, "not unpaid, failing the guard, or no deadline: left alone");
+            }
+            Ending::Ack { first, duplicates }
+        }
+        Verdict::WaitUntil { at, db_now, why } => {
+            match why {
+                // The row's deadline is later than the message's (extended,
+                // or a bare order id): wait for the row's deadline.
+                Wait::NotYetDue { expires_at } => {
+                    tracing::debug!(order_id = %id, %expires_at, "not due yet; re-scheduling for the row's deadline");
+                }
+                // Another worker is finishing this order's release right
+                // now. It normally takes milliseconds: look again in a
+                // second, and keep looking until the lease runs out (the
+                // worker crashed) and this delivery can take over.
+                Wait::LeasedElsewhere { until } => {
+                    tracing::debug!(order_id = %id, %until, "release in progress elsewhere; checking again shortly");
+                }
+                // Not a failure: the shop holds the row (a payment in
+                // flight). Never acked as done, never parked for it.
+                Wait::Locked { wait } => {
+                    tracing::debug!(order_id = %id, ?wait, "the order's row is held by another transaction; skipped, asking again shortly");
+                }
+            }
+            Ending::WaitUntil {
+                at,
+                now: db_now,
+                outcome: why.outcome(),
+                duplicates: why.duplicates(),
+            }
+        }
+        Verdict::ParkUnknown | Verdict::DropUnknown => unknown_ending(verdict, store, id, None, n),
+        Verdict::Retry(ref failure) | Verdict::SetAside(ref failure) => {
+            Ending::Fail(failure.clone())
+        }
+        // Settled by the caller (finish, ask again), or the sweeper's, never
+        // given for a message (the verdict's table test says so): were one
+        // to be, the delivery goes back to the queue rather than be lost.
+        Verdict::Finish(_)
+        | Verdict::AskAgain
+        | Verdict::Skip
+        | Verdict::LeftBehind
+        | Verdict::GiveUp => Ending::Requeue,
+    }
 }
 
-/// An order whose cancel transaction failed on its own: a failure of the
-/// environment is retried (never parked); one about the row's own values
-/// is parked (by the retry policy) and the row set aside, so that the
-/// sweeper does not fail on it (and park it) again at every sweep.
-async fn failed_order(
-    worker: &Worker,
+/// How the `n` deliveries of an order id with no row end (`rejected`: why
+/// no row can have it): parked, or dropped if the operator said so.
+fn unknown_ending(
+    verdict: &Verdict,
     store: &Store,
     id: &OrderId,
-    failure: OrderFailure,
-    jobs: Vec<Job>,
-) {
-    let failure = Failure::Store(failure.0);
-    if failure.is_permanent() {
-        set_aside(store, id, &failure).await;
+    rejected: Option<IdRejected>,
+    n: usize,
+) -> Ending {
+    if matches!(verdict, Verdict::DropUnknown) {
+        for _ in 0..n {
+            tracing::warn!(order_id = %id, "unknown order; dropped by configuration");
+        }
+        return Ending::Ack {
+            first: Outcome::Dropped,
+            duplicates: Outcome::Dropped,
+        };
     }
-    worker.retry_later(jobs, failure);
+    Ending::Park(ParkWhy::UnknownOrder {
+        id: id.clone(),
+        table: store.timer().table.to_string(),
+        timer: store.timer().name.clone(),
+        rejected,
+    })
 }
 
 /// Sets the row of `id` aside after its flip failed for its own values;
@@ -350,61 +357,5 @@ pub(crate) async fn set_aside(store: &Store, id: &OrderId, failure: &Failure) ->
             tracing::warn!(order_id = %id, error = %e, "cannot set the row aside; the sweeper will try it again");
             None
         }
-    }
-}
-
-/// An order id with no row (`why`: no row can have it): parked, or
-/// dropped if the operator said so.
-async fn unknown_order(
-    worker: &Worker,
-    store: &Store,
-    id: &OrderId,
-    why: Option<&IdRejected>,
-    jobs: Vec<Job>,
-) {
-    let ctx = &worker.ctx;
-    for job in jobs {
-        match ctx.settings.unknown_order {
-            UnknownOrderPolicy::Park => {
-                let table = &store.timer().table;
-                let error = match why {
-                    Some(why) => format!(
-                        "unknown order: no row in {table} can have id {:?}: {why}",
-                        id.as_str()
-                    ),
-                    None => format!("unknown order: no row in {table} with id {:?}", id.as_str()),
-                };
-                let attempts = job.attempts.failed(Utc::now(), error.clone());
-                let why = Parking {
-                    kind: ParkReason::UnknownOrder,
-                    error,
-                    order_id: Some(id.clone()),
-                    attempts,
-                    timer: Some(store.timer().name.clone()),
-                };
-                park(ctx, job.delivery, why).await;
-            }
-            UnknownOrderPolicy::Drop => {
-                tracing::warn!(order_id = %id, "unknown order; dropped by configuration");
-                job.ack(&ctx.metrics, Outcome::Dropped).await;
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_held_order_waits_a_second_then_longer_up_to_a_few_seconds() {
-        let due = DateTime::from_timestamp(1_800_000_000, 0).unwrap();
-        let after = |ms: i64| due + chrono::Duration::milliseconds(ms);
-        assert_eq!(locked_wait(due, after(5)), Duration::from_secs(1));
-        // Clock skew: the deadline later than the database's clock.
-        assert_eq!(locked_wait(due, after(-500)), Duration::from_secs(1));
-        assert_eq!(locked_wait(due, after(8_000)), Duration::from_secs(2));
-        assert_eq!(locked_wait(due, after(12_000)), Duration::from_secs(3));
-        assert_eq!(locked_wait(due, after(600_000)), Duration::from_secs(4));
     }
 }

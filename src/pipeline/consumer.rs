@@ -29,11 +29,12 @@ use tokio_util::task::TaskTracker;
 
 use super::context::Context;
 use super::job::Job;
-use super::park::{Parking, near_delivery_limit, park, park_near_delivery_limit};
+use super::park::{ParkWhy, near_delivery_limit, park};
+use super::worker::{Ending, Worker};
 use crate::broker::headers::Attempts;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
-use crate::message::{MessageError, TimeoutRequest};
-use crate::observe::metrics::{GaugeGuard, Outcome};
+use crate::message::TimeoutRequest;
+use crate::observe::metrics::Outcome;
 use crate::shutdown::Shutdown;
 
 /// Errors that end a consumer session (the supervisor reconnects).
@@ -99,13 +100,21 @@ impl Consumer {
         tracker: TaskTracker,
     ) -> Result<(), ConsumerError> {
         let tag = self.deliveries.tag();
+        // The session's worker (the batcher's, the sweeper's): the same
+        // context, batcher, tasks and session.
+        let worker = Worker {
+            ctx: self.ctx.clone(),
+            due: due.downgrade(),
+            tracker,
+            session: shutdown.clone(),
+        };
         let result = loop {
             let next = tokio::select! {
                 _ = shutdown.wait() => break Ok(()),
                 next = self.deliveries.next() => next,
             };
             match next {
-                Some(Ok(delivery)) => dispatch(&self.ctx, delivery, &due, &tracker).await,
+                Some(Ok(delivery)) => dispatch(&worker, delivery, &due).await,
                 Some(Err(e)) => break Err(ConsumerError::Amqp(e)),
                 None => break Err(ConsumerError::Ended),
             }
@@ -126,12 +135,8 @@ impl Consumer {
 }
 
 /// Routes one delivery to the path it needs (see the module docs).
-async fn dispatch(
-    ctx: &Arc<Context>,
-    delivery: Delivery,
-    due: &mpsc::Sender<Job>,
-    tracker: &TaskTracker,
-) {
+async fn dispatch(worker: &Worker, delivery: Delivery, due: &mpsc::Sender<Job>) {
+    let ctx = &worker.ctx;
     // Open until settled: before anything can ack it.
     ctx.acks.taken(delivery.delivery_tag);
     let in_flight = ctx.metrics.in_flight();
@@ -144,94 +149,69 @@ async fn dispatch(
         attempt = attempts.count.saturating_add(1),
         redelivered = delivery.redelivered,
     );
-    if let Some(count) = near_delivery_limit(headers, DELIVERY_LIMIT) {
-        let ctx = ctx.clone();
-        let park = async move { park_near_delivery_limit(&ctx, delivery, count).await };
-        return spawn_parking(tracker, span, in_flight, park);
-    }
-    let request = match TimeoutRequest::parse(&delivery.data, ctx.settings.max_body_bytes) {
-        Ok(request) => request,
-        Err(e) => {
-            let ctx = ctx.clone();
-            let park = async move { park_bad(&ctx, delivery, e, attempts).await };
-            return spawn_parking(tracker, span, in_flight, park);
-        }
+    let why = match near_delivery_limit(headers, DELIVERY_LIMIT) {
+        Some(count) => ParkWhy::DeliveryLimit(count),
+        None => match TimeoutRequest::parse(&delivery.data, ctx.settings.max_body_bytes) {
+            Ok(request) => {
+                let job = Job {
+                    delivery,
+                    acks: ctx.acks.clone(),
+                    request,
+                    attempts,
+                    in_flight,
+                    span,
+                };
+                return route(worker, job, due).await;
+            }
+            Err(e) => ParkWhy::Unparseable(e),
+        },
     };
-    span.record("order_id", tracing::field::display(&request.order_id));
-    if !request.timer.is_default() {
-        span.record("timer", tracing::field::display(&request.timer));
-    }
-    let job = Job {
-        delivery,
-        acks: ctx.acks.clone(),
-        request,
-        attempts,
-        in_flight,
-        span,
+    // Parked in its own task (a park must not hold up the deliveries behind
+    // it), counted in flight until it is.
+    let ctx = ctx.clone();
+    let park = async move {
+        park(&ctx, delivery, &attempts, why).await;
+        drop(in_flight);
     };
-    route(ctx, job, due, tracker).await;
+    worker
+        .tracker
+        .spawn(tracing::Instrument::instrument(park, span));
 }
 
 /// A parsed job's way on: parked when its timer is not configured, sent
 /// toward its deadline when that is still ahead, else to the batcher.
-async fn route(ctx: &Arc<Context>, job: Job, due: &mpsc::Sender<Job>, tracker: &TaskTracker) {
-    if ctx.stores.get(job.timer()).is_none() {
-        // Counted in flight by the job until it is parked.
-        let ctx = ctx.clone();
-        let span = job.span.clone();
-        let park = async move { job.park_unknown_timer(&ctx).await };
-        tracker.spawn(tracing::Instrument::instrument(park, span));
+async fn route(worker: &Worker, job: Job, due: &mpsc::Sender<Job>) {
+    let span = job.span.clone();
+    span.record("order_id", tracing::field::display(job.order_id()));
+    if !job.timer().is_default() {
+        span.record("timer", tracing::field::display(job.timer()));
+    }
+    if worker.ctx.stores.get(job.timer()).is_none() {
+        // Parked in its own task, like any park; counted in flight by the
+        // job until it is.
+        let why = Ending::Park(job.unknown_timer(&worker.ctx));
+        let w = worker.clone();
+        let park = async move { w.end(vec![job], why).await };
+        worker
+            .tracker
+            .spawn(tracing::Instrument::instrument(park, span));
         return;
     }
     let now = Utc::now();
     match job.deadline() {
-        Some(deadline) if deadline > now => {
-            let ctx = ctx.clone();
-            let due = due.clone();
-            let span = job.span.clone();
-            tracker.spawn(tracing::Instrument::instrument(
-                async move {
-                    let attempts = job.attempts.clone();
-                    job.wait_until(&ctx, deadline, now, attempts, Outcome::Rescheduled, &due)
-                        .await;
-                },
-                span,
-            ));
+        Some(at) if at > now => {
+            let wait = Ending::WaitUntil {
+                at,
+                now,
+                outcome: Outcome::Rescheduled,
+                duplicates: Outcome::Duplicate,
+            };
+            worker.end(vec![job], wait).await;
         }
         _ => {
             if let Err(mpsc::error::SendError(job)) = due.send(job).await {
-                job.requeue(&ctx.metrics).await;
+                job.requeue(&worker.ctx.metrics).await;
             }
         }
     }
-}
-
-/// Runs `park` in its own task (a park must not hold up the deliveries
-/// behind it), in the message's `span`, counting the delivery in flight
-/// until it is parked.
-fn spawn_parking(
-    tracker: &TaskTracker,
-    span: tracing::Span,
-    in_flight: GaugeGuard,
-    park: impl Future<Output = ()> + Send + 'static,
-) {
-    tracker.spawn(tracing::Instrument::instrument(
-        async move {
-            park.await;
-            drop(in_flight);
-        },
-        span,
-    ));
-}
-
-/// Parks an unparseable delivery with the parser's reason.
-async fn park_bad(ctx: &Context, delivery: Delivery, error: MessageError, attempts: Attempts) {
-    let why = Parking {
-        kind: error.kind(),
-        error: error.to_string(),
-        order_id: None,
-        attempts: attempts.failed(Utc::now(), error.to_string()),
-        timer: None,
-    };
-    park(ctx, delivery, why).await;
 }

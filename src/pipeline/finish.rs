@@ -24,10 +24,11 @@ use futures_util::{StreamExt, stream};
 
 use super::context::Context;
 use super::failure::Failure;
-use super::job::{Job, ack_each};
+use super::job::Job;
 use super::park::park_row;
 use super::retry::{OUTBOX_MAX_ATTEMPTS, RetryPolicy};
-use super::worker::Worker;
+use super::verdict::{Origin, Seen, Verdict, verdict};
+use super::worker::{Ending, Worker};
 use crate::broker::publisher::TimerEvent;
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};
@@ -56,9 +57,9 @@ struct Finished {
 type Items = HashMap<String, Vec<OrderItem>>;
 
 /// Releases stock, publishes the events, marks the outbox and settles the
-/// deliveries of `orders`, all of `store`'s timer.
+/// deliveries of `orders`, all of `store`'s timer, found by `origin`.
 #[tracing::instrument(skip_all, fields(orders = orders.len(), timer = %store.timer().name))]
-pub(crate) async fn finish(worker: &Worker, store: &Store, orders: Vec<Pending>) {
+pub(crate) async fn finish(worker: &Worker, store: &Store, orders: Vec<Pending>, origin: Origin) {
     if orders.is_empty() {
         return;
     }
@@ -67,7 +68,7 @@ pub(crate) async fn finish(worker: &Worker, store: &Store, orders: Vec<Pending>)
     let done = do_outbox_work(&worker.ctx, store, orders, &items).await;
     let (marked, given_up) = record_done(&worker.ctx, store, &done).await;
     drop(kept);
-    settle(worker, store, done, marked, given_up).await;
+    settle(worker, store, done, marked, given_up, origin).await;
 }
 
 /// The outbox leases of the orders being finished, renewed every third of
@@ -132,7 +133,7 @@ async fn load_items(worker: &Worker, store: &Store, orders: Vec<Pending>) -> (Ve
     };
     if !failure.is_permanent() || need.len() == 1 {
         for order in orders {
-            worker.retry_later(order.jobs, failure.clone());
+            worker.end(order.jobs, Ending::Fail(failure.clone())).await;
         }
         return (Vec::new(), Items::new());
     }
@@ -149,7 +150,7 @@ async fn load_items(worker: &Worker, store: &Store, orders: Vec<Pending>) -> (Ve
                 items.extend(found);
                 ok.push(order);
             }
-            Err(e) => worker.retry_later(order.jobs, e.into()),
+            Err(e) => worker.end(order.jobs, Ending::Fail(e.into())).await,
         }
     }
     (ok, items)
@@ -432,15 +433,18 @@ fn note_late_message_deadline(ctx: &Context, timer: &str, f: &Finished) {
     }
 }
 
-/// Step 4: records the lateness of orders cancelled just now, then acks the
-/// deliveries of finished orders (the first as `cancelled` if this batch
-/// cancelled it) and retries those of orders whose work failed.
+/// Step 4: records the lateness of orders cancelled just now, then settles
+/// every order by its verdict on its work: the deliveries of finished
+/// orders acked (the first as `cancelled` if this batch cancelled it),
+/// those of orders whose work failed retried, an order the sweeper gave up
+/// parked.
 async fn settle(
     worker: &Worker,
     store: &Store,
     done: Vec<Finished>,
     marked: Result<(), Failure>,
     mut given_up: GivenUp,
+    origin: Origin,
 ) {
     let ctx = &worker.ctx;
     let timer = store.timer().name.as_str();
@@ -453,8 +457,7 @@ async fn settle(
             note_late_message_deadline(ctx, timer, f);
         }
     }
-    // The deliveries of every finished order, acked together at the end.
-    let mut acked = Vec::new();
+    let mut endings = Vec::new();
     for f in done {
         let failure = match &marked {
             Err(e) => Some(e.clone()),
@@ -465,33 +468,41 @@ async fn settle(
             cancellation: c,
             jobs,
         } = f.order;
-        if let Some(failure) = failure {
-            match given_up.remove(id.as_str()) {
-                // The sweeper's: no delivery will bring it back.
-                Some(reason) if jobs.is_empty() => {
-                    park_given_up(ctx, store, &id, &c, &reason).await;
+        let reason = failure.as_ref().and_then(|_| given_up.remove(id.as_str()));
+        let seen = match &failure {
+            None => Seen::WorkDone {
+                just_now: c.just_now,
+            },
+            Some(failure) => Seen::WorkFailed {
+                failure,
+                given_up: reason.is_some(),
+            },
+        };
+        let ending = match verdict(origin, seen, ctx.settings.unknown_order) {
+            Verdict::Ack { first, duplicates } => {
+                if first == Outcome::Cancelled {
+                    let lateness_ms = lateness_ms(&c);
+                    tracing::debug!(order_id = %id, timer, lateness_ms, "cancelled (flipped) on time");
                 }
-                _ => worker.retry_later(jobs, failure),
+                Ending::Ack { first, duplicates }
             }
-            continue;
-        }
-        let mut jobs = jobs.into_iter();
-        if let Some(first) = jobs.next() {
-            if c.just_now {
-                tracing::debug!(
-                    order_id = %id,
-                    timer,
-                    lateness_ms = lateness_ms(&c),
-                    "cancelled (flipped) on time"
-                );
-                acked.push((first, Outcome::Cancelled));
-            } else {
-                acked.push((first, Outcome::AlreadyCancelled));
+            Verdict::Retry(failure) => Ending::Fail(failure),
+            Verdict::GiveUp => {
+                // The sweeper's: no delivery will bring it back.
+                let reason = reason.unwrap_or_default();
+                park_given_up(ctx, store, &id, &c, &reason).await;
+                continue;
             }
-        }
-        acked.extend(jobs.map(|job| (job, Outcome::AlreadyCancelled)));
+            // Done (the sweeper's: no delivery), or its next attempt is
+            // planned on its outbox row.
+            Verdict::Skip => continue,
+            // Never given on finished work: a delivery goes back to the
+            // queue rather than be lost.
+            _ => Ending::Requeue,
+        };
+        endings.push((jobs, ending));
     }
-    ack_each(&ctx.metrics, acked).await;
+    worker.end_all(endings).await;
 }
 
 #[cfg(test)]

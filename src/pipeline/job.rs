@@ -1,13 +1,12 @@
 //! A message on its way through the service ([`Job`]): its delivery, its
-//! parsed body and failure history, and **the ways a job ends**, one `impl`
-//! block: acked with an outcome ([`Job::ack`], [`ack_each`]), returned to
+//! parsed body and failure history, and the mechanics of its endings, which
+//! [`Worker::end`](super::worker::Worker::end) carries out: acked
+//! ([`ack_each`]: a batch's jobs in as few frames as is safe), returned to
 //! the queue ([`Job::requeue`]), sent back through the delay store toward
 //! its deadline or, under the cascade's one-second resolution, held
 //! in-process and handed to the batcher ([`Job::wait_until`], [`hold`]), a
 //! failed attempt retried with the backoff **the retry policy** gives
-//! ([`super::retry`]) or parked once it says so ([`Job::fail`]), parked for
-//! a timer the config does not have ([`Job::park_unknown_timer`]). How a
-//! parked message is written: [`super::park`].
+//! ([`super::retry`]) or parked once it says so ([`Job::fail`]).
 //!
 //! Every ending acks only after its work is confirmed (broker confirm or
 //! database commit); a crash anywhere redelivers the message.
@@ -22,7 +21,7 @@ use tokio::sync::mpsc;
 
 use super::context::{Context, Delayed};
 use super::failure::Failure;
-use super::park::{Parking, park, requeue};
+use super::park::{ParkWhy, park, requeue};
 use super::retry::{RetryDecision, later};
 use crate::broker::acks::Acks;
 use crate::broker::cascade::HOLD_WINDOW_SECS;
@@ -84,6 +83,16 @@ impl Job {
                 Deadline::FromOrderRow => None,
             },
         )
+    }
+
+    /// Why a job whose message names a timer the config does not have is
+    /// parked: with the timers the config has.
+    pub(crate) fn unknown_timer(&self, ctx: &Context) -> ParkWhy {
+        ParkWhy::UnknownTimer {
+            order_id: self.order_id().clone(),
+            timer: self.timer().clone(),
+            known: ctx.stores.names().iter().map(|n| n.to_string()).collect(),
+        }
     }
 
     /// Acks the delivery, recording `outcome`. A failed ack (lost channel)
@@ -187,46 +196,15 @@ impl Job {
                 ParkReason::PermanentFailure
             }
         };
-        let why = Parking {
+        let why = ParkWhy::GaveUp {
             kind: reason,
             error,
-            order_id: Some(self.order_id().clone()),
+            order_id: self.order_id().clone(),
+            timer: self.timer().clone(),
             attempts,
-            timer: Some(self.timer().clone()),
         };
-        park(ctx, self.delivery, why).await;
+        park(ctx, self.delivery, &self.attempts, why).await;
     }
-
-    /// Parks a job whose message names a timer the config does not have
-    /// (`unknown_timer`), with the timers it does have: a publisher ahead of the
-    /// service's config, or a typo. Replaying it once the timer is configured
-    /// runs it.
-    pub(crate) async fn park_unknown_timer(self, ctx: &Context) {
-        let known: Vec<String> = ctx.stores.names().iter().map(|n| n.to_string()).collect();
-        let error = format!(
-            "unknown timer {:?}: this service's config has {}",
-            self.timer().as_str(),
-            known.join(", ")
-        );
-        let attempts = self.attempts.failed(Utc::now(), &error);
-        let why = Parking {
-            kind: ParkReason::UnknownTimer,
-            error,
-            order_id: Some(self.order_id().clone()),
-            attempts,
-            timer: None,
-        };
-        park(ctx, self.delivery, why).await;
-    }
-}
-
-/// Acks every job with `outcome`.
-pub(crate) async fn ack_all(metrics: &Metrics, jobs: Vec<Job>, outcome: Outcome) {
-    ack_each(
-        metrics,
-        jobs.into_iter().map(|job| (job, outcome)).collect(),
-    )
-    .await;
 }
 
 /// Acks every job with its outcome, in as few frames as is safe

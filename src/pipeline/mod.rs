@@ -15,18 +15,22 @@
 //! Every step works per timer (`cancel_unpaid`, `[[timers]]`): a message
 //! names its timer, and that timer's store flips its rows.
 //!
-//! What the steps share: [`job`] (the job and every way it ends: acked,
-//! returned to the queue, held or sent back through the delay store,
-//! retried or parked as the retry policy says), [`worker`] (the handle of a
-//! step that settles jobs), [`context`] (the session's context, the patient
+//! What the steps share: [`verdict`] (**what an order's state means**, one
+//! pure function for the consumer's path and the sweeper alike), [`worker`]
+//! (the handle of a step that settles jobs, and the one place a job ends:
+//! acked, returned to the queue, held or sent back through the delay
+//! store, retried or parked as the retry policy says), [`job`] (the job
+//! and the mechanics of those endings), [`context`] (the session's context, the patient
 //! publish), [`failure`] (why a step failed, and whether waiting can fix
-//! it), [`park`] (how a parked message is written), [`retry`] (**the retry
-//! policy**, pure). [`keep_parked`] moves parked messages from their queue
-//! into the parked store, where operators read them.
+//! it), [`park`] (how a parked message is written, its record built from
+//! its reason), [`retry`] (**the retry policy**, pure). [`keep_parked`]
+//! moves parked messages from their queue into the parked store, where
+//! operators read them.
 //!
 //! Dependencies point downwards, with no cycle:
 //! consumer, batcher → cancel → finish → worker → job → park → context →
-//! retry; sweeper → finish; watch → worker.
+//! retry; cancel, finish, sweeper → verdict → retry; consumer → worker;
+//! sweeper → finish; watch → worker.
 
 pub(crate) mod batcher;
 pub(crate) mod cancel;
@@ -39,5 +43,6 @@ pub(crate) mod keep_parked;
 pub(crate) mod park;
 pub(crate) mod retry;
 pub(crate) mod sweeper;
+pub(crate) mod verdict;
 pub(crate) mod watch;
 pub(crate) mod worker;

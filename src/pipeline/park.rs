@@ -1,6 +1,7 @@
 //! Ending a job by parking it: the message moves to `order-timeout.parked`
 //! with the reason ([`ParkReason`]) and its failure history, and only then
-//! is the delivery acked ([`park`]).
+//! is the delivery acked ([`park`]). Every park record is built from a
+//! reason in one place ([`ParkWhy`]).
 //!
 //! Also the one decision that parks a message before anything else is
 //! done with it: a delivery returned to the queue so often that the
@@ -19,9 +20,10 @@ use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
 use crate::broker::parked::{ParkInfo, order_id_from_body};
 use crate::broker::publisher::PublishError;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
-use crate::message::{Deadline, OrderId, ParkReason, TimeoutRequest};
+use crate::message::{Deadline, MessageError, OrderId, ParkReason, TimeoutRequest};
 use crate::observe::metrics::{Metrics, NO_TIMER, Outcome};
 use crate::settings::TimerName;
+use crate::store::IdRejected;
 
 /// How many returns before the due queue's delivery limit
 /// ([`DELIVERY_LIMIT`]) a delivery is parked instead of handled. Every
@@ -40,57 +42,146 @@ pub(crate) fn near_delivery_limit(headers: Option<&FieldTable>, limit: i64) -> O
     (count >= limit.saturating_sub(DELIVERY_LIMIT_MARGIN)).then_some(count)
 }
 
-/// Parks a delivery returned `count` times, near the due queue's delivery
-/// limit ([`near_delivery_limit`]), with the reason `delivery_limit`.
-pub(crate) async fn park_near_delivery_limit(ctx: &Context, delivery: Delivery, count: i64) {
-    let error = format!(
-        "returned to {DUE_QUEUE} {count} times, near its delivery limit of {DELIVERY_LIMIT}: \
-         parked before the broker would drop it"
-    );
-    let attempts = Attempts::of_delivery(
-        delivery.exchange.as_str(),
-        delivery.properties.headers().as_ref(),
-    )
-    .failed(Utc::now(), &error);
-    let why = Parking {
-        kind: ParkReason::DeliveryLimit,
-        error,
-        order_id: None,
-        attempts,
-        timer: None,
-    };
-    park(ctx, delivery, why).await;
+/// Why a delivery is parked, with what its park record needs: the one
+/// place a park record ([`Parking`]) is built from a reason
+/// ([`ParkWhy::parking`]).
+#[derive(Clone, Debug)]
+pub(crate) enum ParkWhy {
+    /// Returned this many times to the due queue, near its delivery limit
+    /// ([`near_delivery_limit`]): `delivery_limit`.
+    DeliveryLimit(i64),
+    /// Not a timeout message the service accepts (the parser's reason).
+    Unparseable(MessageError),
+    /// It names a timer the config does not have (`unknown_timer`): a
+    /// publisher ahead of the service's config, or a typo. Replaying it once
+    /// the timer is configured runs it.
+    UnknownTimer {
+        /// The order it names.
+        order_id: OrderId,
+        /// The timer it names.
+        timer: TimerName,
+        /// The timers the config has.
+        known: Vec<String>,
+    },
+    /// No row in the timer's table has its id (`unknown_order`).
+    UnknownOrder {
+        /// The order id (canonical, as the table has it).
+        id: OrderId,
+        /// The timer's table.
+        table: String,
+        /// The timer it is counted for.
+        timer: TimerName,
+        /// Why no row can have that id, when none can.
+        rejected: Option<IdRejected>,
+    },
+    /// The retry policy gave up on it (`kind`: used up, or a failure
+    /// waiting cannot fix), after `attempts` (this failure included).
+    GaveUp {
+        /// The park reason the retry policy chose.
+        kind: ParkReason,
+        /// The last failure.
+        error: String,
+        /// The order.
+        order_id: OrderId,
+        /// Its timer.
+        timer: TimerName,
+        /// The failure history, the last failure included.
+        attempts: Attempts,
+    },
 }
 
-/// Why a delivery is parked: its park record (`x-error`, `x-error-kind`,
-/// the order and the failure history), and the timer it is counted for
-/// (`None`: not known, the message could not say or named a timer the
-/// config does not have).
-pub(crate) struct Parking {
+impl ParkWhy {
+    /// `x-error`: the reason as an operator reads it.
+    fn error(&self) -> String {
+        match self {
+            Self::DeliveryLimit(count) => format!(
+                "returned to {DUE_QUEUE} {count} times, near its delivery limit of {DELIVERY_LIMIT}: \
+                 parked before the broker would drop it"
+            ),
+            Self::Unparseable(e) => e.to_string(),
+            Self::UnknownTimer { timer, known, .. } => format!(
+                "unknown timer {:?}: this service's config has {}",
+                timer.as_str(),
+                known.join(", ")
+            ),
+            Self::UnknownOrder {
+                id,
+                table,
+                rejected: Some(why),
+                ..
+            } => format!(
+                "unknown order: no row in {table} can have id {:?}: {why}",
+                id.as_str()
+            ),
+            Self::UnknownOrder { id, table, .. } => {
+                format!("unknown order: no row in {table} with id {:?}", id.as_str())
+            }
+            Self::GaveUp { error, .. } => error.clone(),
+        }
+    }
+
+    /// The park record of a delivery whose failure history so far is
+    /// `history`: this park counts as one more failure (the retry policy's
+    /// [`ParkWhy::GaveUp`] brings its own, already counted).
+    fn parking(self, history: &Attempts) -> Parking {
+        let error = self.error();
+        let counted = || history.failed(Utc::now(), error.clone());
+        let (kind, attempts, order_id, timer) = match self {
+            Self::DeliveryLimit(_) => (ParkReason::DeliveryLimit, counted(), None, None),
+            Self::Unparseable(e) => (e.kind(), counted(), None, None),
+            Self::UnknownTimer { order_id, .. } => {
+                (ParkReason::UnknownTimer, counted(), Some(order_id), None)
+            }
+            Self::UnknownOrder { id, timer, .. } => {
+                (ParkReason::UnknownOrder, counted(), Some(id), Some(timer))
+            }
+            Self::GaveUp {
+                kind,
+                order_id,
+                timer,
+                attempts,
+                ..
+            } => (kind, attempts, Some(order_id), Some(timer)),
+        };
+        Parking {
+            kind,
+            error,
+            order_id,
+            attempts,
+            timer,
+        }
+    }
+}
+
+/// A parked delivery's record (`x-error`, `x-error-kind`, the order and
+/// the failure history), and the timer it is counted for (`None`: not
+/// known, the message could not say or named a timer the config does not
+/// have). Built from a [`ParkWhy`] only.
+struct Parking {
     /// Short label (`x-error-kind`).
-    pub(crate) kind: ParkReason,
+    kind: ParkReason,
     /// Human-readable reason (`x-error`).
-    pub(crate) error: String,
+    error: String,
     /// The order, if the message named a valid one.
-    pub(crate) order_id: Option<OrderId>,
+    order_id: Option<OrderId>,
     /// Failure history including this failure.
-    pub(crate) attempts: Attempts,
+    attempts: Attempts,
     /// The timer it is counted for.
-    pub(crate) timer: Option<TimerName>,
+    timer: Option<TimerName>,
 }
 
-/// Parks a delivery from the due queue for `why`, then acks it. A park the
-/// broker refuses is tried again with backoff
-/// ([`Context::publish_patiently`]); if it still fails, the delivery is
-/// returned to the queue rather than lost.
-pub(crate) async fn park(ctx: &Context, delivery: Delivery, why: Parking) {
+/// Parks a delivery from the due queue for `why` (its failure history so
+/// far: `history`), then acks it. A park the broker refuses is tried again
+/// with backoff ([`Context::publish_patiently`]); if it still fails, the
+/// delivery is returned to the queue rather than lost.
+pub(crate) async fn park(ctx: &Context, delivery: Delivery, history: &Attempts, why: ParkWhy) {
     let Parking {
         kind,
         error,
         order_id,
         attempts,
         timer,
-    } = why;
+    } = why.parking(history);
     let info = ParkInfo {
         error,
         kind,

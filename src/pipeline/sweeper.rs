@@ -48,11 +48,12 @@ use super::cancel::{note_statements, set_aside};
 use super::failure::Failure;
 use super::finish::{self, Pending};
 use super::park::park_row;
+use super::verdict::{Origin, Seen, Verdict, verdict};
 use super::worker::{Worker, catch_panic};
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Statements, SweepResult};
 use crate::shutdown::Shutdown;
-use crate::store::{OrderState, RowCursor, Store, StoreError};
+use crate::store::{RowCursor, Store, StoreError};
 
 /// Most pages one sweep reads before yielding to the next interval.
 const MAX_BATCHES: usize = 100;
@@ -270,7 +271,7 @@ pub(crate) async fn sweep_once(
 }
 
 /// The cancel transaction for one page's rows, then each settled by its
-/// state: cancellations leased to the sweep finished, rows whose flip
+/// verdict ([`super::verdict`]): cancellations leased to the sweep finished, rows whose flip
 /// fails for good parked and set aside, the rest counted as left behind
 /// when they stay unsettled.
 async fn settle_page(
@@ -286,32 +287,42 @@ async fn settle_page(
     let states = result?;
     let mut to_finish = Vec::new();
     for (id, state) in states {
-        match state {
-            OrderState::Cancelled(cancellation) if cancellation.leased => to_finish.push(Pending {
-                id,
-                cancellation,
-                jobs: Vec::new(),
-            }),
-            OrderState::Failed(failure) => {
-                let failure = Failure::Store(failure.0);
-                let deadline = rows.iter().find(|(r, _)| *r == id).and_then(|(_, d)| *d);
-                if failure.is_permanent()
-                    && set_aside_and_park(worker, store, &id, deadline, &failure).await
-                {
-                    swept.set_aside += 1;
-                } else {
-                    tracing::warn!(order_id = %id, error = %failure, "sweep: the order's flip failed; the next sweep tries it again");
-                    swept.left_behind += 1;
-                }
+        let failure = match verdict(
+            Origin::Sweep,
+            Seen::State(&state),
+            ctx.settings.unknown_order,
+        ) {
+            Verdict::Finish(cancellation) => {
+                to_finish.push(Pending {
+                    id,
+                    cancellation,
+                    jobs: Vec::new(),
+                });
+                continue;
             }
-            OrderState::Locked { .. } | OrderState::Contended => swept.left_behind += 1,
-            _ => {}
-        }
+            Verdict::LeftBehind => {
+                swept.left_behind += 1;
+                continue;
+            }
+            Verdict::SetAside(failure) => {
+                let deadline = rows.iter().find(|(r, _)| *r == id).and_then(|(_, d)| *d);
+                if set_aside_and_park(worker, store, &id, deadline, &failure).await {
+                    swept.set_aside += 1;
+                    continue;
+                }
+                failure
+            }
+            Verdict::Retry(failure) => failure,
+            // Nothing for the sweep to do (and never a message's verdict).
+            _ => continue,
+        };
+        tracing::warn!(order_id = %id, error = %failure, "sweep: the order's flip failed; the next sweep tries it again");
+        swept.left_behind += 1;
     }
     swept.settled += to_finish.len() as u64;
     ctx.metrics
         .swept(store.timer().name.as_str(), to_finish.len() as u64);
-    finish::finish(worker, store, to_finish).await;
+    finish::finish(worker, store, to_finish, Origin::Sweep).await;
     Ok(())
 }
 

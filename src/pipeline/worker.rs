@@ -1,7 +1,16 @@
 //! The handle of a step that settles jobs ([`Worker`]): the shared
 //! context, the way back into the batcher for jobs that must wait again,
-//! the session's task tracker; and the two ways such a step hands an
-//! order's messages on ([`Worker::wait_again`], [`Worker::retry_later`]).
+//! the session's task tracker; and **the one place a job ends**
+//! ([`Worker::end`], from an [`Ending`]): acked with an outcome, returned
+//! to the queue, sent back toward its deadline (through the delay store,
+//! or held in-process: [`Job::wait_until`]), a failed attempt retried or
+//! parked as **the retry policy** says ([`Job::fail`]), or parked for a
+//! reason ([`ParkWhy`], from which [`super::park`] builds the park record).
+//! An order's messages end together: one is enough for whatever must
+//! happen next, the others are acked as duplicates.
+//!
+//! Every ending acks only after its work is confirmed (broker confirm or
+//! database commit); a crash anywhere redelivers the message.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -13,7 +22,8 @@ use tokio_util::task::TaskTracker;
 
 use super::context::Context;
 use super::failure::Failure;
-use super::job::{Job, ack_all};
+use super::job::{Job, ack_each};
+use super::park::{ParkWhy, park};
 use crate::observe::metrics::{Metrics, Outcome};
 use crate::shutdown::Shutdown;
 
@@ -60,70 +70,137 @@ pub(crate) async fn catch_panic<T>(
     }
 }
 
-impl Worker {
-    /// Sends one of an order's messages back toward `at` (on the database's
-    /// clock, `db_now`) in its own task; duplicates are acked with
-    /// `duplicates` as their outcome, one message is enough.
-    pub(crate) async fn wait_again(
-        &self,
-        jobs: Vec<Job>,
-        at: DateTime<Utc>,
-        db_now: DateTime<Utc>,
+/// How an order's deliveries (its [`Job`]s: the first and its duplicates)
+/// end: what [`Worker::end`] carries out.
+pub(crate) enum Ending {
+    /// Acked: the first counted as `first`, the others as `duplicates`.
+    Ack {
+        /// The first delivery's outcome.
+        first: Outcome,
+        /// The outcome of the others.
         duplicates: Outcome,
-    ) {
-        self.wait_again_as(jobs, at, db_now, Outcome::Rescheduled, duplicates)
-            .await;
-    }
-
-    /// [`Worker::wait_again`], the message sent back counted as `outcome`
-    /// ([`Outcome::Rescheduled`], or [`Outcome::Locked`]: a wait of a
-    /// second or more, always through the delay store, keeping the
-    /// message's attempt count).
-    pub(crate) async fn wait_again_as(
-        &self,
-        jobs: Vec<Job>,
+    },
+    /// Returned to the queue unfinished (the batcher is gone).
+    Requeue,
+    /// The first sent back toward `at` (on the clock `now`) in its own
+    /// task, counted as `outcome` ([`Outcome::Rescheduled`], or
+    /// [`Outcome::Locked`]: through the delay store from a second on,
+    /// keeping the message's attempt count); the others acked first as
+    /// `duplicates`, one message is enough.
+    WaitUntil {
+        /// When it is due again.
         at: DateTime<Utc>,
-        db_now: DateTime<Utc>,
+        /// The clock `at` is measured against.
+        now: DateTime<Utc>,
+        /// How the message sent back is counted.
         outcome: Outcome,
+        /// How the others are counted.
         duplicates: Outcome,
-    ) {
-        let mut jobs = jobs.into_iter();
-        let first = jobs.next();
-        ack_all(&self.ctx.metrics, jobs.collect(), duplicates).await;
-        let Some(job) = first else { return };
-        let Some(due) = self.due.upgrade() else {
-            return job.requeue(&self.ctx.metrics).await;
-        };
-        let ctx = self.ctx.clone();
-        let span = job.span.clone();
-        self.tracker.spawn(tracing::Instrument::instrument(
-            async move {
-                let attempts = job.attempts.clone();
-                job.wait_until(&ctx, at, db_now, attempts, outcome, &due)
-                    .await;
-            },
-            span,
-        ));
-    }
+    },
+    /// A failed attempt: the first retried with backoff or parked, as the
+    /// retry policy says ([`Job::fail`], in its own task: a hold must not
+    /// block the caller); the others then acked as duplicates, since one
+    /// retry is enough.
+    Fail(Failure),
+    /// Every delivery parked for this reason.
+    Park(ParkWhy),
+}
 
-    /// A failure for an order: the first message is retried with backoff
-    /// or parked (in its own task: a hold must not block the caller);
-    /// duplicates are acked as `duplicate`, since one retry is enough.
-    pub(crate) fn retry_later(&self, jobs: Vec<Job>, failure: Failure) {
+impl Worker {
+    /// Ends `jobs` (an order's deliveries) as `ending` says: **the one
+    /// place a job ends**. A job that must wait goes back into the batcher
+    /// through `due` (gone: it is returned to the queue instead); waits and
+    /// retries run in the session's tasks.
+    pub(crate) async fn end(&self, jobs: Vec<Job>, ending: Ending) {
+        let ctx = &self.ctx;
         let mut jobs = jobs.into_iter();
         let Some(first) = jobs.next() else { return };
-        let ctx = self.ctx.clone();
-        let due = self.due.clone();
-        let span = first.span.clone();
-        self.tracker.spawn(tracing::Instrument::instrument(
-            async move {
-                match due.upgrade() {
-                    Some(due) => first.fail(&ctx, failure, &due).await,
-                    None => first.requeue(&ctx.metrics).await,
+        let rest: Vec<Job> = jobs.collect();
+        match ending {
+            Ending::Ack {
+                first: o,
+                duplicates,
+            } => {
+                let acked =
+                    std::iter::once((first, o)).chain(rest.into_iter().map(|j| (j, duplicates)));
+                ack_each(&ctx.metrics, acked.collect()).await;
+            }
+            Ending::Requeue => {
+                for job in std::iter::once(first).chain(rest) {
+                    job.requeue(&ctx.metrics).await;
                 }
-                ack_all(&ctx.metrics, jobs.collect(), Outcome::Duplicate).await;
-            },
-            span,
-        ));
+            }
+            Ending::WaitUntil {
+                at,
+                now,
+                outcome,
+                duplicates,
+            } => {
+                ack_each(
+                    &ctx.metrics,
+                    rest.into_iter().map(|j| (j, duplicates)).collect(),
+                )
+                .await;
+                let Some(due) = self.due.upgrade() else {
+                    return first.requeue(&ctx.metrics).await;
+                };
+                let ctx = ctx.clone();
+                let span = first.span.clone();
+                let wait = async move {
+                    let attempts = first.attempts.clone();
+                    first
+                        .wait_until(&ctx, at, now, attempts, outcome, &due)
+                        .await;
+                };
+                self.tracker
+                    .spawn(tracing::Instrument::instrument(wait, span));
+            }
+            Ending::Fail(failure) => {
+                let span = first.span.clone();
+                let fail = fail_then_ack(self.ctx.clone(), self.due.clone(), first, failure, rest);
+                self.tracker
+                    .spawn(tracing::Instrument::instrument(fail, span));
+            }
+            Ending::Park(why) => {
+                for job in std::iter::once(first).chain(rest) {
+                    park(ctx, job.delivery, &job.attempts, why.clone()).await;
+                }
+            }
+        }
     }
+
+    /// Ends the deliveries of several orders ([`Worker::end`]), in order;
+    /// the acks last, together, in as few frames as is safe
+    /// ([`ack_each`]).
+    pub(crate) async fn end_all(&self, endings: Vec<(Vec<Job>, Ending)>) {
+        let mut acked = Vec::new();
+        for (jobs, ending) in endings {
+            match ending {
+                Ending::Ack { first, duplicates } => {
+                    let outcomes = std::iter::once(first).chain(std::iter::repeat(duplicates));
+                    acked.extend(jobs.into_iter().zip(outcomes));
+                }
+                ending => self.end(jobs, ending).await,
+            }
+        }
+        ack_each(&self.ctx.metrics, acked).await;
+    }
+}
+
+/// [`Ending::Fail`]'s task: the first job fails (retried or parked), or is
+/// returned to the queue once the batcher is gone; then its duplicates are
+/// acked.
+async fn fail_then_ack(
+    ctx: Arc<Context>,
+    due: mpsc::WeakSender<Job>,
+    first: Job,
+    failure: Failure,
+    rest: Vec<Job>,
+) {
+    match due.upgrade() {
+        Some(due) => first.fail(&ctx, failure, &due).await,
+        None => first.requeue(&ctx.metrics).await,
+    }
+    let duplicates = rest.into_iter().map(|j| (j, Outcome::Duplicate));
+    ack_each(&ctx.metrics, duplicates.collect()).await;
 }
