@@ -20,159 +20,59 @@ use std::time::Duration;
 
 use order_timeout::observe::metrics::SweepResult;
 use order_timeout::ops::parked::{self, Selection};
-use order_timeout::settings::{DEFAULT_TIMER, Release, SecretUrl, Settings};
+use order_timeout::settings::{DEFAULT_TIMER, Settings};
 use order_timeout::store::Dialect;
-use order_timeout_tools::scratch::ScratchDatabase;
-use order_timeout_tools::shop::ShopDb;
+use order_timeout_tools::measure::sweep_lateness::{Shop, ids};
 
 use crate::common::{TestEnv, on_rabbitmq4};
-use crate::store::mysql_base;
 
 /// The shop's database for one dialect: the test's PostgreSQL database, or
 /// a fresh MariaDB one with the same reference schema.
-struct Shop {
-    dialect: Dialect,
-    url: SecretUrl,
-    db: ShopDb,
-    _scratch: Option<ScratchDatabase>,
-}
-
-impl Shop {
-    async fn new(env: &TestEnv, dialect: Dialect) -> Self {
-        let (url, scratch) = match dialect {
-            Dialect::Postgres => (env.settings.database_url.clone(), None),
-            Dialect::MySql => {
-                let scratch = ScratchDatabase::new(&mysql_base(), "ot_net");
-                (scratch.url().unwrap(), Some(scratch))
-            }
-        };
-        let db = ShopDb::prepare(&url, 4).await.unwrap();
-        Self {
-            dialect,
-            url,
-            db,
-            _scratch: scratch,
-        }
-    }
-
-    async fn exec(&self, sql: &str) {
-        let sql = sqlx::AssertSqlSafe(sql.to_owned());
-        match &self.db {
-            ShopDb::Postgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
-            ShopDb::MySql(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
-        }
-        .unwrap_or_else(|e| panic!("{e}"));
-    }
-
-    async fn count(&self, sql: &str) -> i64 {
-        let sql = sqlx::AssertSqlSafe(sql.to_owned());
-        match &self.db {
-            ShopDb::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
-            ShopDb::MySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
-        }
-        .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// The `also` statement's placeholder.
-    fn mark(&self) -> &'static str {
-        match self.dialect {
-            Dialect::Postgres => "$1",
-            Dialect::MySql => "?",
-        }
-    }
-
-    /// An instant `secs` seconds ago, in the dialect.
-    fn ago(&self, secs: i64) -> String {
-        match self.dialect {
-            Dialect::Postgres => format!("now() - interval '{secs} seconds'"),
-            Dialect::MySql => format!("UTC_TIMESTAMP(6) - INTERVAL {secs} SECOND"),
-        }
-    }
-
-    /// Unpaid orders `ids`, overdue by `secs` seconds (negative: due in
-    /// `-secs`).
-    async fn unpaid(&self, ids: &[String], secs: i64) {
-        for id in ids {
-            let at = self.ago(secs);
-            self.exec(&format!(
-                "INSERT INTO orders (id, status, expires_at) VALUES ('{id}', 'UNPAID', {at})"
-            ))
-            .await;
-        }
-    }
-
-    /// Orders `ids` the default timer flipped earlier and the shop
-    /// re-opened: unpaid, overdue by `secs` seconds, each with a finished
-    /// outbox row.
-    async fn reopened(&self, ids: &[String], secs: i64) {
-        self.unpaid(ids, secs).await;
-        let at = self.ago(secs - 60);
-        let outbox: Vec<String> = ids
-            .iter()
-            .map(|id| format!("('{DEFAULT_TIMER}', '{id}', {at}, {at}, {at})"))
-            .collect();
-        self.exec(&format!(
-            "INSERT INTO order_timeout_cancel_outbox \
-                    (timer, order_id, created_at, stock_released_at, event_published_at) VALUES {}",
-            outbox.join(", ")
-        ))
-        .await;
-    }
-
-    /// How many of `prefix`'s orders are in `status`.
-    async fn with_status(&self, prefix: &str, status: &str) -> i64 {
-        self.count(&format!(
-            "SELECT COUNT(*) FROM orders WHERE id LIKE '{prefix}%' AND status = '{status}'"
-        ))
+async fn shop(env: &TestEnv, dialect: Dialect) -> Shop {
+    Shop::new(dialect, &env.settings.database_url, "ot_net")
         .await
-    }
-
-    /// The service's settings for this shop: stock given back by an `also`
-    /// statement logging each flip in `released` (a primary key: a second
-    /// release of one order fails), sweeps every second of orders overdue
-    /// by 3 s.
-    fn settings(&self, env: &TestEnv) -> Settings {
-        let mut settings = env.settings.clone();
-        settings.database_url = self.url.clone();
-        settings.orders.also = vec![format!(
-            "INSERT INTO released (order_id) VALUES ({})",
-            self.mark()
-        )];
-        settings.inventory.release = Release::None;
-        settings.sweeper.interval = Duration::from_secs(1);
-        settings.sweeper.grace = Duration::from_secs(3);
-        settings.sweeper.catch_up_window = Duration::ZERO;
-        settings
-    }
+        .unwrap()
 }
 
-fn ids(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
+/// The service's settings for `shop`: stock given back by an `also`
+/// statement logging each flip in `released` (a primary key: a second
+/// release of one order fails), sweeps every second of orders overdue by
+/// 3 s.
+fn settings(shop: &Shop, env: &TestEnv) -> Settings {
+    let mut settings = shop.settings(&env.settings);
+    settings.sweeper.interval = Duration::from_secs(1);
+    settings.sweeper.grace = Duration::from_secs(3);
+    settings.sweeper.catch_up_window = Duration::ZERO;
+    settings
 }
 
 async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialect: Dialect) {
     let env = TestEnv::new().await;
-    let shop = Shop::new(&env, dialect).await;
+    let shop = shop(&env, dialect).await;
     shop.exec("CREATE TABLE released (order_id VARCHAR(128) NOT NULL PRIMARY KEY)")
-        .await;
+        .await
+        .unwrap();
     // Two orders whose release row already exists: their `also` statement
     // fails for them alone, every time. The first has a message and falls
     // due in 2 s (the consumer meets it, before the sweeper's grace), the
     // second has none and is due before every other order (the sweeper
     // meets it at the head of its first page).
     shop.exec("INSERT INTO released (order_id) VALUES ('net-poison-a'), ('net-poison-b')")
-        .await;
-    shop.unpaid(&["net-poison-a".to_owned()], -2).await;
-    shop.unpaid(&["net-poison-b".to_owned()], 120).await;
+        .await
+        .unwrap();
+    shop.unpaid(&["net-poison-a".to_owned()], -2).await.unwrap();
+    shop.unpaid(&["net-poison-b".to_owned()], 120)
+        .await
+        .unwrap();
     let lost = ids("net-lost", 50);
-    shop.unpaid(&lost, 60).await;
-    let service = env.service_with(shop.settings(&env)).await;
+    shop.unpaid(&lost, 60).await.unwrap();
+    let service = env.service_with(settings(&shop, &env)).await;
     env.publish_raw(br#""net-poison-a""#).await;
 
     env.eventually(
         Duration::from_secs(30),
         "every never-published order cancelled behind the poison rows",
-        || async { shop.with_status("net-lost", "CANCELLED").await == 50 },
+        || async { shop.with_status("net-lost", "CANCELLED").await.unwrap() == 50 },
     )
     .await;
     // Parked once each, however many sweeps pass.
@@ -217,13 +117,17 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
         0,
         "no sweep failed"
     );
-    assert_eq!(shop.with_status("net-poison", "UNPAID").await, 2);
-    assert_eq!(shop.count("SELECT COUNT(*) FROM released").await, 52);
+    assert_eq!(shop.with_status("net-poison", "UNPAID").await.unwrap(), 2);
+    assert_eq!(
+        shop.count("SELECT COUNT(*) FROM released").await.unwrap(),
+        52
+    );
 
     // The row changes: the sweeper tries it again (and parks it again: it
     // still fails), once.
     shop.exec("UPDATE orders SET cancel_reason = 'looked at' WHERE id = 'net-poison-b'")
-        .await;
+        .await
+        .unwrap();
     env.eventually(
         Duration::from_secs(15),
         "the changed row parked again",
@@ -239,7 +143,8 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
 
     // Fixed, and replayed: cancelled, effects once, the marks forgotten.
     shop.exec("DELETE FROM released WHERE order_id LIKE 'net-poison%'")
-        .await;
+        .await
+        .unwrap();
     let replayed = parked::replay(&env.amqp, &env.parked_store(), &Selection::All)
         .await
         .unwrap();
@@ -247,13 +152,17 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
     env.eventually(
         Duration::from_secs(15),
         "the poison rows cancelled",
-        || async { shop.with_status("net-poison", "CANCELLED").await == 2 },
+        || async { shop.with_status("net-poison", "CANCELLED").await.unwrap() == 2 },
     )
     .await;
-    assert_eq!(shop.count("SELECT COUNT(*) FROM released").await, 52);
+    assert_eq!(
+        shop.count("SELECT COUNT(*) FROM released").await.unwrap(),
+        52
+    );
     env.eventually(Duration::from_secs(10), "the marks forgotten", || async {
         shop.count("SELECT COUNT(*) FROM order_timeout_set_aside")
             .await
+            .unwrap()
             == 0
     })
     .await;
@@ -263,13 +172,14 @@ async fn a_row_that_can_never_flip_is_parked_once_and_the_sweeper_goes_on(dialec
 
 async fn rows_the_flip_leaves_alone_never_hide_the_rows_behind_them(dialect: Dialect) {
     let env = TestEnv::new().await;
-    let shop = Shop::new(&env, dialect).await;
+    let shop = shop(&env, dialect).await;
     shop.exec("CREATE TABLE released (order_id VARCHAR(128) NOT NULL PRIMARY KEY)")
-        .await;
+        .await
+        .unwrap();
     // 600 orders the timer flipped before and the shop re-opened (an outbox
     // row, unpaid again), and 60 rows that are no orders (a tab in the id),
     // all due before the orders nobody published a message for.
-    shop.reopened(&ids("net-reopened", 600), 600).await;
+    shop.reopened(&ids("net-reopened", 600), 600).await.unwrap();
     let tab = match dialect {
         Dialect::Postgres => "E'net-bad\\t",
         Dialect::MySql => "'net-bad\\t",
@@ -279,23 +189,30 @@ async fn rows_the_flip_leaves_alone_never_hide_the_rows_behind_them(dialect: Dia
             "INSERT INTO orders (id, status, expires_at) VALUES ({tab}{n:02}', 'UNPAID', {})",
             shop.ago(550)
         ))
-        .await;
+        .await
+        .unwrap();
     }
     let lost = ids("net-lost", 30);
-    shop.unpaid(&lost, 30).await;
-    let mut settings = shop.settings(&env);
+    shop.unpaid(&lost, 30).await.unwrap();
+    let mut settings = settings(&shop, &env);
     settings.sweeper.batch = 50;
     let service = env.service_with(settings).await;
     env.eventually(
         Duration::from_secs(30),
         "every never-published order cancelled behind 660 rows left alone",
-        || async { shop.with_status("net-lost", "CANCELLED").await == 30 },
+        || async { shop.with_status("net-lost", "CANCELLED").await.unwrap() == 30 },
     )
     .await;
     // The rows left alone stay as they were: not flipped twice, no effects.
-    assert_eq!(shop.with_status("net-reopened", "UNPAID").await, 600);
-    assert_eq!(shop.with_status("net-bad", "UNPAID").await, 60);
-    assert_eq!(shop.count("SELECT COUNT(*) FROM released").await, 30);
+    assert_eq!(
+        shop.with_status("net-reopened", "UNPAID").await.unwrap(),
+        600
+    );
+    assert_eq!(shop.with_status("net-bad", "UNPAID").await.unwrap(), 60);
+    assert_eq!(
+        shop.count("SELECT COUNT(*) FROM released").await.unwrap(),
+        30
+    );
     assert_eq!(
         service
             .metrics

@@ -13,30 +13,18 @@
 //! lateness of the orders due during or just after the outage and of those
 //! due 5 s or more after the node was back. About 2 minutes a run.
 //!
-//! `tests/e2e/broker_faults.rs` checks the same kind of run with bounds;
+//! The run is [`super::broker_fault::run`]; `tests/e2e/broker_faults.rs`
+//! runs it too (this plan among others) and checks bounds on its figures;
 //! docs/benchmarks-log.md "Broker crashes" records the figures.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use futures_util::StreamExt;
-use order_timeout::app::RunningService;
-use order_timeout::broker::connect_amqp;
-use order_timeout::broker::publisher::Publisher;
-use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
-use order_timeout::settings::{SecretUrl, Settings};
-use order_timeout::store::OrderItem;
+use order_timeout::settings::SecretUrl;
 
-use super::{World, poll, sku};
-use crate::private_broker::{ClusterConfig, PrivateCluster, wait_for};
-use crate::shop::NewOrder;
-
-/// SKUs the orders reserve (one unit each).
-const SKUS: usize = 8;
-
-/// Orders published once the broker is back, due 6 to 10 s later.
-const AFTER_RECOVERY: usize = 40;
+use super::World;
+use super::broker_fault::{Fault, Figures, Plan, SKUS};
+use crate::private_broker::{ClusterConfig, PrivateCluster};
 
 /// One run's levers: `RETRY:CATCH_UP`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,48 +91,6 @@ pub struct CrashLeversArgs {
     pub list_late: bool,
 }
 
-/// What a run measured.
-#[derive(Debug)]
-pub struct Figures {
-    label: String,
-    orders: usize,
-    cancelled: i64,
-    early: i64,
-    /// From the kill until the node accepted connections again.
-    outage: Duration,
-    /// From the node being back until the service was ready (consuming).
-    reconnect: Duration,
-    /// Latest cancellation of all, ms.
-    max_late_ms: f64,
-    /// Orders due at least 5 s after recovery: how many, p99 and max ms.
-    after: (usize, f64, f64),
-    /// Orders due before recovery + 5 s: how many, max ms.
-    around: (usize, f64),
-}
-
-impl std::fmt::Display for Figures {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: {} orders, {} cancelled, {} early; outage {:.1} s, consuming {:.2} s after the broker was back; \
-             latest {:.0} ms late; due during/just after the outage: {} (max {:.0} ms); \
-             due >= 5 s after recovery: {} (p99 {:.0} ms, max {:.0} ms)",
-            self.label,
-            self.orders,
-            self.cancelled,
-            self.early,
-            self.outage.as_secs_f64(),
-            self.reconnect.as_secs_f64(),
-            self.max_late_ms,
-            self.around.0,
-            self.around.1,
-            self.after.0,
-            self.after.1,
-            self.after.2,
-        )
-    }
-}
-
 /// Runs `crash-levers` (the command): each run's figures as it ends, then
 /// all of them together.
 pub async fn command(args: CrashLeversArgs) -> anyhow::Result<ExitCode> {
@@ -172,11 +118,13 @@ async fn one(lever: Lever, list_late: bool) -> anyhow::Result<Figures> {
     if !lever.catch_up {
         settings.sweeper.catch_up_window = Duration::ZERO;
     }
+    // Issue 12's run: 600 orders due evenly over 3-30 s, the only node
+    // `kill -9`ed 2 s in, for 8 s.
     let plan = Plan {
-        label: lever.label(),
         list_late,
+        ..Plan::new(lever.label(), "k-", 600, 30, Fault::Kill, 1, 8)
     };
-    run(&world, &cluster, settings, &plan).await
+    super::broker_fault::run(world.shop(), &cluster, settings, &plan).await
 }
 
 /// `deploy/rabbitmq/advanced.config`, plus the dead-letter retry set to
@@ -194,224 +142,6 @@ fn advanced_config(retry_ms: Option<u64>) -> anyhow::Result<String> {
             &format!("{prefetch},\n    {{dead_letter_worker_publisher_confirm_timeout, {ms}}}"),
         ),
         None => shipped.to_owned(),
-    })
-}
-
-/// The run: issue 12's, 600 orders due evenly over 3–30 s from now, the
-/// only node `kill -9`ed 2 s in, for 8 s.
-struct Plan {
-    label: String,
-    list_late: bool,
-}
-
-impl Plan {
-    const PREFIX: &str = "k-";
-    const ORDERS: usize = 600;
-    const SPREAD: (Duration, Duration) = (Duration::from_secs(3), Duration::from_secs(30));
-    const NODE: usize = 1;
-    const FAULT_AFTER: Duration = Duration::from_secs(2);
-    const DOWN: Duration = Duration::from_secs(8);
-}
-
-/// When the node was killed and when it was back.
-struct Outage {
-    fault_at: DateTime<Utc>,
-    back_at: DateTime<Utc>,
-    outage: Duration,
-    reconnect: Duration,
-}
-
-/// Runs `plan` against `cluster` with a service built from `settings`
-/// (whose `AMQP_URL` points at the cluster), then measures.
-async fn run(
-    world: &World,
-    cluster: &PrivateCluster,
-    settings: Settings,
-    plan: &Plan,
-) -> anyhow::Result<Figures> {
-    let service = RunningService::start(settings.clone()).await?;
-    let addr = service.http_addr;
-    anyhow::ensure!(
-        wait_for(Duration::from_secs(60), || crate::partition::ready(addr)).await,
-        "the service is not ready on the private broker after 60 s"
-    );
-    let url = &settings.amqp_url;
-    schedule_wave(world, url, 0..Plan::ORDERS, Plan::SPREAD).await?;
-    let outage = kill_and_restart(cluster, addr).await?;
-    let total = Plan::ORDERS + AFTER_RECOVERY;
-    let later = (Duration::from_secs(6), Duration::from_secs(10));
-    schedule_wave(world, url, Plan::ORDERS..total, later).await?;
-    // Every order settles; generous: the figures tell how late.
-    let last_due = Plan::SPREAD.1.max(Duration::from_secs(10));
-    let all = poll(last_due + Duration::from_secs(240), || async {
-        Ok(cancelled(world).await? == total as i64)
-    })
-    .await?;
-    anyhow::ensure!(
-        all,
-        "{}: not all {total} orders cancelled within {:?}",
-        plan.label,
-        last_due + Duration::from_secs(240)
-    );
-    service.stop().await?;
-    measure(world, plan, total, &outage).await
-}
-
-/// Kills the node [`Plan::FAULT_AFTER`] from now, starts it again
-/// [`Plan::DOWN`] after the kill, and waits until the service at `addr` is
-/// ready again.
-async fn kill_and_restart(
-    cluster: &PrivateCluster,
-    addr: std::net::SocketAddr,
-) -> anyhow::Result<Outage> {
-    tokio::time::sleep(Plan::FAULT_AFTER).await;
-    let fault_at = Utc::now();
-    let started = tokio::time::Instant::now();
-    cluster.kill_node(Plan::NODE).await?;
-    tokio::time::sleep(Plan::DOWN.saturating_sub(started.elapsed())).await;
-    cluster.start_node(Plan::NODE).await?;
-    let back_at = Utc::now();
-    let outage = started.elapsed();
-    let back = tokio::time::Instant::now();
-    if !wait_for(Duration::from_secs(60), || crate::partition::ready(addr)).await {
-        anyhow::bail!(
-            "the service is not consuming 60 s after the node was back; cluster:\n{}",
-            cluster.status().await
-        );
-    }
-    Ok(Outage {
-        fault_at,
-        back_at,
-        outage,
-        reconnect: back.elapsed(),
-    })
-}
-
-/// Creates the orders numbered `numbers` (stock reserved, rows inserted),
-/// due evenly over `spread` from now, and publishes their timeouts to
-/// `amqp_url`, 32 at a time.
-async fn schedule_wave(
-    world: &World,
-    amqp_url: &SecretUrl,
-    numbers: std::ops::Range<usize>,
-    spread: (Duration, Duration),
-) -> anyhow::Result<()> {
-    let conn = connect_amqp(amqp_url, "crash-levers-order-service").await?;
-    let publisher = Publisher::new(&conn).await?;
-    let (from, to) = spread;
-    let first = numbers.start;
-    let step = (to - from).as_secs_f64() / numbers.len().max(1) as f64;
-    let results: Vec<anyhow::Result<()>> = futures_util::stream::iter(numbers)
-        .map(|i| {
-            let publisher = &publisher;
-            async move {
-                let timeout = from + Duration::from_secs_f64(step * (i - first) as f64);
-                let order =
-                    create_order(world, &format!("{}{i:04}", Plan::PREFIX), timeout, i).await?;
-                let request =
-                    TimeoutRequest::new(OrderId::parse(&order.id)?, Deadline::At(order.expires_at));
-                publisher.schedule(&request).await?;
-                Ok(())
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    let _ = conn.close(200, "scheduled".into()).await;
-    results.into_iter().collect()
-}
-
-/// Creates order `id` as the order service would: reserves one unit of
-/// SKU `n % SKUS`, then inserts the row due `timeout` from now.
-async fn create_order(
-    world: &World,
-    id: &str,
-    timeout: Duration,
-    n: usize,
-) -> anyhow::Result<NewOrder> {
-    let order = NewOrder {
-        id: id.to_owned(),
-        expires_at: Utc::now() + chrono::Duration::from_std(timeout)?,
-        items: vec![OrderItem {
-            sku: sku(n % SKUS),
-            quantity: 1,
-        }],
-    };
-    world.inventory.reserve(&order.id, &order.items).await?;
-    crate::shop::insert_order(&world.pool, &order).await?;
-    Ok(order)
-}
-
-/// The run's orders cancelled so far.
-async fn cancelled(world: &World) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM orders WHERE left(id, char_length($1)) = $2 AND status = $3",
-    )
-    .bind(Plan::PREFIX)
-    .bind(Plan::PREFIX)
-    .bind("CANCELLED")
-    .fetch_one(&world.pool)
-    .await?)
-}
-
-/// The figures, from the cancelled orders' rows.
-async fn measure(
-    world: &World,
-    plan: &Plan,
-    total: usize,
-    outage: &Outage,
-) -> anyhow::Result<Figures> {
-    let rows: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT expires_at, cancelled_at FROM orders WHERE starts_with(id, $1) AND status = 'CANCELLED'",
-    )
-    .bind(Plan::PREFIX)
-    .fetch_all(&world.pool)
-    .await?;
-    let late_ms = |(due, done): &(DateTime<Utc>, DateTime<Utc>)| {
-        (*done - *due).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0
-    };
-    let recovered = outage.back_at + chrono::Duration::seconds(5);
-    let mut after: Vec<f64> = rows
-        .iter()
-        .filter(|(due, _)| *due >= recovered)
-        .map(late_ms)
-        .collect();
-    after.sort_by(f64::total_cmp);
-    if plan.list_late {
-        for r in rows.iter().filter(|(due, _)| *due >= recovered) {
-            if late_ms(r) > 100.0 {
-                println!(
-                    "late: due {:+.1} s after back, {:.0} ms late",
-                    (r.0 - outage.back_at).num_milliseconds() as f64 / 1000.0,
-                    late_ms(r)
-                );
-            }
-        }
-    }
-    let around: Vec<f64> = rows
-        .iter()
-        .filter(|(due, _)| *due >= outage.fault_at && *due < recovered)
-        .map(late_ms)
-        .collect();
-    let p99 = |v: &[f64]| {
-        v.get(((v.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
-            .copied()
-            .unwrap_or(0.0)
-    };
-    Ok(Figures {
-        label: plan.label.clone(),
-        orders: total,
-        cancelled: rows.len() as i64,
-        early: rows.iter().filter(|r| late_ms(r) < 0.0).count() as i64,
-        outage: outage.outage,
-        reconnect: outage.reconnect,
-        max_late_ms: rows.iter().map(late_ms).fold(0.0, f64::max),
-        after: (
-            after.len(),
-            p99(&after),
-            after.last().copied().unwrap_or(0.0),
-        ),
-        around: (around.len(), around.iter().copied().fold(0.0, f64::max)),
     })
 }
 

@@ -10,7 +10,11 @@
 //!
 //! Both were ignored tests of `tests/e2e` (issue 44: measurements belong to
 //! the bench); the workloads and settings are the same. Each run builds a
-//! [`World`] as the suite's `TestEnv` does.
+//! [`World`] as the suite's `TestEnv` does. What the remaining tests share
+//! with them lives here and the tests call it: [`broker_fault`] (a broker
+//! fault under load and its figures, for `tests/e2e/broker_faults.rs`) and
+//! [`sweep_lateness::Shop`] (a shop's orders table on either dialect, for
+//! `tests/e2e/safety_net.rs`).
 
 use std::time::Duration;
 
@@ -22,6 +26,7 @@ use crate::inventory::{ReferenceInventory, ShopInventory};
 use crate::scratch::{self, ScratchDatabase};
 use crate::shop;
 
+pub mod broker_fault;
 pub mod crash_levers;
 pub mod sweep_lateness;
 
@@ -104,6 +109,14 @@ impl World {
             _vhost: vhost,
             _database: database,
         })
+    }
+
+    /// The world's shop, for [`broker_fault::run`].
+    pub(crate) fn shop(&self) -> broker_fault::Shop<'_> {
+        broker_fault::Shop {
+            pool: &self.pool,
+            inventory: &self.inventory,
+        }
     }
 
     /// Stocks SKUs `sku-0` .. `sku-{n-1}` with 1,000 each.

@@ -14,14 +14,15 @@
 //! p50 and max) of each group. The runs go side by side: about 7 minutes
 //! for all four.
 //!
-//! `tests/e2e/safety_net.rs` checks that such rows never hide the orders
-//! behind them; docs/guarantees.md records the figures.
+//! `tests/e2e/safety_net.rs` checks, on this module's [`Shop`], that such
+//! rows never hide the orders behind them; docs/guarantees.md records the
+//! figures.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use order_timeout::app::RunningService;
-use order_timeout::settings::{DEFAULT_TIMER, Release, SecretUrl};
+use order_timeout::settings::{DEFAULT_TIMER, Release, SecretUrl, Settings};
 use order_timeout::store::Dialect;
 
 use super::{World, poll};
@@ -109,7 +110,7 @@ pub async fn command(args: SweepLatenessArgs) -> anyhow::Result<ExitCode> {
 /// catch-up window, and of those due after it.
 async fn lateness_behind(dialect: Dialect, head: Head) -> anyhow::Result<[String; 2]> {
     let world = World::build(true).await?;
-    let shop = Shop::new(&world, dialect).await?;
+    let shop = Shop::new(dialect, &world.settings.database_url, "ot_measure").await?;
     shop.exec("CREATE TABLE released (order_id VARCHAR(128) NOT NULL PRIMARY KEY)")
         .await?;
     match head {
@@ -120,14 +121,7 @@ async fn lateness_behind(dialect: Dialect, head: Head) -> anyhow::Result<[String
         }
         Head::Reopened => shop.reopened(&ids("m-reopened", 600), 3_600).await?,
     }
-    let mut settings = world.settings.clone();
-    settings.database_url = shop.url.clone();
-    settings.orders.also = vec![format!(
-        "INSERT INTO released (order_id) VALUES ({})",
-        shop.mark()
-    )];
-    settings.inventory.release = Release::None;
-    let service = RunningService::start(settings).await?;
+    let service = RunningService::start(shop.settings(&world.settings)).await?;
     shop.unpaid(&ids("m-early", 20), -5).await?;
     shop.unpaid(&ids("m-late", 20), -330).await?;
     let all = poll(Duration::from_secs(480), || async {
@@ -151,14 +145,16 @@ async fn lateness_behind(dialect: Dialect, head: Head) -> anyhow::Result<[String
     Ok(out)
 }
 
-fn ids(prefix: &str, n: usize) -> Vec<String> {
+/// Order ids `{prefix}-000` .. for `n` orders.
+pub fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i:03}")).collect()
 }
 
-/// The shop's database for one dialect: the world's PostgreSQL database,
-/// or a fresh MariaDB one (on `MYSQL_URL`'s server) with the same reference
-/// schema.
-struct Shop {
+/// The shop's orders database for one dialect, on the reference schema,
+/// and the rows the safety-net runs put there: `sweep-lateness` and
+/// `tests/e2e/safety_net.rs` both use it. Its SQL is built from the run's
+/// own ids and prefixes.
+pub struct Shop {
     dialect: Dialect,
     url: SecretUrl,
     db: ShopDb,
@@ -166,11 +162,18 @@ struct Shop {
 }
 
 impl Shop {
-    async fn new(world: &World, dialect: Dialect) -> anyhow::Result<Self> {
+    /// The shop on `postgres` (a PostgreSQL database of the run's own), or
+    /// on a fresh MariaDB database named after `prefix` (on `MYSQL_URL`'s
+    /// server, dropped with the shop).
+    ///
+    /// # Errors
+    ///
+    /// The database not created or its schema not prepared.
+    pub async fn new(dialect: Dialect, postgres: &SecretUrl, prefix: &str) -> anyhow::Result<Self> {
         let (url, scratch) = match dialect {
-            Dialect::Postgres => (world.settings.database_url.clone(), None),
+            Dialect::Postgres => (postgres.clone(), None),
             Dialect::MySql => {
-                let scratch = ScratchDatabase::new(&crate::shop::mysql_url("mysql")?, "ot_measure");
+                let scratch = ScratchDatabase::new(&crate::shop::mysql_url("mysql")?, prefix);
                 (scratch.url()?, Some(scratch))
             }
         };
@@ -183,13 +186,46 @@ impl Shop {
         })
     }
 
-    async fn exec(&self, sql: &str) -> anyhow::Result<()> {
+    /// `base` on this shop: its database, stock given back by an `also`
+    /// statement logging each flip in a table `released` (which the run
+    /// creates; a primary key: a second release of one order fails), no
+    /// gRPC release.
+    pub fn settings(&self, base: &Settings) -> Settings {
+        let mut settings = base.clone();
+        settings.database_url = self.url.clone();
+        settings.orders.also = vec![format!(
+            "INSERT INTO released (order_id) VALUES ({})",
+            self.mark()
+        )];
+        settings.inventory.release = Release::None;
+        settings
+    }
+
+    /// Runs `sql` (one statement or more).
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn exec(&self, sql: &str) -> anyhow::Result<()> {
         let sql = sqlx::AssertSqlSafe(sql.to_owned());
         match &self.db {
             ShopDb::Postgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
             ShopDb::MySql(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
         }?;
         Ok(())
+    }
+
+    /// The one number `sql` selects.
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn count(&self, sql: &str) -> anyhow::Result<i64> {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        Ok(match &self.db {
+            ShopDb::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            ShopDb::MySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        }?)
     }
 
     /// The `also` statement's placeholder.
@@ -201,7 +237,7 @@ impl Shop {
     }
 
     /// An instant `secs` seconds ago, in the dialect.
-    fn ago(&self, secs: i64) -> String {
+    pub fn ago(&self, secs: i64) -> String {
         match self.dialect {
             Dialect::Postgres => format!("now() - interval '{secs} seconds'"),
             Dialect::MySql => format!("UTC_TIMESTAMP(6) - INTERVAL {secs} SECOND"),
@@ -210,7 +246,11 @@ impl Shop {
 
     /// Unpaid orders `ids`, overdue by `secs` seconds (negative: due in
     /// `-secs`), one statement each.
-    async fn unpaid(&self, ids: &[String], secs: i64) -> anyhow::Result<()> {
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn unpaid(&self, ids: &[String], secs: i64) -> anyhow::Result<()> {
         for id in ids {
             let at = self.ago(secs);
             self.exec(&format!(
@@ -224,7 +264,11 @@ impl Shop {
     /// Orders `ids` the default timer flipped earlier and the shop
     /// re-opened: unpaid, overdue by `secs` seconds, each with a finished
     /// outbox row.
-    async fn reopened(&self, ids: &[String], secs: i64) -> anyhow::Result<()> {
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn reopened(&self, ids: &[String], secs: i64) -> anyhow::Result<()> {
         self.unpaid(ids, secs).await?;
         let at = self.ago(secs - 60);
         let outbox: Vec<String> = ids
@@ -240,14 +284,15 @@ impl Shop {
     }
 
     /// How many of `prefix`'s orders are in `status`.
-    async fn with_status(&self, prefix: &str, status: &str) -> anyhow::Result<i64> {
-        let sql = sqlx::AssertSqlSafe(format!(
+    ///
+    /// # Errors
+    ///
+    /// The database's.
+    pub async fn with_status(&self, prefix: &str, status: &str) -> anyhow::Result<i64> {
+        self.count(&format!(
             "SELECT COUNT(*) FROM orders WHERE id LIKE '{prefix}%' AND status = '{status}'"
-        ));
-        Ok(match &self.db {
-            ShopDb::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
-            ShopDb::MySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
-        }?)
+        ))
+        .await
     }
 
     /// The lateness of `prefix`'s orders, ms, in order (the database's
