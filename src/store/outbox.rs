@@ -283,8 +283,8 @@ fn placeholders<V: Vocabulary>(value: &Value<'_>, next: usize, mapped: &Mapped) 
 
 /// Every value `template` names, for the tests that render and prepare
 /// every template: `{ids}` as the template's kind of id list (`ids` of the
-/// service's own tables, `row_ids` of the shop's), `code` a status code.
-#[cfg(any(test, feature = "testing"))]
+/// service's own tables, `row_ids` of the shop's), `code` a status code:
+/// what the schema check renders the statements it prepares with.
 pub(super) fn sample_values<'a>(
     template: &str,
     ids: &'a [&'a str],

@@ -186,43 +186,26 @@ pub(super) fn mapped<D: Vocabulary>(
 /// The statements on the shop's tables the check prepares, each rendered
 /// with one id and with the config key a failure names.
 pub(super) fn checks<D: SqlDialect>(timer: &Timer, mapped: &Mapped, items: bool) -> Vec<Check> {
-    let one = [IdValue::Text(String::new())];
-    let now = Some(DateTime::UNIX_EPOCH);
-    let values = [
-        ("from", Value::Status(&timer.from)),
-        ("to", Value::Status(&timer.to)),
-        ("paid", Value::MaybeStatus(timer.paid.as_ref())),
-        ("grace", Value::Micros(0)),
-        ("after_at", Value::ShopTime(now)),
-        ("until", Value::ShopTime(now)),
-        ("after_id", Value::RowId(Some(&one[0]))),
-        ("timer", Value::Text("")),
-        ("limit", Value::Int(1)),
-    ];
     let rows = timer.key(TimerKey::DeadlineGuard);
+    let one = [IdValue::Text(String::new())];
     let mut templates = vec![
-        (rows, OVERDUE, Value::RowIds(&one)),
-        (rows, WAITING_PAGE, Value::RowIds(&one)),
-        (timer.key(TimerKey::Id), ROW_DIGEST, Value::RowIds(&one)),
-        (timer.key(TimerKey::Status), ROW_FACTS, Value::RowIds(&one)),
-        (
-            timer.key(TimerKey::Status),
-            STILL_WAITING,
-            Value::RowIds(&one),
-        ),
+        (rows, OVERDUE),
+        (rows, WAITING_PAGE),
+        (timer.key(TimerKey::Id), ROW_DIGEST),
+        (timer.key(TimerKey::Status), ROW_FACTS),
+        (timer.key(TimerKey::Status), STILL_WAITING),
     ];
     if timer.watch.is_some() {
-        templates.push((rows, DUE, Value::RowIds(&one)));
+        templates.push((rows, DUE));
     }
     if items {
-        templates.push(("[items]", ITEMS, Value::ItemIds(&one)));
+        templates.push(("[items]", ITEMS));
     }
     templates
         .into_iter()
-        .map(|(key, template, ids)| {
-            let mut all = values.to_vec();
-            all.push(("ids", ids));
-            let statement = render_mapped::<D>(template, mapped, &all);
+        .map(|(key, template)| {
+            let values = outbox::sample_values(template, &[""], &one, &timer.from);
+            let statement = render_mapped::<D>(template, mapped, &values);
             Check {
                 key,
                 binds: statement.placeholders,
@@ -359,13 +342,13 @@ impl<D: SqlDialect> SqlStore<D> {
         ))
     }
 
-    /// The facts of the row `id` (canonical) and the database's clock,
-    /// read without locking or changing anything.
+    /// The facts of the row `id` (canonical), read without locking or
+    /// changing anything.
     pub(super) async fn row_facts(
         &self,
         prepared: &Prepared<D>,
         id: &str,
-    ) -> Result<(Option<RowFacts>, DateTime<Utc>), StoreError> {
+    ) -> Result<Option<RowFacts>, StoreError> {
         let t = &self.timer;
         let ids = [prepared.id_value(id)?];
         let values = [
@@ -375,16 +358,19 @@ impl<D: SqlDialect> SqlStore<D> {
             ("ids", Value::RowIds(&ids)),
         ];
         let rows: Vec<FactsRow> = self.shop_rows(prepared, ROW_FACTS, &values).await?;
-        let row = rows.into_iter().find(|r| r.id == id).map(|r| RowFacts {
+        Ok(rows.into_iter().find(|r| r.id == id).map(|r| RowFacts {
             is_to: r.is_to,
             is_paid: r.is_paid,
             is_from: r.is_from,
             guard_ok: r.guard_ok,
             expires_at: r.expires_us.and_then(DateTime::from_timestamp_micros),
-        });
+        }))
+    }
+
+    /// The database's clock (UTC).
+    pub(super) async fn db_now(&self, prepared: &Prepared<D>) -> Result<DateTime<Utc>, StoreError> {
         let now: Vec<(DateTime<Utc>,)> = self.shop_rows(prepared, "SELECT {now}", &[]).await?;
-        let db_now = now.into_iter().next().map_or_else(Utc::now, |(t,)| t);
-        Ok((row, db_now))
+        Ok(now.into_iter().next().map_or_else(Utc::now, |(t,)| t))
     }
 
     /// The items of the orders `ids` (canonical for the items table's

@@ -800,7 +800,8 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
     #[tracing::instrument(skip(self), fields(timer = %self.timer.name))]
     async fn explain(&self, id: &OrderId) -> Result<OrderFacts, StoreError> {
         let prepared = self.prepared().await?;
-        let (row, db_now) = self.row_facts(&prepared, id.as_str()).await?;
+        let row = self.row_facts(&prepared, id.as_str()).await?;
+        let db_now = self.db_now(&prepared).await?;
         Ok(OrderFacts {
             row,
             db_now,
@@ -821,7 +822,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         }
         let prepared = self.prepared().await?;
         for row in &mut rows {
-            let (facts, _) = self.row_facts(&prepared, &row.order_id).await?;
+            let facts = self.row_facts(&prepared, &row.order_id).await?;
             row.deadline = facts.and_then(|f| f.expires_at);
         }
         Ok(rows)
