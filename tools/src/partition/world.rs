@@ -94,7 +94,7 @@ impl World {
         };
         settings.cascade_shards = Shards::try_from(2).expect("2 shards");
         settings.shutdown_timeout = Duration::from_secs(10);
-        order_timeout::broker::declare_topology(&settings).await?;
+        declare_topology(&settings).await?;
         Ok(Self {
             settings,
             shop,
@@ -259,4 +259,21 @@ async fn serve_inventory(holder: &Holder, shop: PgPool) -> anyhow::Result<(Secre
         ReferenceInventory::new(shop).serve(listener, async move { stopped.wait().await }),
     );
     Ok((url, stop))
+}
+
+/// Declares the service's topology on a broker just started: a fresh
+/// cluster's node can still be too busy to finish a handshake within the
+/// service's 5 s, so the setup tries four times before it gives up.
+async fn declare_topology(settings: &Settings) -> anyhow::Result<()> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match order_timeout::broker::declare_topology(settings).await {
+            Err(e) if tries < 4 => {
+                eprintln!("[partition] declaring the topology (try {tries} of 4): {e}");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            done => return Ok(done?),
+        }
+    }
 }
