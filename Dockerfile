@@ -24,11 +24,11 @@ COPY tools ./tools
 # source change only recompiles the workspace. target/ lives in the cache, so copy the
 # binaries out.
 #
-# Two builds, not one: the tools crate turns on the service library's `testing` feature,
-# and one `cargo build` of both binaries would unify features and compile the shipped
-# service with it. The service is built on its own, exactly as `scripts/test.sh` lints
-# it (`cargo clippy -p order-timeout --bins --lib`); the tools after, into their binary
-# only.
+# Two builds, not one: the service is built on its own, as `scripts/test.sh` lints it
+# (`cargo clippy -p order-timeout --bins --lib`), so that nothing the tools crate asks of
+# its dependencies (features unified across one build) can reach the shipped binary; the
+# tools after, into their binary only. (The service has no feature of its own: what the
+# tools use of it is the always-compiled `order_timeout::testing`.)
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \

@@ -38,8 +38,11 @@ cargo fmt --all -- --check
 
 section "lint: cargo clippy --locked --workspace --all-targets -- -D warnings"
 cargo clippy --locked --workspace --all-targets -- -D warnings
-# The service as production builds it, without the `testing` feature the
-# workspace turns on: there the lints see what is unused or needlessly pub.
+# The service as production builds it, on its own (no dependency's features
+# unified with the tools crate's or the tests'): `unreachable_pub` and
+# `dead_code` see what is unused or needlessly pub. Everything beyond the
+# public API that the tools and the tests use is re-exported by
+# `order_timeout::testing`, always compiled, so it is linted here too.
 section "lint: cargo clippy --locked -p order-timeout --bins --lib -- -D warnings (production build)"
 cargo clippy --locked -p order-timeout --bins --lib -- -D warnings
 

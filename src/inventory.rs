@@ -23,8 +23,7 @@ pub mod pb {
 /// Errors calling the inventory service. All are treated as transient
 /// (retried, then parked).
 #[derive(Debug, thiserror::Error)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) enum InventoryError {
+pub enum InventoryError {
     /// The endpoint URL is invalid.
     #[error("invalid INVENTORY_URL {url}: {reason}")]
     Url {
@@ -57,8 +56,7 @@ impl From<(&'static str, Status)> for InventoryError {
 
 /// Client for the inventory service. Cheap to clone (HTTP/2 multiplexed).
 #[derive(Clone, Debug)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct InventoryClient {
+pub struct InventoryClient {
     client: pb::inventory_client::InventoryClient<Channel>,
 }
 
@@ -78,9 +76,7 @@ impl InventoryClient {
     /// unanswered for the default keep-alive
     /// (`[liveness].inventory_keepalive`) is dropped. (The service itself
     /// builds its client with [`InventoryClient::connect_lazy_with`].)
-    #[cfg(feature = "testing")]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn connect_lazy(url: &SecretUrl, timeout: Duration) -> Result<Self, InventoryError> {
+    pub fn connect_lazy(url: &SecretUrl, timeout: Duration) -> Result<Self, InventoryError> {
         let keepalive = crate::settings::LivenessSettings::default().inventory_keepalive;
         Self::connect_lazy_with(url, timeout, keepalive)
     }
@@ -92,7 +88,6 @@ impl InventoryClient {
     /// calls open a new one (within `timeout`) instead of waiting on the
     /// dead one until TCP gives up. TCP keep-alive as well, for the
     /// moments no stream is open.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) fn connect_lazy_with(
         url: &SecretUrl,
         timeout: Duration,
@@ -118,8 +113,7 @@ impl InventoryClient {
     /// Releases an order's stock. `Ok(true)` if this call released it,
     /// `Ok(false)` if an earlier call already had.
     #[tracing::instrument(skip(self, items), fields(items = items.len()))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn release(
+    pub async fn release(
         &self,
         order_id: &str,
         items: &[OrderItem],

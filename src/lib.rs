@@ -75,14 +75,15 @@
 //! What a deployment or an embedding program uses: [`settings`] (and
 //! [`Settings`]), [`message`] (the contract), [`cli`], [`ops`],
 //! [`shutdown`], and [`Service`] / [`RunningService`] / [`run`]. The
-//! plumbing (`app`, `broker`, `store`, `observe`, `inventory`, `tls`) is
-//! private and its items `pub(crate)`; the `testing` feature makes public
-//! the modules and the items the tools crate and the integration tests use
-//! (each marked `#[cfg_attr(feature = "testing", visibility::make(pub))]`),
-//! with no promise of stability, and compiles the few items only they use
-//! (`#[cfg(feature = "testing")]`). So `unreachable_pub` and `dead_code`
-//! guard the production build, which `scripts/test.sh` lints on its own.
-//! The pipeline is private always.
+//! plumbing (`app`, `broker`, `store`, `observe`, `inventory`, `tls`) and
+//! the pipeline are private modules, their items `pub(crate)`. Beyond the
+//! public API, [`testing`] is the one list of what the tools crate and the
+//! integration tests reach (grouped re-exports, each group saying why),
+//! with no promise of stability; an item it re-exports is `pub` in its
+//! private module, every other item `pub(crate)`. No feature changes what
+//! is compiled: the production build is the one linted, and
+//! `unreachable_pub` and `dead_code` guard it (`scripts/test.sh` lints it
+//! on its own as well).
 //!
 //! The demo, the bench, the reference inventory server and shop schema live
 //! in the `order-timeout-tools` crate (`tools/`), which depends on this one;
@@ -103,33 +104,18 @@ pub mod shutdown;
 pub use app::{RunningService, Service, run};
 pub use settings::Settings;
 
-// The plumbing: private to the crate, or public with the `testing`
-// feature, which the tools crate (demo, bench, reference inventory) and
-// the integration tests enable. Not a stable API. (Written out, not by a
-// macro: rustfmt formats only the modules it can see declared.)
-#[cfg(feature = "testing")]
-pub mod app;
-#[cfg(not(feature = "testing"))]
+// What the tools crate and the integration tests use beyond that: not a
+// stable API (see the module).
+#[doc(hidden)]
+pub mod testing;
+
+// The plumbing: private to the crate. What the tools crate and the
+// integration tests use of it is re-exported by `testing`, and only that.
 mod app;
-#[cfg(feature = "testing")]
-pub mod broker;
-#[cfg(not(feature = "testing"))]
 mod broker;
-#[cfg(feature = "testing")]
-pub mod inventory;
-#[cfg(not(feature = "testing"))]
 mod inventory;
-#[cfg(feature = "testing")]
-pub mod observe;
-#[cfg(not(feature = "testing"))]
 mod observe;
-#[cfg(feature = "testing")]
-pub mod store;
-#[cfg(not(feature = "testing"))]
 mod store;
-#[cfg(feature = "testing")]
-pub mod tls;
-#[cfg(not(feature = "testing"))]
 mod tls;
 
 mod pipeline;

@@ -22,7 +22,6 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 /// `ClientConfig::builder()`, and lapin's connector would switch to aws-lc).
 /// sqlx passes ring explicitly and does not depend on this. Calling it again,
 /// or after another provider was installed, does nothing.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -29,8 +29,7 @@ use lapin::types::DeliveryTag;
 /// The open (delivered, not yet settled) deliveries of one consuming
 /// channel, and the only way they are settled. One per channel: tags mean
 /// nothing on another.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Acks {
+pub struct Acks {
     channel: Channel,
     open: Mutex<BTreeSet<DeliveryTag>>,
     /// Held while frames are chosen and sent, so they reach the broker in
@@ -40,8 +39,7 @@ pub(crate) struct Acks {
 
 impl Acks {
     /// Settles deliveries of `channel`.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(channel: Channel) -> Self {
+    pub fn new(channel: Channel) -> Self {
         Self {
             channel,
             open: Mutex::new(BTreeSet::new()),
@@ -51,22 +49,19 @@ impl Acks {
 
     /// Records a delivery as open. Called for every delivery as it is taken
     /// from the channel, before anything can settle it.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn taken(&self, tag: DeliveryTag) {
+    pub fn taken(&self, tag: DeliveryTag) {
         self.lock_open().insert(tag);
     }
 
     /// How many deliveries are open.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn open(&self) -> usize {
+    pub fn open(&self) -> usize {
         self.lock_open().len()
     }
 
     /// Acks the deliveries `tags` (open ones; others are skipped: they are
     /// settled already). One `multiple` frame for those below every other
     /// open delivery, one frame each for the rest.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), lapin::Error> {
+    pub async fn ack(&self, tags: &[DeliveryTag]) -> Result<(), lapin::Error> {
         let _order = self.sending.lock().await;
         let frames = {
             let mut open = self.lock_open();
@@ -84,8 +79,7 @@ impl Acks {
     }
 
     /// Returns the delivery `tag` to its queue (a nack with requeue).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn requeue(&self, tag: DeliveryTag) -> Result<(), lapin::Error> {
+    pub async fn requeue(&self, tag: DeliveryTag) -> Result<(), lapin::Error> {
         let _order = self.sending.lock().await;
         if !self.lock_open().remove(&tag) {
             return Ok(());

@@ -33,16 +33,14 @@ pub(crate) const MAX_CASCADE_SECS: u64 = (1 << LEVELS) - 1;
 
 /// Name of cascade level `k`'s exchange and queue (they share it) in
 /// shard 0.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn level_name(k: u32) -> String {
+pub fn level_name(k: u32) -> String {
     format!("order-timeout.delay.{k:02}")
 }
 
 /// Name of cascade level `k`'s exchange and queue in shard `shard`. Shard 0
 /// keeps the unsharded names, so a broker declared before shards existed
 /// keeps working (and its messages keep flowing) after an upgrade.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn shard_level_name(shard: u32, k: u32) -> String {
+pub fn shard_level_name(shard: u32, k: u32) -> String {
     if shard == 0 {
         level_name(k)
     } else {
@@ -52,8 +50,7 @@ pub(crate) fn shard_level_name(shard: u32, k: u32) -> String {
 
 /// The shard (0..`shards`) an order's delays go through: FNV-1a of its id,
 /// so one order always takes the same shard and orders spread evenly.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn shard_for(order_id: &str, shards: Shards) -> u32 {
+pub fn shard_for(order_id: &str, shards: Shards) -> u32 {
     let hash = order_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -123,8 +120,7 @@ pub(crate) fn cascade_delay_secs(remaining_ms: u64) -> u64 {
 
 /// Routes a delay of `delay_secs` (≥ 1; clamped to [`MAX_CASCADE_SECS`])
 /// through shard `shard`.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn cascade_route(delay_secs: u64, shard: u32) -> DelayRoute {
+pub fn cascade_route(delay_secs: u64, shard: u32) -> DelayRoute {
     let d = delay_secs.clamp(1, MAX_CASCADE_SECS);
     let routing_key = (0..LEVELS)
         .rev()

@@ -187,8 +187,7 @@ fn attempt_count(value: &AMQPValue) -> u32 {
 }
 
 /// An integer header value of any AMQP integer width.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn header_int(value: &AMQPValue) -> Option<i64> {
+pub fn header_int(value: &AMQPValue) -> Option<i64> {
     match value {
         AMQPValue::LongLongInt(n) => Some(*n),
         AMQPValue::LongInt(n) => Some((*n).into()),
@@ -203,8 +202,7 @@ pub(crate) fn header_int(value: &AMQPValue) -> Option<i64> {
 }
 
 /// A string header value (long or short string).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn header_str(value: Option<&AMQPValue>) -> Option<String> {
+pub fn header_str(value: Option<&AMQPValue>) -> Option<String> {
     match value? {
         AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),

@@ -32,8 +32,7 @@ use super::cascade::{
 use crate::settings::{Lane, Shards};
 
 /// Name of lane `lane`'s queue in shard `shard`.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn lane_name(lane: Lane, shard: u32) -> String {
+pub fn lane_name(lane: Lane, shard: u32) -> String {
     if shard == 0 {
         format!("order-timeout.lane.{lane}")
     } else {

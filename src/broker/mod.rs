@@ -10,39 +10,20 @@ use std::time::Duration;
 use lapin::{Connection, ConnectionProperties};
 
 use crate::settings::SecretUrl;
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use nodes::Dialer;
 
-#[cfg(feature = "testing")]
-pub mod acks;
-#[cfg(not(feature = "testing"))]
 pub(crate) mod acks;
 pub(crate) mod alarms;
-#[cfg(feature = "testing")]
-pub mod cascade;
-#[cfg(not(feature = "testing"))]
 pub(crate) mod cascade;
-#[cfg(feature = "testing")]
-pub mod headers;
-#[cfg(not(feature = "testing"))]
 pub(crate) mod headers;
-#[cfg(feature = "testing")]
-pub mod lanes;
-#[cfg(not(feature = "testing"))]
 pub(crate) mod lanes;
 pub(crate) mod layout;
 pub(crate) mod layouts;
 pub(crate) mod nodes;
 pub(crate) mod parked;
-#[cfg(feature = "testing")]
-pub mod publisher;
-#[cfg(not(feature = "testing"))]
 pub(crate) mod publisher;
 pub(crate) mod refusals;
 pub(crate) mod tls;
-#[cfg(feature = "testing")]
-pub mod topology;
-#[cfg(not(feature = "testing"))]
 pub(crate) mod topology;
 
 /// Connects to RabbitMQ with this service's connection name, with the
@@ -55,8 +36,7 @@ pub(crate) mod topology;
 /// certificate their query parameters name ([`tls`]); a node whose TLS
 /// files cannot be used fails like a refusing one, with the parameter's name
 /// in the error.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
+pub async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connection, lapin::Error> {
     Ok(connect_amqp_with(url, name, &Dialer::default()).await?.0)
 }
 
@@ -64,7 +44,6 @@ pub(crate) async fn connect_amqp(url: &SecretUrl, name: &str) -> Result<Connecti
 /// order (the node whose session failed last is tried last); also returns
 /// the index of the node connected to, for [`Dialer::failed`].
 #[tracing::instrument(skip_all, fields(url = %url))]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) async fn connect_amqp_with(
     url: &SecretUrl,
     name: &str,
@@ -184,8 +163,7 @@ pub(crate) async fn close_channel_quietly(channel: &lapin::Channel) {
 /// ready messages and consumers, or a channel-closing `NOT_FOUND` error if
 /// it does not exist. What the operator commands, the parked passes and
 /// the tools count queues with.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) async fn peek_queue(
+pub async fn peek_queue(
     channel: &lapin::Channel,
     queue: &str,
 ) -> Result<lapin::Queue, lapin::Error> {
@@ -203,9 +181,7 @@ pub(crate) async fn peek_queue(
 
 /// Declares the topology on a fresh connection (for the demo and tests;
 /// `serve` declares on every (re)connect).
-#[cfg(feature = "testing")]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) async fn declare_topology(
+pub async fn declare_topology(
     settings: &crate::settings::Settings,
 ) -> Result<(), topology::TopologyError> {
     let conn = connect_amqp(&settings.amqp_url, "order-timeout-setup")

@@ -20,7 +20,6 @@ const NONE: usize = usize::MAX;
 /// for, the per-node connect timeout, and the node to try last. Cheap to
 /// clone; clones share the record of the failed node.
 #[derive(Clone, Debug)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) struct Dialer {
     heartbeat: u16,
     connect_timeout: Duration,
@@ -35,7 +34,6 @@ impl Default for Dialer {
 
 impl Dialer {
     /// A dialer with the `[liveness]` heartbeat and connect timeout.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
     pub(crate) fn of(liveness: &LivenessSettings) -> Self {
         Self {
             heartbeat: liveness.heartbeat_secs(),

@@ -68,8 +68,7 @@ pub enum PublishError {
 /// for the default timer, the timer's `event` routing key for another
 /// (`order.received`, `coupon.expired`).
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct TimerEvent {
+pub struct TimerEvent {
     /// The cancelled order (the row flipped, for another timer).
     pub order_id: String,
     /// The deadline it was cancelled (flipped) for: the row's deadline.
@@ -90,8 +89,7 @@ pub(crate) struct TimerEvent {
 /// orders/s, a single channel's confirms took 700 ms on average and the
 /// service fell behind.
 #[derive(Clone)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Publisher {
+pub struct Publisher {
     channels: std::sync::Arc<[Channel]>,
     next: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     confirm_timeout: std::time::Duration,
@@ -102,8 +100,7 @@ pub(crate) const PUBLISH_CHANNELS: usize = 4;
 
 impl Publisher {
     /// Opens [`PUBLISH_CHANNELS`] channels on `connection` in confirm mode.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn new(connection: &Connection) -> Result<Self, lapin::Error> {
+    pub async fn new(connection: &Connection) -> Result<Self, lapin::Error> {
         let mut channels = Vec::with_capacity(PUBLISH_CHANNELS);
         for _ in 0..PUBLISH_CHANNELS {
             let channel = connection.create_channel().await?;
@@ -121,8 +118,7 @@ impl Publisher {
 
     /// The same publisher, waiting at most `limit` for each confirm
     /// (`[liveness].confirm_timeout`).
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn with_confirm_timeout(self, limit: std::time::Duration) -> Self {
+    pub fn with_confirm_timeout(self, limit: std::time::Duration) -> Self {
         Self {
             confirm_timeout: limit,
             ..self
@@ -210,8 +206,7 @@ impl Publisher {
     /// Publishes a timeout the way the order service does: to the entry
     /// exchange with routing key `schedule`.
     #[tracing::instrument(skip(self), fields(order_id = %request.order_id))]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) async fn schedule(&self, request: &TimeoutRequest) -> Result<(), PublishError> {
+    pub async fn schedule(&self, request: &TimeoutRequest) -> Result<(), PublishError> {
         self.publish(
             ENTRY_EXCHANGE,
             SCHEDULE_ROUTING_KEY,

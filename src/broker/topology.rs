@@ -47,11 +47,9 @@ use super::refusals::soft_error;
 use crate::settings::{Lane, QueueType};
 
 /// Entry exchange the order service publishes timeouts to (direct, durable).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const ENTRY_EXCHANGE: &str = "order-timeout";
+pub const ENTRY_EXCHANGE: &str = "order-timeout";
 /// Routing key of a timeout message on [`ENTRY_EXCHANGE`].
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const SCHEDULE_ROUTING_KEY: &str = "schedule";
+pub const SCHEDULE_ROUTING_KEY: &str = "schedule";
 
 /// Routing key on [`ENTRY_EXCHANGE`] that puts a fresh timeout straight
 /// into lane `lane` (its shard 0), `schedule.<W>s`: a **lane entry**.
@@ -65,34 +63,25 @@ pub(crate) const SCHEDULE_ROUTING_KEY: &str = "schedule";
 /// the lane's window) or cancels it then, so a lane entry is never early;
 /// an order due *sooner* than the window is late by the difference, which
 /// is why it is only for orders of exactly that window.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn lane_entry_key(lane: Lane) -> String {
+pub fn lane_entry_key(lane: Lane) -> String {
     format!("{SCHEDULE_ROUTING_KEY}.{lane}")
 }
 /// The consumer's queue: fresh timeouts and messages leaving the cascade.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const DUE_QUEUE: &str = "order-timeout.due";
+pub const DUE_QUEUE: &str = "order-timeout.due";
 /// Exit of the cascade (fanout into [`DUE_QUEUE`]).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const READY_EXCHANGE: &str = "order-timeout.ready";
+pub const READY_EXCHANGE: &str = "order-timeout.ready";
 /// Failure queue: messages that cannot be processed, with their reason.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const PARKED_QUEUE: &str = "order-timeout.parked";
+pub const PARKED_QUEUE: &str = "order-timeout.parked";
 /// Topic exchange for `order.cancelled` events.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const EVENTS_EXCHANGE: &str = "order-timeout.events";
+pub const EVENTS_EXCHANGE: &str = "order-timeout.events";
 /// Routing key of the cancellation event (for tests binding to it).
-#[cfg(feature = "testing")]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const CANCELLED_ROUTING_KEY: &str = crate::settings::CANCELLED_EVENT;
+pub const CANCELLED_ROUTING_KEY: &str = crate::settings::CANCELLED_EVENT;
 
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) use super::layout::Layout;
+pub use super::layout::Layout;
 
 /// Errors declaring the topology.
 #[derive(Debug, thiserror::Error)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) enum TopologyError {
+pub enum TopologyError {
     /// The broker could not be reached.
     #[error("connecting to the broker: {0}")]
     Connect(lapin::Error),
@@ -120,8 +109,7 @@ pub(crate) enum TopologyError {
 /// would silently lose orders. `-1` (4.x's "unlimited") means *0* on 3.x,
 /// so the service sets a large explicit limit, which means the same on
 /// both and which `topology check` verifies like any other argument.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) const DELIVERY_LIMIT: i64 = 1_000_000;
+pub const DELIVERY_LIMIT: i64 = 1_000_000;
 
 /// Whether a queue is read by consumers (due, parked) or only holds
 /// messages for their TTL (the cascade levels).
@@ -172,8 +160,7 @@ fn queue_args(
 
 /// One queue as the service expects it; also used by `topology` checks.
 #[derive(Clone, Debug)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct QueueSpec {
+pub struct QueueSpec {
     /// Queue name.
     pub name: String,
     /// Declaration arguments.
@@ -181,8 +168,7 @@ pub(crate) struct QueueSpec {
 }
 
 /// Every queue the service declares, with its arguments.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
+pub fn queue_specs(layout: &Layout) -> Vec<QueueSpec> {
     let queue_type = layout.queue_type;
     let mut specs = vec![
         QueueSpec {
@@ -240,8 +226,7 @@ fn exchange_below(shard: u32, k: u32) -> String {
 /// One exchange as the service expects it; [`declare`] creates these and
 /// `topology check` compares the broker's against them.
 #[derive(Clone, Debug)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct ExchangeSpec {
+pub struct ExchangeSpec {
     /// Exchange name.
     pub name: String,
     /// Exchange type (all are durable, not auto-delete, not internal).
@@ -249,8 +234,7 @@ pub(crate) struct ExchangeSpec {
 }
 
 /// Every exchange the service declares.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn exchange_specs(layout: &Layout) -> Vec<ExchangeSpec> {
+pub fn exchange_specs(layout: &Layout) -> Vec<ExchangeSpec> {
     let spec = |name: &str, kind| ExchangeSpec {
         name: name.into(),
         kind,
@@ -289,8 +273,7 @@ pub struct BindingSpec {
 }
 
 /// Every binding the service declares.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
+pub fn binding_specs(layout: &Layout) -> Vec<BindingSpec> {
     let queue = |source: &str, queue: &str, key: String| BindingSpec {
         source: source.into(),
         destination: BindingDestination::Queue(queue.into()),

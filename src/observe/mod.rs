@@ -6,14 +6,8 @@
 
 pub(crate) mod fresh;
 pub(crate) mod http;
-#[cfg(feature = "testing")]
-pub mod metrics;
-#[cfg(not(feature = "testing"))]
 pub(crate) mod metrics;
 pub(crate) mod pending;
 pub(crate) mod recent;
 pub(crate) mod server;
-#[cfg(feature = "testing")]
-pub mod telemetry;
-#[cfg(not(feature = "testing"))]
 pub(crate) mod telemetry;

@@ -10,7 +10,6 @@ use tracing_subscriber::fmt::format::FmtSpan;
 
 /// Installs the global subscriber. Call once, first thing in `main`.
 /// `default_filter` applies when `RUST_LOG` is unset.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) fn init(default_filter: &str) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));

@@ -97,7 +97,6 @@ impl OrderStore for Bounded {
             .unwrap_or(false)
     }
 
-    #[cfg(feature = "testing")]
     async fn prepare_every_template(&self) -> Result<usize, StoreError> {
         self.inner.prepare_every_template().await
     }

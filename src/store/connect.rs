@@ -16,10 +16,8 @@ use crate::settings::{SecretUrl, Settings, Timer, TimerName};
 /// it: `[orders]`, `[items]` and whether stock is released over gRPC
 /// (else the items are never read). A shorthand for
 /// [`Timer::cancel_unpaid`], for code that knows only the default timer.
-#[cfg(feature = "testing")]
 #[derive(Clone, Debug, Default)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct ShopSchema {
+pub struct ShopSchema {
     /// `[orders]`.
     pub orders: crate::settings::OrdersMapping,
     /// `[items]`.
@@ -28,11 +26,9 @@ pub(crate) struct ShopSchema {
     pub release: crate::settings::Release,
 }
 
-#[cfg(feature = "testing")]
 impl ShopSchema {
     /// The default timer this describes.
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn timer(&self) -> Timer {
+    pub fn timer(&self) -> Timer {
         Timer::cancel_unpaid(&self.orders, &self.items, self.release)
     }
 }
@@ -80,8 +76,7 @@ impl Stores {
 /// fails the statement with a transient error instead of hanging the
 /// pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct PoolSettings {
+pub struct PoolSettings {
     /// Most connections open at once.
     pub max_connections: u32,
     /// Longest wait for one lock (PostgreSQL `lock_timeout`, InnoDB
@@ -98,9 +93,7 @@ pub(crate) struct PoolSettings {
 
 impl PoolSettings {
     /// A pool of at most `max_connections` with the default timeouts.
-    #[cfg(feature = "testing")]
-    #[cfg_attr(feature = "testing", visibility::make(pub))]
-    pub(crate) fn new(max_connections: u32) -> Self {
+    pub fn new(max_connections: u32) -> Self {
         let defaults = Settings::default();
         Self {
             max_connections,
@@ -135,9 +128,7 @@ impl PoolSettings {
 /// pool of at most `max_connections` and the default timeouts, lazily: the
 /// first query opens the first connection, so start-up does not fail on a
 /// database that is still booting.
-#[cfg(feature = "testing")]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn connect_lazy(
+pub fn connect_lazy(
     url: &SecretUrl,
     max_connections: u32,
     schema: &ShopSchema,
@@ -146,9 +137,7 @@ pub(crate) fn connect_lazy(
 }
 
 /// [`connect_lazy`] with the pool's size and timeouts given.
-#[cfg(feature = "testing")]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn connect_lazy_with(
+pub fn connect_lazy_with(
     url: &SecretUrl,
     pool: PoolSettings,
     schema: &ShopSchema,
@@ -158,9 +147,7 @@ pub(crate) fn connect_lazy_with(
 
 /// The store of one timer, on a pool of its own (lazily, as
 /// [`connect_lazy`]).
-#[cfg(feature = "testing")]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn connect_timer(
+pub fn connect_timer(
     url: &SecretUrl,
     pool: PoolSettings,
     timer: &Timer,
@@ -226,8 +213,7 @@ pub(crate) fn connect_timers(
 /// own migrations (the `order_timeout_*` tables; never the shop's). What
 /// they keep for the previous release stays until [`contract`], unless the
 /// database had none of the service's tables.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
+pub async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
     match Dialect::of(url)? {
         Dialect::Postgres => PgStore::migrate(url).await,
         Dialect::MySql => MySqlStore::migrate(url).await,

@@ -12,8 +12,7 @@ use crate::settings::{ConfigError, SecretUrl, Settings};
 /// have at most 65,535 placeholders and the cancel transaction's outbox
 /// insert binds four per order (16,383 ids); PostgreSQL binds the ids as
 /// one array, with no such limit (`usize::MAX`).
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn max_batch_ids(dialect: Dialect) -> usize {
+pub fn max_batch_ids(dialect: Dialect) -> usize {
     match dialect {
         Dialect::Postgres => postgres::Postgres::MAX_BATCH_IDS,
         Dialect::MySql => mysql::MySql::MAX_BATCH_IDS,

@@ -56,38 +56,30 @@ mod state;
 mod tls;
 mod values;
 
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) use connect::{PoolSettings, migrate};
-#[cfg(feature = "testing")]
+pub use connect::{PoolSettings, migrate};
 pub use connect::{ShopSchema, connect_lazy, connect_lazy_with, connect_timer};
 pub(crate) use connect::{Stores, connect_timers, contract};
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) use dialect::Dialect;
+pub use dialect::Dialect;
 pub(crate) use dialect::check_batch_sizes;
-#[cfg(feature = "testing")]
 pub use dialect::max_batch_ids;
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) use error::StoreError;
+pub use error::StoreError;
 pub(crate) use error::retry_deadlocks;
 pub(crate) use ids::IdRejected;
 pub use parked::ParkedFilter;
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
 pub(crate) use parked::{NewParked, ParkedRow};
 pub(crate) use releases::{Expansion, Migrated};
 pub(crate) use shape::{IdKind, SchemaReport};
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) use tls::{mysql_options, pg_options};
+pub use tls::{mysql_options, pg_options};
 
-#[cfg_attr(feature = "testing", visibility::make(pub))]
+pub use values::{
+    Cancellation, HistoryCursor, NextAttempt, OrderItem, OrderState, OutboxFailure, Page, RowCursor,
+};
 pub(crate) use values::{
-    Cancellation, HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem,
-    OrderState, OutboxFacts, OutboxFailure, Page, RowCursor, RowFacts, SetAsideRow, WatchMark,
+    HistoryRow, OrderFacts, OrderFailure, OutboxFacts, RowFacts, SetAsideRow, WatchMark,
 };
 
 /// The store of one timer as the service holds it: shared by every task.
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) type Store = Arc<dyn OrderStore>;
+pub type Store = Arc<dyn OrderStore>;
 
 /// The database operations the service needs for one timer (a guarded
 /// status flip of rows of one table, [`Timer`]), one method per operation.
@@ -123,7 +115,6 @@ pub trait OrderStore: Send + Sync + std::fmt::Debug {
     /// this timer (`outbox.rs`, `shop.rs`), each checked to take exactly
     /// the parameters the service binds; how many. For the test that
     /// prepares them all on both dialects.
-    #[cfg(feature = "testing")]
     async fn prepare_every_template(&self) -> Result<usize, StoreError>;
 
     /// Looks whether the tables' shape changed since the last check (the
@@ -358,7 +349,6 @@ pub(crate) const SET_ASIDE_HOURLY_TRIES: u32 = 24;
 
 /// The sweep's outbox scan as the sweeper runs it on `dialect`, with its
 /// values written in: for a test that asks the database for its plan.
-#[cfg(feature = "testing")]
 pub fn stale_statement_for_explain(
     dialect: Dialect,
     timer: &str,
@@ -374,7 +364,6 @@ pub fn stale_statement_for_explain(
 /// The history's statement for the page after `cursor` as the console
 /// runs it on `dialect`, with its values written in: for a test that asks
 /// the database for its plan.
-#[cfg(feature = "testing")]
 pub fn history_statement_for_explain(
     dialect: Dialect,
     timer: &str,

@@ -25,7 +25,6 @@ use super::{Dialect, NextAttempt, StoreError, WatchMark};
 use crate::settings::StatusValue;
 
 /// `[(name, template), …]` for the named template constants.
-#[cfg(any(test, feature = "testing"))]
 macro_rules! templates {
     ($($name:ident),* $(,)?) => {
         [$((stringify!($name), $name)),*]
@@ -975,7 +974,6 @@ fn grouped<'a, K: PartialEq>(pairs: impl Iterator<Item = (K, &'a str)>) -> Vec<(
 /// The statement of the sweep's outbox scan as the sweeper runs it, with
 /// its values written in: for a test that asks the database for the
 /// statement's plan ([`super::stale_statement_for_explain`]).
-#[cfg(feature = "testing")]
 pub(crate) fn stale_written_in<V: Vocabulary>(timer: &str, grace: Duration, limit: u32) -> String {
     let values = [
         ("timer", Value::Text(timer)),
@@ -988,7 +986,6 @@ pub(crate) fn stale_written_in<V: Vocabulary>(timer: &str, grace: Duration, limi
 /// The history's statement for the page after `cursor`, with its values
 /// written in: for a test that asks the database for its plan
 /// ([`super::history_statement_for_explain`]).
-#[cfg(feature = "testing")]
 pub(crate) fn history_written_in<V: Vocabulary>(
     timer: &str,
     cursor: &super::HistoryCursor,
@@ -1004,7 +1001,6 @@ pub(crate) fn history_written_in<V: Vocabulary>(
 }
 
 /// `statement` with its values as literals instead of placeholders.
-#[cfg(feature = "testing")]
 fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String {
     let literal = |value: &Value<'_>| match value {
         Value::Text(s) => format!("'{}'", s.replace('\'', "''")),
@@ -1066,7 +1062,6 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
 /// this file's source and checks that it is here) and the test that
 /// prepares every one on both dialects ([`super::SqlStore`]'s
 /// `prepare_every_template`).
-#[cfg(any(test, feature = "testing"))]
 pub(super) const TEMPLATES: [(&str, &str); 36] = templates![
     HISTORY_NEWEST,
     HISTORY_BEFORE,

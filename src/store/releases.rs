@@ -10,8 +10,7 @@
 
 /// One thing a migration keeps for the previous release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Expansion {
+pub struct Expansion {
     /// The object kept (an index of the service's own tables).
     pub object: &'static str,
     /// The release that needs it.
@@ -51,8 +50,7 @@ pub(crate) const KEPT_FOR_0_1_0_MARKER: &str = "kept_for:0.1.0";
 
 /// What `migrate` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) struct Migrated {
+pub struct Migrated {
     /// The database had none of the service's tables before: the expand
     /// steps were contracted at once.
     pub fresh: bool,

@@ -126,7 +126,6 @@ DELETE FROM order_timeout_set_aside WHERE timer = {timer} AND order_id {ids}";
 /// (`outbox_words_tests.rs`, which also finds every template constant in
 /// this file's source and checks that it is here) and the test that
 /// prepares every one on both dialects.
-#[cfg(any(test, feature = "testing"))]
 pub(super) const TEMPLATES: [(&str, &str); 13] = templates![
     COUNT,
     OVERDUE,
@@ -464,7 +463,6 @@ impl<D: SqlDialect> SqlStore<D> {
     }
 }
 
-#[cfg(feature = "testing")]
 impl<D: SqlDialect> SqlStore<D> {
     /// Renders every template of `outbox.rs` and `shop.rs` for this timer
     /// and prepares it, checking that it takes exactly the parameters the

@@ -281,7 +281,6 @@ impl<D: SqlDialect> SqlStore<D> {
     /// A store on `url` with a pool of `pool`'s size and timeouts,
     /// lazily: the first query opens the first connection, so start-up
     /// does not fail on a database that is still booting.
-    #[cfg(feature = "testing")]
     pub(crate) fn connect_lazy(
         url: &SecretUrl,
         pool: PoolSettings,
@@ -684,7 +683,6 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         SqlStore::reread_shape(self).await
     }
 
-    #[cfg(feature = "testing")]
     async fn prepare_every_template(&self) -> Result<usize, StoreError> {
         SqlStore::prepare_every_template(self).await
     }

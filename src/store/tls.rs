@@ -189,8 +189,7 @@ fn check_file(setting: &str, value: &str, param: Param) -> Result<(), StoreError
 /// `sslmode`, the files it names checked. The tools connect with these too,
 /// so the demo and the bench talk to the database as the service does.
 #[tracing::instrument(skip_all, fields(url = %url))]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn pg_options(url: &SecretUrl) -> Result<PgConnectOptions, StoreError> {
+pub fn pg_options(url: &SecretUrl) -> Result<PgConnectOptions, StoreError> {
     let mode_from_env = std::env::var_os("PGSSLMODE").is_some();
     let named = names_a_mode(url, pg_param, mode_from_env)?;
     let (known, password) = known_params(url, PG_PARAMS)?;
@@ -215,8 +214,7 @@ pub(crate) fn pg_options(url: &SecretUrl) -> Result<PgConnectOptions, StoreError
 /// rules (see the module): plaintext unless the URL names an `ssl-mode`, the
 /// files it names checked.
 #[tracing::instrument(skip_all, fields(url = %url))]
-#[cfg_attr(feature = "testing", visibility::make(pub))]
-pub(crate) fn mysql_options(url: &SecretUrl) -> Result<MySqlConnectOptions, StoreError> {
+pub fn mysql_options(url: &SecretUrl) -> Result<MySqlConnectOptions, StoreError> {
     let named = names_a_mode(url, mysql_param, false)?;
     let (known, password) = known_params(url, MYSQL_PARAMS)?;
     let options = known

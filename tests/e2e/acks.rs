@@ -15,8 +15,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
-use order_timeout::broker::acks::Acks;
-use order_timeout::broker::connect_amqp;
+use order_timeout::testing::Acks;
+use order_timeout::testing::connect_amqp;
 
 use crate::common::{TestEnv, declare_durable_queue};
 

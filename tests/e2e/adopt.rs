@@ -8,11 +8,11 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::{
     InventorySettings, ItemsMapping, OrdersMapping, Release, SecretUrl, Settings, StatusValue,
 };
-use order_timeout::store::OrderItem;
+use order_timeout::testing::OrderItem;
+use order_timeout::testing::Outcome;
 use order_timeout_tools::scratch;
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection, MySqlPool};
@@ -43,7 +43,7 @@ impl MallDb {
         let name = scratch::owned_name("ot_mall");
         let url = scratch::with_path(&mysql_base(), &name).unwrap();
         if migrated {
-            order_timeout::store::migrate(&url).await.unwrap();
+            order_timeout::testing::migrate(&url).await.unwrap();
         } else {
             let options: MySqlConnectOptions = mysql_base().expose().parse().unwrap();
             let mut conn = sqlx::MySqlConnection::connect_with(&options).await.unwrap();
@@ -147,13 +147,13 @@ impl Drop for MallDb {
 /// A header of a parked message, as text.
 /// Messages the service settled for good (each counted once, whatever its
 /// way: not the re-schedules, retries and holds on the way).
-fn settled(service: &order_timeout::app::RunningService) -> u64 {
+fn settled(service: &order_timeout::RunningService) -> u64 {
     let m = &service.metrics;
     m.total() - m.count(Outcome::Rescheduled) - m.count(Outcome::Retried) - m.count(Outcome::Locked)
 }
 
 fn header(m: &order_timeout::ops::parked::ParkedMessage, name: &str) -> Option<String> {
-    order_timeout::broker::headers::header_str(m.properties.headers().as_ref()?.inner().get(name))
+    order_timeout::testing::header_str(m.properties.headers().as_ref()?.inner().get(name))
 }
 
 /// The mapping a mall shop writes (config/examples/mall-mysql.toml).

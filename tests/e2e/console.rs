@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use chrono::Utc;
 use order_timeout::message::format_instant;
-use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::AdminToken;
+use order_timeout::testing::Outcome;
 
 use crate::browser::Browser;
 use crate::common::{TestEnv, csrf_of};
-use order_timeout::app::RunningService;
+use order_timeout::RunningService;
 
 const WAIT: Duration = Duration::from_secs(20);
 const TOKEN: &str = "console-test-token-0123456789";
@@ -450,8 +450,8 @@ async fn readable_charts(browser: &mut Browser, page: &str) -> Vec<Chart> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_draws_the_last_hour_and_what_falls_due_when() {
-    use order_timeout::broker::topology::lane_entry_key;
     use order_timeout::settings::Lane;
+    use order_timeout::testing::lane_entry_key;
 
     let mut env = TestEnv::new().await;
     let lane = Lane::try_from("20m".to_string()).unwrap();

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::common::{Dialect, STOCK, TestEnv, http_get, on_both_dialects, on_rabbitmq4, ready};
 use chrono::Utc;
-use order_timeout::broker::headers::{header_int, header_str};
 use order_timeout::message::format_instant;
-use order_timeout::observe::metrics::Outcome;
+use order_timeout::testing::Outcome;
+use order_timeout::testing::{header_int, header_str};
 
 /// Generous lateness bound for "on time" on a busy 2-core machine.
 fn late_ok() -> chrono::Duration {
@@ -303,7 +303,7 @@ async fn park_with_inventory_down(
     id: &str,
     timeout: Duration,
 ) -> (
-    order_timeout::app::RunningService,
+    order_timeout::RunningService,
     (String, String, i64, Vec<u8>),
 ) {
     env.stock_skus(1).await;

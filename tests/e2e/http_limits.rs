@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use order_timeout::app::RunningService;
+use order_timeout::RunningService;
 use order_timeout::settings::{AdminToken, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

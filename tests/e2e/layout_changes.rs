@@ -11,10 +11,10 @@
 use std::time::Duration;
 
 use crate::common::{RESTARTS, TestEnv, ready};
-use order_timeout::broker::cascade::{shard_for, shard_level_name};
-use order_timeout::broker::lanes::lane_name;
-use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::{Lane, Shards};
+use order_timeout::testing::Outcome;
+use order_timeout::testing::lane_name;
+use order_timeout::testing::{shard_for, shard_level_name};
 use order_timeout_tools::shop::NewOrder;
 
 /// Generous bound on lateness (the benchmark measures the real figure).

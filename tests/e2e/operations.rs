@@ -15,12 +15,11 @@ use chrono::Utc;
 use lapin::options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, ExchangeKind};
-use order_timeout::app::RunningService;
-use order_timeout::broker::cascade::level_name;
-use order_timeout::broker::topology;
+use order_timeout::RunningService;
 use order_timeout::message::format_instant;
-use order_timeout::observe::metrics::Outcome;
 use order_timeout::ops::parked::ParkedJson;
+use order_timeout::testing::Outcome;
+use order_timeout::testing::level_name;
 
 mod orders;
 mod parked;

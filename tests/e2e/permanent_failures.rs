@@ -19,13 +19,13 @@ use crate::store::mysql_base;
 use lapin::BasicProperties;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use order_timeout::broker::cascade::{cascade_route, shard_level_name};
-use order_timeout::broker::headers::{header_int, header_str};
-use order_timeout::broker::topology::{self, BindingDestination, DELIVERY_LIMIT};
-use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::SecretUrl;
 use order_timeout::shutdown::Shutdown;
-use order_timeout::store::StoreError;
+use order_timeout::testing::Outcome;
+use order_timeout::testing::StoreError;
+use order_timeout::testing::{BindingDestination, DELIVERY_LIMIT};
+use order_timeout::testing::{cascade_route, shard_level_name};
+use order_timeout::testing::{header_int, header_str};
 use order_timeout_tools::scratch;
 use tonic::Status;
 

@@ -28,10 +28,10 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
-use order_timeout::broker::topology;
 use order_timeout::settings::{self, SecretUrl};
 use order_timeout::shutdown::Shutdown;
-use order_timeout::store::OrderItem;
+use order_timeout::testing::OrderItem;
+use order_timeout::testing::{CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE};
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
 use order_timeout_tools::scratch;
 use order_timeout_tools::shop::{self, NewOrder};
@@ -443,7 +443,7 @@ async fn stop(mut serve: Serve, log: &Path) {
 
 /// A confirm-mode channel of the order service's user.
 async fn publisher(url: &str) -> (Connection, Channel) {
-    let conn = order_timeout::broker::connect_amqp(&SecretUrl::new(url), "order-service")
+    let conn = order_timeout::testing::connect_amqp(&SecretUrl::new(url), "order-service")
         .await
         .expect("the order service's user connects");
     let channel = conn.create_channel().await.unwrap();
@@ -459,7 +459,7 @@ async fn publisher(url: &str) -> (Connection, Channel) {
 async fn publish(channel: &Channel, routing_key: &str, body: &[u8]) {
     let confirm = channel
         .basic_publish(
-            topology::ENTRY_EXCHANGE.into(),
+            ENTRY_EXCHANGE.into(),
             routing_key.into(),
             BasicPublishOptions {
                 mandatory: true,
@@ -516,7 +516,7 @@ fn temp_file(name: &str, ext: &str) -> PathBuf {
 /// The events consumer, as the documented `notifications` user: its own
 /// queue, bound to `order.cancelled`.
 async fn notifications(url: &str) -> (Connection, lapin::Consumer) {
-    let conn = order_timeout::broker::connect_amqp(&SecretUrl::new(url), "notifications")
+    let conn = order_timeout::testing::connect_amqp(&SecretUrl::new(url), "notifications")
         .await
         .expect("the events consumer's user connects");
     let channel = conn.create_channel().await.unwrap();
@@ -535,8 +535,8 @@ async fn notifications(url: &str) -> (Connection, lapin::Consumer) {
     channel
         .queue_bind(
             queue.into(),
-            topology::EVENTS_EXCHANGE.into(),
-            topology::CANCELLED_ROUTING_KEY.into(),
+            EVENTS_EXCHANGE.into(),
+            CANCELLED_ROUTING_KEY.into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )

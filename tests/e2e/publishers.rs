@@ -34,10 +34,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use lapin::options::{BasicGetOptions, QueueBindOptions};
 use lapin::types::FieldTable;
-use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
 use order_timeout::message::format_instant;
-use order_timeout::observe::metrics::Outcome;
 use order_timeout::settings::Lane;
+use order_timeout::testing::Outcome;
+use order_timeout::testing::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
 use order_timeout_tools::shop;
 use serde_json::Value;
 

@@ -18,10 +18,10 @@
 
 use std::time::Duration;
 
-use order_timeout::observe::metrics::SweepResult;
 use order_timeout::ops::parked::{self, Selection};
 use order_timeout::settings::{DEFAULT_TIMER, Settings};
-use order_timeout::store::Dialect;
+use order_timeout::testing::Dialect;
+use order_timeout::testing::SweepResult;
 use order_timeout_tools::measure::sweep_lateness::{Shop, ids};
 
 use crate::common::{TestEnv, on_rabbitmq4};

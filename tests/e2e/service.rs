@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::common::{Dialect, STOCK, TestEnv, on_both_dialects, on_rabbitmq4};
 use chrono::Utc;
 use order_timeout::message::format_instant;
-use order_timeout::observe::metrics::Outcome;
+use order_timeout::testing::Outcome;
 
 /// Generous bound on lateness for behaviour tests (the benchmark measures
 /// the real figure; see docs/BENCHMARKS.md).
@@ -243,7 +243,7 @@ async fn a_redelivery_after_a_crash_finishes_the_pending_release_once(dialect: D
     }
     // The release of order b went through before the crash (the service's
     // own client, as the crashed instance would have called it).
-    let client = order_timeout::inventory::InventoryClient::connect_lazy(
+    let client = order_timeout::testing::InventoryClient::connect_lazy(
         &env.settings.inventory_url,
         Duration::from_secs(5),
     )
@@ -368,7 +368,7 @@ async fn two_consumers_on_one_queue_cancel_each_order_once(dialect: Dialect) {
     })
     .await;
     env.eventually(Duration::from_secs(10), "every copy processed", || async {
-        let done = |s: &order_timeout::app::RunningService| {
+        let done = |s: &order_timeout::RunningService| {
             s.metrics.count(Outcome::Cancelled) + s.metrics.count(Outcome::AlreadyCancelled)
         };
         done(&one) + done(&two) == 2 * n
@@ -531,10 +531,8 @@ async fn bad_messages_are_parked_with_their_reason_and_do_not_block(dialect: Dia
     let mut reasons = Vec::new();
     for msg in &parked {
         let headers = msg.properties.headers().clone().unwrap_or_default();
-        let kind = order_timeout::broker::headers::header_str(headers.inner().get("x-error-kind"))
-            .unwrap();
-        let error =
-            order_timeout::broker::headers::header_str(headers.inner().get("x-error")).unwrap();
+        let kind = order_timeout::testing::header_str(headers.inner().get("x-error-kind")).unwrap();
+        let error = order_timeout::testing::header_str(headers.inner().get("x-error")).unwrap();
         assert!(!error.is_empty());
         reasons.push((kind, String::from_utf8_lossy(&msg.body).into_owned()));
     }

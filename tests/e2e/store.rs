@@ -16,9 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use order_timeout::message::OrderId;
 use order_timeout::settings::{self, SecretUrl};
-use order_timeout::store::{
-    self, Cancellation, Dialect, OrderState, OrderStore, ShopSchema, Store,
-};
+use order_timeout::testing::{Cancellation, Dialect, OrderState, OrderStore, ShopSchema, Store};
 use order_timeout_tools::scratch;
 use order_timeout_tools::shop::ShopDb;
 use sqlx::MySqlPool;

@@ -6,13 +6,14 @@
 //! kept here: the store's unit tests find every template constant in those
 //! files' sources and check it is in the list this test prepares.
 
-use order_timeout::store::{self, ShopSchema};
+use order_timeout::testing::ShopSchema;
+use order_timeout::testing::connect_lazy;
 
 use crate::common::{Dialect, TestEnv, on_both_dialects};
 
 async fn every_template_prepares_with_the_parameters_the_service_binds(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;
-    let store = store::connect_lazy(&env.settings.database_url, 2, &ShopSchema::default()).unwrap();
+    let store = connect_lazy(&env.settings.database_url, 2, &ShopSchema::default()).unwrap();
     let prepared = store
         .prepare_every_template()
         .await

@@ -16,11 +16,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use order_timeout::app::RunningService;
-use order_timeout::broker::connect_amqp;
+use order_timeout::RunningService;
 use order_timeout::message::OrderId;
 use order_timeout::settings::{SecretUrl, Settings};
-use order_timeout::store::{self, OrderState, ShopSchema, StoreError};
+use order_timeout::testing::connect_amqp;
+use order_timeout::testing::{OrderState, ShopSchema, StoreError};
+use order_timeout::testing::{Store, connect_lazy};
 use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster};
 use order_timeout_tools::shop;
 use rcgen::{
@@ -283,7 +284,7 @@ async fn insert_overdue_pg(pool: &sqlx::PgPool, id: &str) {
 }
 
 /// `cancel_due` for one order cancels it.
-async fn assert_cancels(store: &store::Store, id: &str) {
+async fn assert_cancels(store: &Store, id: &str) {
     let states = store
         .cancel_due(&[OrderId::parse(id).unwrap()], LEASE)
         .await
@@ -314,7 +315,7 @@ async fn postgres_over_tls_verifies_the_server_and_plaintext_is_refused() {
             .await
             .unwrap();
     assert!(encrypted, "the tools' pool is on TLS");
-    let store = store::connect_lazy(&url, 2, &ShopSchema::default()).unwrap();
+    let store = connect_lazy(&url, 2, &ShopSchema::default()).unwrap();
     store.prepare().await.expect("schema check over TLS");
     insert_overdue_pg(&pool, "tls-pg-1").await;
     assert_cancels(&store, "tls-pg-1").await;
@@ -326,7 +327,7 @@ async fn postgres_over_tls_verifies_the_server_and_plaintext_is_refused() {
 
     // The same URL without sslmode is plaintext (the default), which this
     // server refuses.
-    let plain = store::connect_lazy(&pg.url("ot_tls", ""), 1, &ShopSchema::default()).unwrap();
+    let plain = connect_lazy(&pg.url("ot_tls", ""), 1, &ShopSchema::default()).unwrap();
     let err = plain.ping().await.expect_err("plaintext is refused");
     assert!(err.to_string().contains("no encryption"), "{err}");
 
@@ -335,7 +336,7 @@ async fn postgres_over_tls_verifies_the_server_and_plaintext_is_refused() {
         "?sslmode=verify-full&sslrootcert={}",
         pki.other_ca.display()
     );
-    let other = store::connect_lazy(&pg.url("ot_tls", &wrong), 1, &ShopSchema::default()).unwrap();
+    let other = connect_lazy(&pg.url("ot_tls", &wrong), 1, &ShopSchema::default()).unwrap();
     let err = other
         .ping()
         .await
@@ -348,7 +349,7 @@ async fn postgres_over_tls_verifies_the_server_and_plaintext_is_refused() {
     // A CA file that is not there stops the store before any connection,
     // naming the parameter.
     let missing = pki.dir.path().join("missing.pem");
-    let err = store::connect_lazy(
+    let err = connect_lazy(
         &pg.url(
             "ot_tls",
             &format!("?sslmode=verify-full&sslrootcert={}", missing.display()),
@@ -457,7 +458,7 @@ async fn mariadb_over_tls_verifies_the_server_and_plaintext_is_refused() {
         .await
         .unwrap();
     assert!(version.starts_with("TLS"), "Ssl_version {version:?}");
-    let store = store::connect_lazy(&url, 2, &ShopSchema::default()).unwrap();
+    let store = connect_lazy(&url, 2, &ShopSchema::default()).unwrap();
     store.prepare().await.expect("schema check over TLS");
     sqlx::query("INSERT INTO orders (id, status, expires_at) VALUES (?, 'UNPAID', ?)")
         .bind("tls-my-1")
@@ -475,7 +476,7 @@ async fn mariadb_over_tls_verifies_the_server_and_plaintext_is_refused() {
     // The same user without ssl-mode: plaintext (the default), which the
     // server refuses (it answers, so this is its refusal, not a network
     // error; MariaDB words it "Access denied").
-    let plain = store::connect_lazy(&db.url("ot_tls", ""), 1, &ShopSchema::default()).unwrap();
+    let plain = connect_lazy(&db.url("ot_tls", ""), 1, &ShopSchema::default()).unwrap();
     let err = plain.ping().await.expect_err("plaintext is refused");
     assert!(
         matches!(err, StoreError::Sql(sqlx::Error::Database(_))),
@@ -487,7 +488,7 @@ async fn mariadb_over_tls_verifies_the_server_and_plaintext_is_refused() {
         "?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
         pki.other_ca.display()
     );
-    let other = store::connect_lazy(&db.url("ot_tls", &wrong), 1, &ShopSchema::default()).unwrap();
+    let other = connect_lazy(&db.url("ot_tls", &wrong), 1, &ShopSchema::default()).unwrap();
     let err = other
         .ping()
         .await

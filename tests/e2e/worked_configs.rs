@@ -26,9 +26,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use order_timeout::broker::publisher::TimerEvent;
-use order_timeout::observe::metrics::{Metrics, Outcome};
 use order_timeout::settings::{SecretUrl, Settings, Timer};
+use order_timeout::testing::TimerEvent;
+use order_timeout::testing::{Metrics, Outcome};
 use order_timeout_tools::scratch::ScratchDatabase;
 use order_timeout_tools::shop::ShopDb;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

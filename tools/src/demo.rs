@@ -22,13 +22,13 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::Rng;
 use rand::seq::IndexedRandom;
 
-use order_timeout::app::RunningService;
-use order_timeout::broker::publisher::Publisher;
-use order_timeout::broker::{connect_amqp, declare_topology};
+use order_timeout::RunningService;
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout::shutdown::Shutdown;
-use order_timeout::store::OrderItem;
+use order_timeout::testing::OrderItem;
+use order_timeout::testing::Publisher;
+use order_timeout::testing::{connect_amqp, declare_topology};
 
 use crate::inventory::{ReferenceInventory, ShopInventory};
 use crate::shop::{self, NewOrder, OrdersDatabase, Progress, ShopDb};

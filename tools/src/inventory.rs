@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use order_timeout::store::OrderItem;
+use order_timeout::testing::OrderItem;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::{Channel, Endpoint, Server};
@@ -66,7 +66,7 @@ fn to_pb(items: &[OrderItem]) -> Vec<pb::Item> {
 
 /// The order service's client of the inventory: reserve stock for a new
 /// order, read stock. (Releasing is the service's job: its own client,
-/// `order_timeout::inventory::InventoryClient`.)
+/// `order_timeout::testing::InventoryClient`.)
 #[derive(Clone, Debug)]
 pub struct ShopInventory {
     client: pb::inventory_client::InventoryClient<Channel>,

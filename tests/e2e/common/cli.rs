@@ -2,6 +2,7 @@
 //! ([`TestEnv::cli`]), for the operator commands.
 
 use super::*;
+use order_timeout::testing::PARKED_QUEUE;
 
 /// Output of one run of the real `order-timeout` binary.
 #[derive(Debug)]
@@ -86,7 +87,7 @@ impl TestEnv {
         let kept = order_timeout::ops::parked::count(&self.parked_store())
             .await
             .unwrap_or(0);
-        self.queue_depth(topology::PARKED_QUEUE).await + u32::try_from(kept).unwrap()
+        self.queue_depth(PARKED_QUEUE).await + u32::try_from(kept).unwrap()
     }
 
     /// Parked messages kept in the parked store (moved out of the queue).
@@ -119,7 +120,7 @@ impl TestEnv {
             .channel
             .basic_publish(
                 "".into(),
-                topology::PARKED_QUEUE.into(),
+                PARKED_QUEUE.into(),
                 BasicPublishOptions::default(),
                 body,
                 BasicProperties::default()

@@ -4,6 +4,9 @@
 //! back, on either dialect.
 
 use super::*;
+use order_timeout::testing::{
+    CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, SCHEDULE_ROUTING_KEY,
+};
 
 impl TestEnv {
     /// The SKU name `n` of this test.
@@ -161,7 +164,7 @@ impl TestEnv {
         let admin = scratch::with_path(&self.base_db_url, "postgres").unwrap();
         let admin = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
-            .connect_with(order_timeout::store::pg_options(&admin).unwrap())
+            .connect_with(order_timeout::testing::pg_options(&admin).unwrap())
             .await
             .unwrap();
         let mut killed: i64 = sqlx::query_scalar(
@@ -179,7 +182,7 @@ impl TestEnv {
             let admin = scratch::with_path(base, "information_schema").unwrap();
             let admin: MySqlPool = sqlx::mysql::MySqlPoolOptions::new()
                 .max_connections(1)
-                .connect_with(order_timeout::store::mysql_options(&admin).unwrap())
+                .connect_with(order_timeout::testing::mysql_options(&admin).unwrap())
                 .await
                 .unwrap();
             let ids: Vec<i64> = sqlx::query_scalar(
@@ -205,8 +208,7 @@ impl TestEnv {
     /// Publishes raw bytes to the entry exchange with a plain AMQP client,
     /// as any order service would, and waits for the confirm.
     pub async fn publish_raw(&self, body: &[u8]) {
-        self.publish_raw_as(topology::SCHEDULE_ROUTING_KEY, body)
-            .await;
+        self.publish_raw_as(SCHEDULE_ROUTING_KEY, body).await;
     }
 
     /// [`TestEnv::publish_raw`] with routing key `key` (a lane entry).
@@ -214,7 +216,7 @@ impl TestEnv {
         let confirm = self
             .channel
             .basic_publish(
-                topology::ENTRY_EXCHANGE.into(),
+                ENTRY_EXCHANGE.into(),
                 key.into(),
                 BasicPublishOptions::default(),
                 body,
@@ -231,8 +233,7 @@ impl TestEnv {
 
     /// Publishes `{"order_id", "cancel_at"}` for `order`.
     pub async fn publish_timeout(&self, order: &NewOrder) {
-        self.publish_timeout_as(topology::SCHEDULE_ROUTING_KEY, order)
-            .await;
+        self.publish_timeout_as(SCHEDULE_ROUTING_KEY, order).await;
     }
 
     /// [`TestEnv::publish_timeout`] with routing key `key` (a lane entry).
@@ -246,8 +247,7 @@ impl TestEnv {
 
     /// An exclusive queue bound to the `order.cancelled` events.
     pub async fn subscribe_events(&self) -> lapin::Consumer {
-        self.subscribe_events_on(topology::CANCELLED_ROUTING_KEY)
-            .await
+        self.subscribe_events_on(CANCELLED_ROUTING_KEY).await
     }
 
     /// An exclusive queue bound to the events whose routing key matches
@@ -258,7 +258,7 @@ impl TestEnv {
         channel
             .queue_bind(
                 queue.name().clone(),
-                topology::EVENTS_EXCHANGE.into(),
+                EVENTS_EXCHANGE.into(),
                 binding.into(),
                 QueueBindOptions::default(),
                 FieldTable::default(),
@@ -281,15 +281,19 @@ impl TestEnv {
 
     /// The parked store (`order_timeout_parked`) of the database of the
     /// service started last, else of this test's database.
-    pub fn parked_store(&self) -> order_timeout::store::Store {
+    pub fn parked_store(&self) -> order_timeout::testing::Store {
         let url = self
             .service_database
             .lock()
             .unwrap()
             .clone()
             .unwrap_or_else(|| self.settings.database_url.clone());
-        order_timeout::store::connect_lazy(&url, 2, &order_timeout::store::ShopSchema::default())
-            .unwrap()
+        order_timeout::testing::connect_lazy(
+            &url,
+            2,
+            &order_timeout::testing::ShopSchema::default(),
+        )
+        .unwrap()
     }
 
     /// Every parked message, oldest first, with whole bodies, after moving
@@ -412,7 +416,7 @@ impl TestEnv {
         let ok = || {
             service.metrics.sweeps_of(
                 order_timeout::settings::DEFAULT_TIMER,
-                order_timeout::observe::metrics::SweepResult::Ok,
+                order_timeout::testing::SweepResult::Ok,
             )
         };
         let after = ok();
@@ -522,7 +526,7 @@ impl TestEnv {
         consumer: &mut lapin::Consumer,
         n: usize,
         timeout: Duration,
-    ) -> Vec<order_timeout::broker::publisher::TimerEvent> {
+    ) -> Vec<order_timeout::testing::TimerEvent> {
         let mut events = Vec::new();
         let _ = tokio::time::timeout(timeout, async {
             while events.len() < n {

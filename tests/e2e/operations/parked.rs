@@ -4,6 +4,7 @@
 //! deletes what was asked and nothing else.
 
 use super::*;
+use order_timeout::testing::{DUE_QUEUE, PARKED_QUEUE};
 
 pub(super) async fn list_shows_reasons_and_leaves_the_queue_as_it_was(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;
@@ -59,7 +60,7 @@ pub(super) async fn list_shows_reasons_and_leaves_the_queue_as_it_was(dialect: D
     let ghost = &first[1];
     assert_eq!(ghost.order_id.as_deref(), Some("ghost-1"));
     assert_eq!(ghost.error_kind.as_deref(), Some("unknown_order"));
-    assert_eq!(ghost.source_queue.as_deref(), Some(topology::DUE_QUEUE));
+    assert_eq!(ghost.source_queue.as_deref(), Some(DUE_QUEUE));
     let binary = &first[2];
     assert_eq!(binary.body, None);
     assert_eq!(
@@ -112,7 +113,7 @@ async fn the_parked_store_reads_without_delivering(env: &TestEnv, first: &[Parke
     };
     assert_eq!(strip(&again), strip(first), "unchanged by 400 readings");
     assert_eq!(
-        env.queue_depth(topology::PARKED_QUEUE).await,
+        env.queue_depth(PARKED_QUEUE).await,
         0,
         "moved out of the queue"
     );

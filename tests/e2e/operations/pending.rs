@@ -2,6 +2,7 @@
 //! shows on `/metrics` and the console, and a missing queue named.
 
 use super::*;
+use order_timeout::testing::PARKED_QUEUE;
 
 pub(super) async fn pending_shows_what_waits_by_due_window(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;
@@ -25,7 +26,7 @@ pub(super) async fn pending_shows_what_waits_by_due_window(dialect: Dialect) {
     env.publish_raw(b"definitely not json").await;
     wait_parked(&env, &service, 1).await;
     env.eventually(WAIT, "the parked message moved into the store", || async {
-        env.queue_depth(topology::PARKED_QUEUE).await == 0
+        env.queue_depth(PARKED_QUEUE).await == 0
     })
     .await;
     env.eventually(WAIT, "five timeouts in the cascade", || async {

@@ -3,6 +3,9 @@
 //! broker's file limit against what the layout needs.
 
 use super::*;
+use order_timeout::testing::{
+    DUE_QUEUE, Layout, PARKED_QUEUE, READY_EXCHANGE, exchange_specs, queue_specs,
+};
 
 /// Level 3 re-created as a classic queue with another TTL, level 5 and
 /// shard 1's level 2 deleted, the ready exchange re-created as direct.
@@ -14,15 +17,15 @@ async fn break_the_topology(env: &TestEnv) -> String {
     args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(1234));
     declare_durable_queue(&channel, &level_name(3), "classic", args).await;
     delete_queue(&channel, &level_name(5)).await;
-    let shard_queue = order_timeout::broker::cascade::shard_level_name(1, 2);
+    let shard_queue = order_timeout::testing::shard_level_name(1, 2);
     delete_queue(&channel, &shard_queue).await;
     channel
-        .exchange_delete(topology::READY_EXCHANGE.into(), Default::default())
+        .exchange_delete(READY_EXCHANGE.into(), Default::default())
         .await
         .unwrap();
     channel
         .exchange_declare(
-            topology::READY_EXCHANGE.into(),
+            READY_EXCHANGE.into(),
             ExchangeKind::Direct,
             ExchangeDeclareOptions {
                 durable: true,
@@ -37,12 +40,12 @@ async fn break_the_topology(env: &TestEnv) -> String {
 
 pub(super) async fn topology_check_reports_ok_and_then_every_difference(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;
-    let layout = order_timeout::broker::topology::Layout::of(&env.settings);
+    let layout = order_timeout::testing::Layout::of(&env.settings);
     assert!(
         layout.shards.get() > 1,
         "the default layout has cascade shards"
     );
-    let expected = topology::exchange_specs(&layout).len() + topology::queue_specs(&layout).len();
+    let expected = exchange_specs(&layout).len() + queue_specs(&layout).len();
     let out = env.cli(&["topology", "check"]).await;
     assert_success(&out);
     assert!(
@@ -70,7 +73,7 @@ pub(super) async fn topology_check_reports_ok_and_then_every_difference(dialect:
     );
     line(&format!("MISSING  queue {}", level_name(5)));
     line(&format!("MISSING  queue {shard_queue}"));
-    let ready = line(&format!("DIFFERS  exchange {}", topology::READY_EXCHANGE));
+    let ready = line(&format!("DIFFERS  exchange {}", READY_EXCHANGE));
     assert!(ready.contains("'type'"), "{ready}");
     assert!(
         out.stdout
@@ -101,14 +104,8 @@ pub(super) async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_th
     let env = TestEnv::on(dialect).await;
     // As a version without the delivery limit declared it.
     let channel = env.amqp.create_channel().await.unwrap();
-    delete_queue(&channel, topology::PARKED_QUEUE).await;
-    declare_durable_queue(
-        &channel,
-        topology::PARKED_QUEUE,
-        "quorum",
-        FieldTable::default(),
-    )
-    .await;
+    delete_queue(&channel, PARKED_QUEUE).await;
+    declare_durable_queue(&channel, PARKED_QUEUE, "quorum", FieldTable::default()).await;
 
     // The service starts on it (a warning, not a refusal) and parks into it.
     let service = env.service().await;
@@ -121,7 +118,7 @@ pub(super) async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_th
     let parked = out
         .stdout
         .lines()
-        .skip_while(|l| !l.starts_with(&format!("DIFFERS  queue {}", topology::PARKED_QUEUE)))
+        .skip_while(|l| !l.starts_with(&format!("DIFFERS  queue {}", PARKED_QUEUE)))
         .take(2)
         .collect::<Vec<_>>()
         .join("\n");
@@ -137,8 +134,7 @@ pub(super) async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_th
     );
     // Every other queue, the due queue included, has the limit.
     assert!(
-        !out.stdout
-            .contains(&format!("queue {}:", topology::DUE_QUEUE)),
+        !out.stdout.contains(&format!("queue {}:", DUE_QUEUE)),
         "{}",
         out.stdout
     );
@@ -153,9 +149,9 @@ pub(super) async fn a_parked_queue_from_before_the_delivery_limit_is_used_and_th
 pub(super) async fn topology_check_warns_when_the_brokers_file_limit_is_too_low(dialect: Dialect) {
     use order_timeout::ops::topology_fds::{self, Allowance};
     let env = TestEnv::on(dialect).await;
-    let layout = topology::Layout::of(&env.settings);
+    let layout = Layout::of(&env.settings);
     let need = topology_fds::need(&layout, 1);
-    let queues = topology::queue_specs(&layout).len() as u64;
+    let queues = queue_specs(&layout).len() as u64;
     assert_eq!(need.for_queues, 3 * queues, "quorum queues, 3 handles each");
 
     let out = env.cli(&["topology", "check"]).await;

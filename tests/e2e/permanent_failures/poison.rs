@@ -4,6 +4,9 @@
 //! sent along is not believed.
 
 use super::*;
+use order_timeout::testing::{
+    ENTRY_EXCHANGE, READY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key,
+};
 
 /// One string header.
 fn header(name: &str, value: AMQPValue) -> FieldTable {
@@ -17,8 +20,8 @@ fn header(name: &str, value: AMQPValue) -> FieldTable {
 async fn publish_timeout_with(env: &TestEnv, body: String, headers: FieldTable) {
     publish_with(
         env,
-        topology::ENTRY_EXCHANGE,
-        topology::SCHEDULE_ROUTING_KEY,
+        ENTRY_EXCHANGE,
+        SCHEDULE_ROUTING_KEY,
         body.as_bytes(),
         headers,
     )
@@ -112,7 +115,7 @@ pub(super) async fn header_values_at_the_edges_neither_panic_nor_reset_the_attem
     ] {
         let body = serde_json::json!({ "order_id": id }).to_string();
         let headers = header("x-attempts", attempts);
-        publish_with(&env, topology::READY_EXCHANGE, "", body.as_bytes(), headers).await;
+        publish_with(&env, READY_EXCHANGE, "", body.as_bytes(), headers).await;
     }
 
     for i in 0..4 {
@@ -165,11 +168,11 @@ pub(super) async fn a_senders_failure_history_is_not_believed(dialect: Dialect) 
     // is spent.
     let body = |id: &str| serde_json::json!({ "order_id": id }).to_string();
     publish_timeout_with(&env, body("claims-1"), claimed()).await;
-    let lane_key = topology::lane_entry_key(env.settings.lanes[0]);
+    let lane_key = lane_entry_key(env.settings.lanes[0]);
     let lane_body = body("claims-2");
     publish_with(
         &env,
-        topology::ENTRY_EXCHANGE,
+        ENTRY_EXCHANGE,
         &lane_key,
         lane_body.as_bytes(),
         claimed(),

@@ -4,6 +4,7 @@
 //! until its hold window is over.
 
 use super::*;
+use order_timeout::testing::{Layout, binding_specs};
 
 /// Limits the parked queue and the cascade's level 4 (16 s) to `max`
 /// messages, refusing publishes beyond (`reject-publish`).
@@ -187,7 +188,7 @@ pub(super) async fn a_re_schedule_refused_until_the_hold_window_is_held(dialect:
         .flat_map(|shard| [0, 1].map(|level| shard_level_name(shard, level)))
         .collect();
     let channel = env.amqp.create_channel().await.unwrap();
-    let specs = topology::binding_specs(&topology::Layout::of(&env.settings));
+    let specs = binding_specs(&Layout::of(&env.settings));
     for spec in specs {
         let BindingDestination::Queue(queue) = &spec.destination else {
             continue;

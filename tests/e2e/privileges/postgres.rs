@@ -23,7 +23,7 @@ async fn postgres_migrate_serve_and_operate_as_documented_least_privilege_users(
     {
         let admin = scratch::with_path(&server, "/postgres").unwrap();
         let mut conn =
-            sqlx::PgConnection::connect_with(&order_timeout::store::pg_options(&admin).unwrap())
+            sqlx::PgConnection::connect_with(&order_timeout::testing::pg_options(&admin).unwrap())
                 .await
                 .unwrap();
         conn.execute(sqlx::AssertSqlSafe(format!(
@@ -35,7 +35,7 @@ async fn postgres_migrate_serve_and_operate_as_documented_least_privilege_users(
     }
     let shop_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
-        .connect_with(order_timeout::store::pg_options(&db_url).unwrap())
+        .connect_with(order_timeout::testing::pg_options(&db_url).unwrap())
         .await
         .unwrap();
     shop::create_reference_schema(&shop_pool).await.unwrap();

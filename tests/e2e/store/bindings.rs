@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures_util::{StreamExt, stream};
 use order_timeout::settings::{ItemsMapping, OrdersMapping, Release};
-use order_timeout::store::{OrderItem, PoolSettings};
+use order_timeout::testing::connect_timer;
+use order_timeout::testing::{OrderItem, PoolSettings};
 
 use super::*;
 
@@ -266,7 +267,7 @@ fn schema(f: &Fixture, table: &str, ty: &IdType) -> ShopSchema {
 /// `serve` checks it (which prepares every statement).
 async fn checked_store(f: &Fixture, schema: &ShopSchema, connections: u32) -> Store {
     let timer = schema.timer();
-    let store = store::connect_timer(f.url(), PoolSettings::new(connections), &timer).unwrap();
+    let store = connect_timer(f.url(), PoolSettings::new(connections), &timer).unwrap();
     store.prepare().await.expect("the start-up check");
     store
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
+use order_timeout::testing::connect_lazy;
 
 /// A concurrent session running one statement in a loop.
 pub(super) struct Repeater {
@@ -95,7 +96,7 @@ impl Fixture {
         let shop = ShopDb::prepare(&url, 5)
             .await
             .expect("prepare the store test database");
-        let store = store::connect_lazy(&url, 5, &ShopSchema::default()).unwrap();
+        let store = connect_lazy(&url, 5, &ShopSchema::default()).unwrap();
         Self {
             dialect,
             name,
@@ -309,7 +310,7 @@ impl Fixture {
 
     /// Another store on this database, with `schema`'s mapping.
     pub(super) fn store_with(&self, schema: &ShopSchema) -> Store {
-        store::connect_lazy(&self.url, 5, schema).unwrap()
+        connect_lazy(&self.url, 5, schema).unwrap()
     }
 
     /// Runs `sql` again and again on a session of its own, as another

@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 
 use order_timeout::settings::{OrdersMapping, Release};
-use order_timeout::store::PoolSettings;
+use order_timeout::testing::PoolSettings;
+use order_timeout::testing::connect_timer;
 
 use super::*;
 
@@ -394,7 +395,7 @@ fn store_for(f: &Fixture, table: &str, n: usize, flip: Flip) -> (Store, String) 
                 also = ["{also}"]
                 "#
             ));
-            let store = store::connect_timer(f.url(), PoolSettings::new(2), &timer).unwrap();
+            let store = connect_timer(f.url(), PoolSettings::new(2), &timer).unwrap();
             (store, name)
         }
     }

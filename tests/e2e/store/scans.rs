@@ -7,7 +7,8 @@
 //! timer flipped before (re-opened orders) and the rows set aside while
 //! they are unchanged, so that any number of them never fills its pages.
 
-use order_timeout::store::{Page, PoolSettings, RowCursor};
+use order_timeout::testing::{HistoryCursor, connect_timer, history_statement_for_explain};
+use order_timeout::testing::{Page, PoolSettings, RowCursor};
 
 use super::*;
 
@@ -92,7 +93,7 @@ pub(super) async fn scans_read_past_rows_that_are_no_orders(f: &Fixture) {
     rows(f, &["sc-w1", "sc-w2"], secs(600)).await;
     let mut timer = ShopSchema::default().timer();
     timer.watch = Some(Duration::from_secs(60));
-    let store = &store::connect_timer(f.url(), PoolSettings::new(2), &timer).unwrap();
+    let store = &connect_timer(f.url(), PoolSettings::new(2), &timer).unwrap();
     store.prepare().await.unwrap();
     let now = Utc::now();
     let until = now + chrono::Duration::hours(1);
@@ -224,7 +225,7 @@ pub(super) async fn the_history_pages_a_range_of_its_index(f: &Fixture) {
         let page = store.history(cursor.as_ref(), 3).await.unwrap();
         assert_eq!(page.len(), 3);
         let last = page.last().unwrap();
-        cursor = Some(store::HistoryCursor {
+        cursor = Some(HistoryCursor {
             at: last.outbox.created_at,
             timer: "cancel_unpaid".into(),
             order_id: last.order_id.clone(),
@@ -240,7 +241,7 @@ pub(super) async fn the_history_pages_a_range_of_its_index(f: &Fixture) {
         "newest first, then by id descending (byte order: old-999 after old-1999's page)"
     );
     let cursor = cursor.unwrap();
-    let statement = store::history_statement_for_explain(f.dialect(), "cancel_unpaid", &cursor, 50);
+    let statement = history_statement_for_explain(f.dialect(), "cancel_unpaid", &cursor, 50);
     let plan = if my {
         f.texts(&format!("EXPLAIN FORMAT=JSON {statement}")).await
     } else {

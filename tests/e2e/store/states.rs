@@ -5,6 +5,7 @@
 //! cancel transaction carries on each dialect.
 
 use super::*;
+use order_timeout::testing::max_batch_ids;
 
 pub(super) async fn unknown_order_is_reported_unknown(f: &Fixture) {
     assert_eq!(
@@ -231,11 +232,11 @@ pub(super) async fn one_cancel_transaction_carries_the_most_ids_its_dialect_allo
     // statement over the limit never answers). PostgreSQL binds one
     // array: more than MySQL's limit, in one statement.
     let n = match f.dialect() {
-        Dialect::MySql => store::max_batch_ids(Dialect::MySql) + 1,
+        Dialect::MySql => max_batch_ids(Dialect::MySql) + 1,
         Dialect::Postgres => 20_000,
     };
-    assert_eq!(store::max_batch_ids(Dialect::MySql), 65_535 / 4);
-    assert!(store::max_batch_ids(Dialect::Postgres) > n);
+    assert_eq!(max_batch_ids(Dialect::MySql), 65_535 / 4);
+    assert!(max_batch_ids(Dialect::Postgres) > n);
     let ago = match f.dialect() {
         Dialect::MySql => "UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE",
         Dialect::Postgres => "now() - interval '1 minute'",

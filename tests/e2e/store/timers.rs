@@ -35,7 +35,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use order_timeout::settings::{Settings, Timer};
-use order_timeout::store::PoolSettings;
+use order_timeout::testing::PoolSettings;
+use order_timeout::testing::{connect_timer, mysql_options, pg_options};
 use sqlx::Connection;
 
 use super::*;
@@ -72,7 +73,7 @@ pub(super) fn timer_of(toml: &str) -> Timer {
 /// A store of `timer` on the fixture's database, on a pool of its own,
 /// checked against the schema.
 async fn store_of(f: &Fixture, timer: &Timer) -> Store {
-    let store = store::connect_timer(f.url(), PoolSettings::new(5), timer).unwrap();
+    let store = connect_timer(f.url(), PoolSettings::new(5), timer).unwrap();
     store.prepare().await.unwrap();
     assert_eq!(store.timer(), timer);
     store
@@ -306,7 +307,7 @@ async fn commit_during(f: &Fixture, sql: &str, during: impl Future<Output = ()>)
         }};
     }
     match f.dialect() {
-        Dialect::Postgres => on!(sqlx::PgConnection, store::pg_options),
-        Dialect::MySql => on!(sqlx::MySqlConnection, store::mysql_options),
+        Dialect::Postgres => on!(sqlx::PgConnection, pg_options),
+        Dialect::MySql => on!(sqlx::MySqlConnection, mysql_options),
     }
 }

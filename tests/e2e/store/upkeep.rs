@@ -4,6 +4,9 @@
 //! findings, `ping`, and `migrate` leaving the shop's tables alone.
 
 use super::*;
+use order_timeout::testing::{
+    NextAttempt, OutboxFailure, StoreError, migrate, stale_statement_for_explain,
+};
 
 pub(super) async fn the_sweeper_finds_overdue_orders_oldest_first(f: &Fixture) {
     f.insert("s-old", "UNPAID", secs(-300)).await;
@@ -69,8 +72,8 @@ async fn stale_rows(f: &Fixture, orders: &[&str]) {
     }
 }
 
-fn failure<'a>(id: &'a str, permanent: bool) -> store::OutboxFailure<'a> {
-    store::OutboxFailure {
+fn failure<'a>(id: &'a str, permanent: bool) -> OutboxFailure<'a> {
+    OutboxFailure {
         id,
         error: "inventory: Unavailable",
         release: true,
@@ -93,12 +96,12 @@ pub(super) async fn failing_outbox_rows_wait_their_backoff_and_given_up_ones_are
 
     // The two oldest fail: put off by an hour, they come after the
     // newer rows; the refused one is given up and never comes back.
-    let plan = |f: &store::OutboxFailure<'_>, attempts: u32| {
+    let plan = |f: &OutboxFailure<'_>, attempts: u32| {
         assert_eq!(attempts, 1);
         if f.permanent {
-            store::NextAttempt::GiveUp("refused".into())
+            NextAttempt::GiveUp("refused".into())
         } else {
-            store::NextAttempt::After(Duration::from_secs(3600))
+            NextAttempt::After(Duration::from_secs(3600))
         }
     };
     let planned = store
@@ -118,7 +121,7 @@ pub(super) async fn failing_outbox_rows_wait_their_backoff_and_given_up_ones_are
 
     // Due again (the hour has passed): back in the scan, after rows that
     // were due before them.
-    let due_now = |_: &store::OutboxFailure<'_>, _: u32| store::NextAttempt::After(Duration::ZERO);
+    let due_now = |_: &OutboxFailure<'_>, _: u32| NextAttempt::After(Duration::ZERO);
     let planned = store
         .record_failures(&[failure("b-old", false)], &due_now)
         .await
@@ -161,8 +164,7 @@ pub(super) async fn retention_deletes_only_finished_rows_past_it(f: &Fixture) {
         .collect();
     store.mark_done(&done, &done).await.unwrap();
     store.mark_done(&["r-half-old"], &[]).await.unwrap();
-    let give_up =
-        |_: &store::OutboxFailure<'_>, _: u32| store::NextAttempt::GiveUp("refused".into());
+    let give_up = |_: &OutboxFailure<'_>, _: u32| NextAttempt::GiveUp("refused".into());
     store
         .record_failures(&[failure("r-gave-up-old", true)], &give_up)
         .await
@@ -221,12 +223,8 @@ pub(super) async fn the_stale_outbox_scan_reads_an_index_of_the_pending_rows(f: 
     assert_eq!(found.len(), 10, "{found:?}");
     assert!(found.iter().all(|id| id.as_str().starts_with("todo-")));
     // The sweeper's own statement (store/outbox.rs), its values written in.
-    let statement = store::stale_statement_for_explain(
-        f.dialect(),
-        "cancel_unpaid",
-        Duration::from_secs(60),
-        100,
-    );
+    let statement =
+        stale_statement_for_explain(f.dialect(), "cancel_unpaid", Duration::from_secs(60), 100);
     let plan = if my {
         f.texts(&format!("EXPLAIN FORMAT=JSON {statement}")).await
     } else {
@@ -246,7 +244,7 @@ pub(super) async fn the_stale_outbox_scan_reads_an_index_of_the_pending_rows(f: 
 
 pub(super) async fn prepare_says_to_run_migrate_without_the_services_tables(f: &Fixture) {
     let store = f.store_with(&ShopSchema::default());
-    let says_migrate = |err: store::StoreError, what: &str| {
+    let says_migrate = |err: StoreError, what: &str| {
         let message = err.to_string();
         assert!(err.is_config(), "{message}");
         assert!(
@@ -273,7 +271,7 @@ pub(super) async fn prepare_says_to_run_migrate_without_the_services_tables(f: &
         store.prepare().await.unwrap_err(),
         "no table order_timeout_cancel_outbox",
     );
-    store::migrate(f.url()).await.unwrap();
+    migrate(f.url()).await.unwrap();
     store.prepare().await.unwrap();
 }
 
@@ -322,8 +320,8 @@ pub(super) async fn migrate_creates_only_the_services_tables_and_leaves_the_shop
 ) {
     let before = f.shop_ddl().await;
     assert!(!before.is_empty());
-    store::migrate(f.url()).await.unwrap();
-    store::migrate(f.url()).await.unwrap();
+    migrate(f.url()).await.unwrap();
+    migrate(f.url()).await.unwrap();
     assert_eq!(
         f.shop_ddl().await,
         before,

@@ -23,9 +23,9 @@ use super::BenchError;
 use super::amqp::SINGLE_DELAY_QUEUE;
 use super::workload::TimeoutDist;
 use crate::shop::ShopDb;
-use order_timeout::broker::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 use order_timeout::settings::Lane;
+use order_timeout::testing::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
 
 /// Where the generator publishes each order's timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,8 +32,8 @@ use super::amqp::confirm_channels;
 use super::amqp::{QueuePair, declare_pair};
 use super::report::PathCost;
 use super::sys::Sampling;
-use order_timeout::broker::connect_amqp;
 use order_timeout::settings::SecretUrl;
+use order_timeout::testing::connect_amqp;
 
 /// How long a message waits in a path's delay queue.
 pub const PATH_TTL: Duration = Duration::from_secs(2);

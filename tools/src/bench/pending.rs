@@ -13,7 +13,8 @@ use super::env::{self, BenchEnv};
 use super::report::PendingReport;
 use super::sys::{self, Sampling};
 use super::{BenchArgs, BenchError, load, loadavg};
-use order_timeout::broker::topology::{self, Layout};
+use order_timeout::testing::Layout;
+use order_timeout::testing::{DUE_QUEUE, queue_specs};
 
 /// Fills `n` orders and measures them pending; CPU and memory come from
 /// `sampling` (reset here).
@@ -35,7 +36,7 @@ pub(super) async fn measure(
     let (mem0, data_dir) = broker_status();
     let disk0 = data_dir.as_deref().and_then(sys::disk_usage);
     let conn =
-        order_timeout::broker::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-fill")
+        order_timeout::testing::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-fill")
             .await?;
     let started = Instant::now();
     let errors = fill(env, args, n, &conn, &mut p).await?;
@@ -118,7 +119,7 @@ async fn wait_in_cascade(
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let q = queue_counts(channel, layout).await?;
-        let due = q.get(topology::DUE_QUEUE).copied().unwrap_or(0);
+        let due = q.get(DUE_QUEUE).copied().unwrap_or(0);
         let in_cascade: u64 = q
             .iter()
             .filter(|(k, _)| k.starts_with("order-timeout.delay."))
@@ -165,7 +166,7 @@ async fn queue_counts(
     layout: &Layout,
 ) -> Result<BTreeMap<String, u64>, BenchError> {
     let mut out = BTreeMap::new();
-    for spec in topology::queue_specs(layout) {
+    for spec in queue_specs(layout) {
         let q = channel
             .queue_declare(
                 spec.name.as_str().into(),

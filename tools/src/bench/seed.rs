@@ -27,8 +27,8 @@ use sqlx::{ConnectOptions, Connection as _, MySqlConnection, PgConnection};
 
 use super::BenchError;
 use super::amqp::{QueuePair, declare_pair};
-use order_timeout::broker::connect_amqp;
 use order_timeout::settings::SecretUrl;
+use order_timeout::testing::connect_amqp;
 
 /// The seed's delay queue (classic, per-message TTL), where
 /// [`super::load::Route::Seed`] publishes.
@@ -63,9 +63,13 @@ enum SeedDb {
 impl SeedDb {
     async fn connect(url: &SecretUrl) -> anyhow::Result<Self> {
         Ok(if url.expose().starts_with("mysql://") {
-            Self::MySql(order_timeout::store::mysql_options(url)?.connect().await?)
+            Self::MySql(
+                order_timeout::testing::mysql_options(url)?
+                    .connect()
+                    .await?,
+            )
         } else {
-            Self::Postgres(order_timeout::store::pg_options(url)?.connect().await?)
+            Self::Postgres(order_timeout::testing::pg_options(url)?.connect().await?)
         })
     }
 

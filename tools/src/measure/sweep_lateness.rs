@@ -21,9 +21,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use order_timeout::app::RunningService;
+use order_timeout::RunningService;
 use order_timeout::settings::{DEFAULT_TIMER, Release, SecretUrl, Settings};
-use order_timeout::store::Dialect;
+use order_timeout::testing::Dialect;
 
 use super::{World, poll};
 use crate::scratch::ScratchDatabase;

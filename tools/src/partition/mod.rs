@@ -35,11 +35,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
-use order_timeout::app::RunningService;
-use order_timeout::broker::connect_amqp;
-use order_timeout::broker::publisher::Publisher;
+use order_timeout::RunningService;
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
-use order_timeout::store::OrderItem;
+use order_timeout::testing::OrderItem;
+use order_timeout::testing::Publisher;
+use order_timeout::testing::connect_amqp;
 
 mod figures;
 mod world;

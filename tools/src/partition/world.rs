@@ -268,7 +268,7 @@ async fn declare_topology(settings: &Settings) -> anyhow::Result<()> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match order_timeout::broker::declare_topology(settings).await {
+        match order_timeout::testing::declare_topology(settings).await {
             Err(e) if tries < 4 => {
                 eprintln!("[partition] declaring the topology (try {tries} of 4): {e}");
                 tokio::time::sleep(Duration::from_secs(2)).await;
