@@ -76,14 +76,16 @@
 //! [`Settings`]), [`message`] (the contract), [`cli`], [`ops`],
 //! [`shutdown`], and [`Service`] / [`RunningService`] / [`run`]. The
 //! plumbing (`app`, `broker`, `store`, `observe`, `inventory`, `tls`) and
-//! the pipeline are private modules, their items `pub(crate)`. Beyond the
-//! public API, [`testing`] is the one list of what the tools crate and the
+//! the pipeline are private modules. Beyond the public API, `testing`
+//! (`src/testing.rs`) is the one list of what the tools crate and the
 //! integration tests reach (grouped re-exports, each group saying why),
-//! with no promise of stability; an item it re-exports is `pub` in its
-//! private module, every other item `pub(crate)`. No feature changes what
-//! is compiled: the production build is the one linted, and
-//! `unreachable_pub` and `dead_code` guard it (`scripts/test.sh` lints it
-//! on its own as well).
+//! with no promise of stability: an item it re-exports is `pub` in its
+//! private module, and the plumbing's other items are `pub(crate)` (but
+//! for the types those items' signatures name), which `unreachable_pub`
+//! checks. No feature changes what is compiled: the production build is
+//! the only build, and `unreachable_pub` and `dead_code` guard it
+//! (`scripts/test.sh` also lints it on its own, `-p order-timeout --bins
+//! --lib`).
 //!
 //! The demo, the bench, the reference inventory server and shop schema live
 //! in the `order-timeout-tools` crate (`tools/`), which depends on this one;

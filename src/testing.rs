@@ -69,8 +69,8 @@ pub use crate::broker::{
 pub use crate::store::{
     Cancellation, Dialect, HistoryCursor, NextAttempt, OrderItem, OrderState, OrderStore,
     OutboxFailure, Page, PoolSettings, RowCursor, ShopSchema, Store, StoreError, connect_lazy,
-    connect_lazy_with, connect_timer, history_statement_for_explain, max_batch_ids, migrate,
-    mysql_options, pg_options, stale_statement_for_explain,
+    connect_timer, history_statement_for_explain, max_batch_ids, migrate, mysql_options,
+    pg_options, stale_statement_for_explain,
 };
 
 /// The service's inventory client: the reference inventory server's

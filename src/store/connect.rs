@@ -87,7 +87,7 @@ pub struct PoolSettings {
     /// bounds only `SELECT`s).
     pub statement_timeout: Duration,
     /// Longest one store operation may take on the client's side, answered
-    /// or not (`[liveness].database_timeout`, [`bounded`]).
+    /// or not (`[liveness].database_timeout`, `bounded.rs`).
     pub client_timeout: Duration,
 }
 
@@ -133,16 +133,7 @@ pub fn connect_lazy(
     max_connections: u32,
     schema: &ShopSchema,
 ) -> Result<Store, StoreError> {
-    connect_lazy_with(url, PoolSettings::new(max_connections), schema)
-}
-
-/// [`connect_lazy`] with the pool's size and timeouts given.
-pub fn connect_lazy_with(
-    url: &SecretUrl,
-    pool: PoolSettings,
-    schema: &ShopSchema,
-) -> Result<Store, StoreError> {
-    connect_timer(url, pool, &schema.timer())
+    connect_timer(url, PoolSettings::new(max_connections), &schema.timer())
 }
 
 /// The store of one timer, on a pool of its own (lazily, as
@@ -211,7 +202,7 @@ pub(crate) fn connect_timers(
 
 /// Creates the database if it does not exist, then applies the service's
 /// own migrations (the `order_timeout_*` tables; never the shop's). What
-/// they keep for the previous release stays until [`contract`], unless the
+/// they keep for the previous release stays until `contract`, unless the
 /// database had none of the service's tables.
 pub async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
     match Dialect::of(url)? {

@@ -57,7 +57,7 @@ mod tls;
 mod values;
 
 pub use connect::{PoolSettings, migrate};
-pub use connect::{ShopSchema, connect_lazy, connect_lazy_with, connect_timer};
+pub use connect::{ShopSchema, connect_lazy, connect_timer};
 pub(crate) use connect::{Stores, connect_timers, contract};
 pub use dialect::Dialect;
 pub(crate) use dialect::check_batch_sizes;

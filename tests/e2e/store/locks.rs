@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use order_timeout::settings::{OrdersMapping, Release};
 use order_timeout::testing::PoolSettings;
-use order_timeout::testing::connect_lazy_with;
+use order_timeout::testing::connect_timer;
 
 use super::*;
 
@@ -189,7 +189,7 @@ pub(super) async fn a_lock_the_cancel_cannot_skip_reports_the_order_held(f: &Fix
         lock_timeout: Duration::from_secs(1),
         ..PoolSettings::new(2)
     };
-    let store = connect_lazy_with(f.url(), pool, &schema(f)).unwrap();
+    let store = connect_timer(f.url(), pool, &schema(f).timer()).unwrap();
     store.prepare().await.unwrap();
     // The shop's open transaction holds the log row the `also` statement
     // would insert: the cancel's insert waits for it, briefly (the `also`
@@ -235,7 +235,7 @@ pub(super) async fn a_held_row_an_also_statement_writes_delays_only_its_own_orde
         lock_timeout: Duration::from_secs(3),
         ..PoolSettings::new(8)
     };
-    let store = connect_lazy_with(f.url(), pool, &schema(f)).unwrap();
+    let store = connect_timer(f.url(), pool, &schema(f).timer()).unwrap();
     store.prepare().await.unwrap();
     f.in_open_transaction(
         "INSERT INTO also_log (order_id) VALUES ('la-held')",
@@ -320,7 +320,7 @@ pub(super) async fn a_slow_guard_times_out_as_a_transient_error(f: &Fixture) {
         statement_timeout: Duration::from_secs(1),
         ..PoolSettings::new(2)
     };
-    let store = connect_lazy_with(f.url(), pool, &schema).unwrap();
+    let store = connect_timer(f.url(), pool, &schema.timer()).unwrap();
     store.prepare().await.unwrap();
     f.insert("st-1", "UNPAID", secs(-1)).await;
     let started = Instant::now();
