@@ -325,6 +325,7 @@ pub(super) fn sample_values<'a>(
         ("at", Value::Time(epoch)),
         ("until", until),
         ("after_id", after_id),
+        ("after", Value::Text("a")),
         ("ids", id_list),
         ("from", Value::Status(code)),
         ("to", Value::Status(code)),

@@ -115,8 +115,14 @@ VALUES ({timer}, {id}, {digest}, {reason}, {now}, 1, {now} + {hour}) {keep_exist
 const MARK_ATTEMPTS: &str = "\
 SELECT attempts FROM order_timeout_set_aside WHERE timer = {timer} AND order_id = {id}";
 
-/// The marks of the timer.
-const MARKS: &str = "SELECT {order_id} FROM order_timeout_set_aside WHERE timer = {timer}";
+/// A page of the timer's marks after an order id, in the key's order:
+/// each sweep prunes one page, the next one goes on from there.
+const MARKS: &str = "\
+SELECT {order_id} FROM order_timeout_set_aside WHERE timer = {timer} AND order_id > {after} \
+ ORDER BY order_id LIMIT {limit}";
+
+/// How many marks one sweep looks at for pruning ([`MARKS`]).
+pub(crate) const PRUNE_PAGE: i64 = 1_000;
 
 /// Forgets the marks `ids`.
 const FORGET_MARKS: &str = "\
@@ -428,37 +434,54 @@ impl<D: SqlDialect> SqlStore<D> {
 
     /// Deletes the set-aside marks of the timer whose row is no longer in
     /// the `from` status (or gone), looking up the rows by id in the
-    /// column's type, a thousand marks at a time.
+    /// column's type: one page of [`PRUNE_PAGE`] marks a call, each call
+    /// going on after the last one's page and starting over after the last
+    /// page, so that a sweep's work stays bounded however many rows are
+    /// set aside, and every mark is looked at in turn (a page whose marks
+    /// all still wait never hides the marks behind it).
     pub(super) async fn prune_marks(&self, prepared: &Prepared<D>) -> Result<u64, StoreError> {
         let timer = ("timer", Value::Text(self.timer.name.as_str()));
-        let marked: Vec<(String,)> = self.shop_rows(prepared, MARKS, &[timer]).await?;
-        let mut pruned = 0;
-        for chunk in marked.chunks(1_000) {
-            // A mark whose id no longer fits the column names no row.
-            let fits: Vec<IdValue> = chunk
-                .iter()
-                .filter_map(|(id,)| prepared.id_value(id).ok())
-                .collect();
-            let mut waiting = HashSet::new();
-            if !fits.is_empty() {
-                let values = [
-                    ("from", Value::Status(&self.timer.from)),
-                    ("ids", Value::RowIds(&fits)),
-                ];
-                let rows: Vec<(String,)> = self.shop_rows(prepared, STILL_WAITING, &values).await?;
-                waiting.extend(rows.into_iter().map(|(id,)| id));
-            }
-            let gone: Vec<&str> = chunk
-                .iter()
-                .map(|(id,)| id.as_str())
-                .filter(|id| !waiting.contains(*id))
-                .collect();
-            if !gone.is_empty() {
-                let values = [timer, ("ids", Value::Ids(&gone))];
-                let forget = outbox::render::<D>(FORGET_MARKS, &values);
-                pruned += self.shop_execute(prepared, forget).await?;
-            }
+        let after = self
+            .prune_after
+            .lock()
+            .map_or_else(|e| e.into_inner().clone(), |a| a.clone());
+        let page = [
+            timer,
+            ("after", Value::Text(&after)),
+            ("limit", Value::Int(PRUNE_PAGE)),
+        ];
+        let marked: Vec<(String,)> = self.shop_rows(prepared, MARKS, &page).await?;
+        // A mark whose id no longer fits the column names no row.
+        let fits: Vec<IdValue> = marked
+            .iter()
+            .filter_map(|(id,)| prepared.id_value(id).ok())
+            .collect();
+        let mut waiting = HashSet::new();
+        if !fits.is_empty() {
+            let values = [
+                ("from", Value::Status(&self.timer.from)),
+                ("ids", Value::RowIds(&fits)),
+            ];
+            let rows: Vec<(String,)> = self.shop_rows(prepared, STILL_WAITING, &values).await?;
+            waiting.extend(rows.into_iter().map(|(id,)| id));
         }
+        let gone: Vec<&str> = marked
+            .iter()
+            .map(|(id,)| id.as_str())
+            .filter(|id| !waiting.contains(*id))
+            .collect();
+        let mut pruned = 0;
+        if !gone.is_empty() {
+            let values = [timer, ("ids", Value::Ids(&gone))];
+            let forget = outbox::render::<D>(FORGET_MARKS, &values);
+            pruned = self.shop_execute(prepared, forget).await?;
+        }
+        let full = i64::try_from(marked.len()).is_ok_and(|n| n == PRUNE_PAGE);
+        let next = match marked.last() {
+            Some((last,)) if full => last.clone(),
+            _ => String::new(),
+        };
+        *self.prune_after.lock().unwrap_or_else(|e| e.into_inner()) = next;
         Ok(pruned)
     }
 }

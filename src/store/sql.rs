@@ -232,6 +232,9 @@ pub(crate) struct SqlStore<D: SqlDialect> {
     checking: tokio::sync::Mutex<()>,
     /// When the tables' shape was last compared with the check's.
     shape_read_at: std::sync::Mutex<Option<Instant>>,
+    /// The last order id of the set-aside marks the last prune looked at
+    /// (empty: start from the first).
+    pub(super) prune_after: std::sync::Mutex<String>,
 }
 
 /// A timer's pools: the shop's tables', the service's own.
@@ -301,6 +304,7 @@ impl<D: SqlDialect> SqlStore<D> {
             prepared: std::sync::RwLock::new(None),
             checking: tokio::sync::Mutex::new(()),
             shape_read_at: std::sync::Mutex::new(None),
+            prune_after: std::sync::Mutex::new(String::new()),
         }
     }
 

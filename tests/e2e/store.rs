@@ -114,6 +114,7 @@ matrix! {
         in scans {
             scans_read_past_rows_that_are_no_orders,
             the_sweepers_scan_leaves_out_reopened_and_set_aside_rows,
+            pruning_goes_through_the_marks_a_page_at_a_time,
             the_history_pages_a_range_of_its_index,
         },
         in bindings {

@@ -268,3 +268,64 @@ pub(super) async fn the_history_pages_a_range_of_its_index(f: &Fixture) {
         assert!(!plan.contains("Filter"), "{plan}");
     }
 }
+
+/// Pruning the marks of rows set aside looks at one page of them per
+/// sweep (a thousand), going on after it at the next: however many rows
+/// are set aside, a sweep's work is bounded, and a page whose rows all
+/// still wait never hides the marks behind it, which a later call prunes.
+pub(super) async fn pruning_goes_through_the_marks_a_page_at_a_time(f: &Fixture) {
+    let store = f.store();
+    store.prepare().await.unwrap();
+    // A thousand rows still waiting, each set aside, first by id; then the
+    // mark of a row that is gone.
+    f.insert("pm-0000", "UNPAID", secs(3600)).await;
+    assert_eq!(
+        store.set_aside(&id("pm-0000"), "it fails").await.unwrap(),
+        Some(1)
+    );
+    let (text, at) = match f.dialect() {
+        Dialect::Postgres => ("{}::text", "now() + interval '1 hour'"),
+        Dialect::MySql => ("CAST({} AS CHAR)", "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR"),
+    };
+    let text = |expr: &str| text.replace("{}", expr);
+    let timer = f
+        .texts(&format!(
+            "SELECT {} FROM order_timeout_set_aside",
+            text("timer")
+        ))
+        .await;
+    let ids: Vec<String> = (1..1_000).map(|n| format!("pm-{n:04}")).collect();
+    let rows: Vec<String> = ids
+        .iter()
+        .map(|id| format!("('{id}', 'UNPAID', {at})"))
+        .collect();
+    f.exec(&format!(
+        "INSERT INTO orders (id, status, expires_at) VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+    let marks: Vec<String> = ids
+        .iter()
+        .map(String::as_str)
+        .chain(["pz-gone"])
+        .map(|id| format!("('{}', '{id}', 'd', 'it fails', {at}, 1, {at})", timer[0]))
+        .collect();
+    f.exec(&format!(
+        "INSERT INTO order_timeout_set_aside \
+         (timer, order_id, row_digest, reason, set_aside_at, attempts, retry_at) VALUES {}",
+        marks.join(", ")
+    ))
+    .await;
+    let count = &format!("SELECT {} FROM order_timeout_set_aside", text("count(*)"));
+    // The first page: a thousand marks whose rows all wait.
+    assert_eq!(store.prune_set_aside().await.unwrap(), 0, "the first page");
+    assert_eq!(f.texts(count).await, ["1001"]);
+    // The next call goes on after it: the gone row's mark is pruned.
+    assert_eq!(store.prune_set_aside().await.unwrap(), 1, "the next page");
+    assert_eq!(f.texts(count).await, ["1000"]);
+    // Then it starts over, and finds a row that left its status.
+    f.exec("UPDATE orders SET status = 'PAID' WHERE id = 'pm-0500'")
+        .await;
+    assert_eq!(store.prune_set_aside().await.unwrap(), 1, "starting over");
+    assert_eq!(f.texts(count).await, ["999"]);
+}
