@@ -72,8 +72,9 @@ pub enum Command {
         #[arg(long, env = "INVENTORY_ADDR", default_value = DEFAULT_INVENTORY_ADDR)]
         addr: SocketAddr,
     },
-    /// Create the reference shop schema (orders, order_items, inventory.*)
-    /// in DATABASE_URL's database, after the service's own migrations.
+    /// Create the reference shop schema (orders, order_items, inventory.*
+    /// on PostgreSQL; orders and order_items on MySQL/MariaDB) in
+    /// DATABASE_URL's database, after the service's own migrations.
     ReferenceSchema,
     /// The seed design's plain consumer, for `bench --baseline seed` (the
     /// bench starts it as a child process): cancels the order of each
@@ -126,7 +127,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::ReferenceSchema => {
-            shop::prepare_database(&settings.database_url, 1).await?;
+            // The orders and items tables in DATABASE_URL's own dialect (a
+            // MySQL URL given to PostgreSQL's driver failed with a protocol
+            // error that named neither).
+            let url = &settings.database_url;
+            match order_timeout::testing::Dialect::of(url)? {
+                order_timeout::testing::Dialect::Postgres => {
+                    shop::prepare_database(url, 1).await.map(drop)?;
+                }
+                order_timeout::testing::Dialect::MySql => {
+                    shop::prepare_mysql_database(url, 1).await.map(drop)?;
+                }
+            }
             println!(
                 "service migrations and reference shop schema applied to {}",
                 settings.database_url
