@@ -75,8 +75,14 @@ pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow:
     // Informational: leftovers are delivered where they are, and the
     // file descriptors are a warning, so neither makes the check fail.
     let mut lines = fd_lines(&settings, &layout, args.broker_fd_limit);
-    if let Some(leftovers) = leftovers {
-        lines.extend(leftovers::lines(&leftovers?, &layout));
+    // Nor does failing to look for leftovers (the connection lost half
+    // way): the verdict on the topology still follows, with the reason.
+    match leftovers {
+        Some(Ok(found)) => lines.extend(leftovers::lines(&found, &layout)),
+        Some(Err(e)) => lines.push(format!(
+            "queues left over from earlier layouts could not be listed: {e}"
+        )),
+        None => {}
     }
     for line in lines {
         println!("{line}");

@@ -81,7 +81,12 @@ pub(super) async fn topology_check_reports_ok_and_then_every_difference(dialect:
         "{}",
         out.stdout
     );
-    assert!(out.stdout.contains("MISMATCH"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("MISMATCH"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
 
     // The check created nothing: level 5 is still missing.
     let probe = env.amqp.create_channel().await.unwrap();

@@ -211,7 +211,10 @@ async fn schedule(
     start: DateTime<Utc>,
     span: Duration,
 ) -> anyhow::Result<()> {
-    let conn = connect_amqp(&world.publish_url, "partition-order-service").await?;
+    let conn = world::patiently("connecting the order service", || {
+        connect_amqp(&world.publish_url, "partition-order-service")
+    })
+    .await?;
     let publisher = Publisher::new(&conn).await?;
     let step = span.as_secs_f64() / n.max(1) as f64;
     let first = start + chrono::Duration::from_std(FIRST_DUE)?;

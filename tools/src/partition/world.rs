@@ -261,19 +261,36 @@ async fn serve_inventory(holder: &Holder, shop: PgPool) -> anyhow::Result<(Secre
     Ok((url, stop))
 }
 
-/// Declares the service's topology on a broker just started: a fresh
-/// cluster's node can still be too busy to finish a handshake within the
-/// service's 5 s, so the setup tries four times before it gives up.
+/// Declares the service's topology on a broker just started
+/// ([`patiently`]).
 async fn declare_topology(settings: &Settings) -> anyhow::Result<()> {
+    patiently("declaring the topology", || {
+        order_timeout::testing::declare_topology(settings)
+    })
+    .await
+}
+
+/// `step`, tried four times 2 s apart: a node of a cluster just formed,
+/// with the rest of a test suite on two cores, was seen to take more than
+/// the service's 5 s to finish an AMQP handshake (its quorum queues'
+/// members starting), and a run that gave up on its first try measured
+/// nothing. What is measured (the service's own connections) never
+/// retries this way.
+pub(super) async fn patiently<T, E, F, Fut>(what: &str, mut step: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: Into<anyhow::Error> + std::fmt::Display,
+{
     let mut tries = 0;
     loop {
         tries += 1;
-        match order_timeout::testing::declare_topology(settings).await {
+        match step().await {
             Err(e) if tries < 4 => {
-                eprintln!("[partition] declaring the topology (try {tries} of 4): {e}");
+                eprintln!("[partition] {what} (try {tries} of 4): {e}");
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
-            done => return Ok(done?),
+            done => return done.map_err(Into::into),
         }
     }
 }
