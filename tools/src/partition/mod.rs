@@ -153,7 +153,12 @@ async fn run_in(world: &World, args: &PartitionArgs) -> anyhow::Result<Figures> 
     }
     let start = Utc::now();
     let span = CUT_AFTER + cut + LAST_DUE_AFTER_HEAL - FIRST_DUE;
-    schedule(world, orders, start, span).await?;
+    if let Err(e) = schedule(world, orders, start, span).await {
+        anyhow::bail!(
+            "scheduling the orders: {e:#}; broker: {}",
+            world.broker_status().await
+        );
+    }
     sleep_until(start, CUT_AFTER).await;
     world.cut()?;
     let cut_at = Utc::now();
