@@ -94,7 +94,10 @@ impl World {
         };
         settings.cascade_shards = Shards::try_from(2).expect("2 shards");
         settings.shutdown_timeout = Duration::from_secs(10);
-        declare_topology(&settings).await?;
+        patiently("declaring the topology", || {
+            order_timeout::testing::declare_topology(&settings)
+        })
+        .await?;
         Ok(Self {
             settings,
             shop,
@@ -261,36 +264,23 @@ async fn serve_inventory(holder: &Holder, shop: PgPool) -> anyhow::Result<(Secre
     Ok((url, stop))
 }
 
-/// Declares the service's topology on a broker just started
-/// ([`patiently`]).
-async fn declare_topology(settings: &Settings) -> anyhow::Result<()> {
-    patiently("declaring the topology", || {
-        order_timeout::testing::declare_topology(settings)
-    })
-    .await
-}
-
 /// `step`, tried four times 2 s apart: a node of a cluster just formed,
 /// with the rest of a test suite on two cores, was seen to take more than
 /// the service's 5 s to finish an AMQP handshake (its quorum queues'
 /// members starting), and a run that gave up on its first try measured
 /// nothing. What is measured (the service's own connections) never
 /// retries this way.
-pub(super) async fn patiently<T, E, F, Fut>(what: &str, mut step: F) -> anyhow::Result<T>
+pub(super) async fn patiently<T, E, F, Fut>(what: &str, step: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
     E: Into<anyhow::Error> + std::fmt::Display,
 {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match step().await {
-            Err(e) if tries < 4 => {
-                eprintln!("[partition] {what} (try {tries} of 4): {e}");
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-            done => return done.map_err(Into::into),
-        }
-    }
+    let again = backon::ConstantBuilder::default()
+        .with_delay(Duration::from_secs(2))
+        .with_max_times(3);
+    backon::Retryable::retry(step, again)
+        .notify(|e, pause| eprintln!("[partition] {what}: {e}; trying again in {pause:?}"))
+        .await
+        .map_err(Into::into)
 }
