@@ -18,6 +18,7 @@
 //! `123`, and `ABC` is not `abc` in a case-insensitive column.
 
 use std::collections::HashSet;
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -444,7 +445,8 @@ impl<D: SqlDialect> SqlStore<D> {
         let after = self
             .prune_after
             .lock()
-            .map_or_else(|e| e.into_inner().clone(), |a| a.clone());
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let page = [
             timer,
             ("after", Value::Text(&after)),
@@ -481,7 +483,10 @@ impl<D: SqlDialect> SqlStore<D> {
             Some((last,)) if full => last.clone(),
             _ => String::new(),
         };
-        *self.prune_after.lock().unwrap_or_else(|e| e.into_inner()) = next;
+        *self
+            .prune_after
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = next;
         Ok(pruned)
     }
 }

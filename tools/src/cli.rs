@@ -133,10 +133,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let url = &settings.database_url;
             match order_timeout::testing::Dialect::of(url)? {
                 order_timeout::testing::Dialect::Postgres => {
-                    shop::prepare_database(url, 1).await.map(drop)?;
+                    shop::prepare_database(url, 1).await?;
                 }
                 order_timeout::testing::Dialect::MySql => {
-                    shop::prepare_mysql_database(url, 1).await.map(drop)?;
+                    shop::prepare_mysql_database(url, 1).await?;
                 }
             }
             println!(
