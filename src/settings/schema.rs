@@ -81,6 +81,13 @@ pub struct OrdersMapping {
     /// the order id their only parameter (`$1` in PostgreSQL, `?` in MySQL):
     /// stock, coupons, points given back in this database, exactly once.
     pub also: Vec<String>,
+    /// A query, the order id its only parameter, returning the keys of the
+    /// shop's rows the `also` statements write for that order (its items'
+    /// SKUs); empty for none. Each order's keys are locked in one sorted
+    /// order before its `also` statements run, so that two orders' `also`
+    /// statements, which take rows in whatever order the database's plan
+    /// visits them, never wait for each other in a cycle (a deadlock).
+    pub also_keys: String,
 }
 
 impl Default for OrdersMapping {
@@ -102,6 +109,7 @@ impl Default for OrdersMapping {
                 ("cancel_reason".to_owned(), "'payment timeout'".to_owned()),
             ]),
             also: Vec::new(),
+            also_keys: String::new(),
         }
     }
 }

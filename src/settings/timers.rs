@@ -100,6 +100,10 @@ pub struct TimerMapping {
     /// Statements run in the flip's transaction, once per row it flips.
     #[serde(default)]
     pub also: Vec<String>,
+    /// The keys the `also` statements write, locked in a stable order first
+    /// (as `[orders].also_keys`); empty for none.
+    #[serde(default)]
+    pub also_keys: String,
     /// `none` (default) or `grpc` (`ReleaseStock` from `[items]`).
     #[serde(default = "no_release")]
     pub release: Release,
@@ -147,6 +151,9 @@ pub struct Timer {
     pub set: BTreeMap<String, String>,
     /// Statements run once per flipped row, in the same transaction.
     pub also: Vec<String>,
+    /// A query returning the keys of the rows the `also` statements write
+    /// for a row, locked in a stable order before they run (empty: none).
+    pub also_keys: String,
     /// Whether stock is released over gRPC after the flip.
     pub release: Release,
     /// Where the lines of a gRPC release come from.
@@ -177,6 +184,7 @@ impl Timer {
             time_zone: o.time_zone.clone(),
             set: o.set.clone(),
             also: o.also.clone(),
+            also_keys: o.also_keys.clone(),
             release,
             items: items.clone(),
             event: CANCELLED_EVENT.to_owned(),
@@ -210,6 +218,7 @@ impl Timer {
                 K::Set => "[orders].set",
                 K::Flip => "[orders].set / [orders].deadline / [orders].guard",
                 K::Also => "[orders].also",
+                K::AlsoKeys => "[orders].also_keys",
             }
         } else {
             match key {
@@ -227,6 +236,7 @@ impl Timer {
                 K::Set => "[[timers]].set",
                 K::Flip => "[[timers]].set / [[timers]].deadline / [[timers]].guard",
                 K::Also => "[[timers]].also",
+                K::AlsoKeys => "[[timers]].also_keys",
             }
         }
     }
@@ -276,6 +286,22 @@ pub enum TimerKey {
     Flip,
     /// The `also` statements.
     Also,
+    /// The query of the keys the `also` statements write.
+    AlsoKeys,
+}
+
+/// `also_keys` only beside `also` statements: it orders their locks.
+fn check_also_keys(timer: &Timer) -> Result<(), ConfigError> {
+    if timer.also_keys.trim().is_empty() || !timer.also.is_empty() {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        key: timer.key(TimerKey::AlsoKeys),
+        problem: timer.problem(
+            "orders the locks of the `also` statements, and there are none: \
+             set `also` or remove `also_keys`",
+        ),
+    })
 }
 
 /// The longest watch window: a day. A replica holds a timer's watch for
@@ -327,6 +353,7 @@ impl Settings {
             time_zone: t.time_zone.clone().unwrap_or_else(|| o.time_zone.clone()),
             set: t.set.clone(),
             also: t.also.clone(),
+            also_keys: t.also_keys.clone(),
             release: t.release,
             items: self.items.clone(),
             watch,
@@ -335,6 +362,7 @@ impl Settings {
     }
 
     /// The `[[timers]]` checks: names valid, unique and not the default's;
+    /// `also_keys` only beside `also` statements;
     /// `from` and `to` different; a deadline; `set` not writing the status
     /// column; events routable; a watch window of a second to a day, with
     /// the sweeper on.
@@ -356,6 +384,7 @@ impl Settings {
                     format!("two timers are named {name}"),
                 ));
             }
+            check_also_keys(timer)?;
             if i == 0 {
                 continue;
             }
@@ -510,6 +539,10 @@ mod tests {
             ("name = \"x\"\nwatch = \"100ms\"", "[[timers]].watch"),
             ("name = \"x\"\nevent = \"order.*\"", "[[timers]].event"),
             ("name = \"x\"\nset = { status = \"1\" }", "[[timers]].set"),
+            (
+                "name = \"x\"\nalso_keys = \"SELECT 1\"",
+                "[[timers]].also_keys",
+            ),
         ] {
             let s = settings(&format!("{base}{extra}"));
             let err = s.validate().unwrap_err().to_string();
@@ -530,6 +563,12 @@ mod tests {
                 .to_string()
                 .contains("two timers")
         );
+        let keys_alone = settings("[orders]\nalso_keys = \"SELECT sku FROM items WHERE id = $1\"");
+        let err = keys_alone.validate().unwrap_err().to_string();
+        assert!(err.contains("[orders].also_keys"), "{err}");
+        let keys = settings("[orders]\nalso = [\"UPDATE s SET n = 1\"]\nalso_keys = \"SELECT 1\"");
+        keys.validate().unwrap();
+        assert_eq!(keys.timers().unwrap()[0].also_keys, "SELECT 1");
         // Required keys and unknown keys are parse errors.
         assert!(toml::from_str::<Settings>("[[timers]]\nname = \"x\"\nfrom = 1").is_err());
         assert!(toml::from_str::<Settings>(&format!("{base}name = \"x\"\nwhen = 1")).is_err());

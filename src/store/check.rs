@@ -10,7 +10,7 @@ use super::ids::IdColumn;
 use super::outbox::Mapped;
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore, tables_shape};
-use super::{StoreError, releases, shop};
+use super::{Dialect, StoreError, releases, shop};
 use crate::settings::{Release, TimerKey};
 
 impl<D: SqlDialect> SqlStore<D> {
@@ -49,6 +49,7 @@ impl<D: SqlDialect> SqlStore<D> {
         // The statements first: a placeholder in the guard would make the
         // count fail with a less helpful error.
         let also_params = self.check_statements(&sql, &mapped).await?;
+        let also_keys = self.check_also_keys().await?;
         let unpaid = self.count_waiting(&sql, &mapped).await?;
         let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
         let shape = tables_shape(t, &orders_columns, items_columns.as_ref());
@@ -60,6 +61,7 @@ impl<D: SqlDialect> SqlStore<D> {
             id_key: self.timer.key(TimerKey::Id),
             items_id: items.map(|(column, _)| column),
             also_params,
+            also_keys,
             report: SchemaReport::new(D::DIALECT, &self.timer, orders, unpaid, unvacuumed),
         })
     }
@@ -210,20 +212,62 @@ impl<D: SqlDialect> SqlStore<D> {
         let key = self.timer.key(TimerKey::Also);
         let mut also_params = Vec::new();
         for statement in &self.timer.also {
-            let params = D::also_parameters(self, statement)
-                .await
-                .map_err(|e| match e {
-                    AlsoCheckError::Sql(e) => schema(key, statement, e),
-                    AlsoCheckError::Unbindable(problem) => StoreError::Schema {
-                        key,
-                        problem: format!("{problem}: {statement}"),
-                    },
-                })?;
-            also_params.push(params);
+            also_params.push(self.check_takes_the_id(key, statement).await?);
         }
         for check in checks {
             prepare(&check).await?;
         }
         Ok(also_params)
+    }
+
+    /// Prepares a statement the operator wrote (an `also` statement, the
+    /// `also_keys` query) whose only parameter is the order id, returning
+    /// how the id is bound to it; a mistake names `key`.
+    async fn check_takes_the_id(
+        &self,
+        key: &'static str,
+        statement: &str,
+    ) -> Result<D::AlsoParams, StoreError> {
+        D::also_parameters(self, statement)
+            .await
+            .map_err(|e| match e {
+                AlsoCheckError::Sql(e) => match StoreError::Sql(e) {
+                    error if !error.is_permanent() => error,
+                    error => StoreError::Schema {
+                        key,
+                        problem: format!("{error}: {statement}"),
+                    },
+                },
+                AlsoCheckError::Unbindable(problem) => StoreError::Schema {
+                    key,
+                    problem: format!("{problem}: {statement}"),
+                },
+            })
+    }
+
+    /// The `also_keys` query, when there is one: it takes the order id and
+    /// returns keys the cancel transaction can read as text (on MySQL, a
+    /// text or integer column; PostgreSQL casts whatever it returns).
+    async fn check_also_keys(&self) -> Result<Option<D::AlsoParams>, StoreError> {
+        let query = self.timer.also_keys.trim();
+        if query.is_empty() {
+            return Ok(None);
+        }
+        let key = self.timer.key(TimerKey::AlsoKeys);
+        let params = self.check_takes_the_id(key, query).await?;
+        let ty = D::result_type(self, query.to_owned()).await?;
+        let readable = ["CHAR", "TEXT", "INT", "ENUM"]
+            .iter()
+            .any(|kind| ty.to_ascii_uppercase().contains(kind));
+        if ty.is_empty() || (D::DIALECT == Dialect::MySql && !readable) {
+            return Err(StoreError::Schema {
+                key,
+                problem: format!(
+                    "returns a first column of type {ty:?}: return the keys as text or \
+                     integers (CAST(… AS CHAR)): {query}"
+                ),
+            });
+        }
+        Ok(Some(params))
     }
 }

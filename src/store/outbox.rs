@@ -336,6 +336,7 @@ pub(super) fn sample_values<'a>(
         ("hour", Value::Micros(3_600_000_000)),
         ("day", Value::Micros(86_400_000_000)),
         ("id", Value::Text("7")),
+        ("slots", Value::Nums(&[1, 2])),
     ]
 }
 
@@ -566,6 +567,32 @@ const LOGOUTS_FORGET: &str = "DELETE FROM order_timeout_logouts WHERE expires_at
 /// The logouts whose sessions have not expired yet.
 const LOGOUTS_LIVE: &str = "\
 SELECT session_mac, expires_at FROM order_timeout_logouts WHERE expires_at > {now}";
+
+/// Locks the slots of an order's `also_keys` ([`also_lock_slots`]), in
+/// ascending order, in its cancel transaction before its `also`
+/// statements run (migration `20261205000001`): PostgreSQL locks the rows
+/// as the `ORDER BY` emits them, InnoDB as it reads the primary key's
+/// range, which is in order.
+pub(crate) const ALSO_LOCKS: &str = "\
+SELECT slot FROM order_timeout_also_locks WHERE slot {slots} ORDER BY slot FOR UPDATE";
+
+/// How many rows `order_timeout_also_locks` has.
+const ALSO_LOCK_SLOTS: u64 = 4_096;
+
+/// The slots of `order_timeout_also_locks` that stand for `keys` (what an
+/// order's `also_keys` query returned), each once, in ascending order: the
+/// one order in which every cancel transaction takes them. A slot is a
+/// hash of the key's text (FNV-1a), the same in every replica and release.
+pub(crate) fn also_lock_slots<S: AsRef<str>>(keys: &[S]) -> Vec<i64> {
+    let slot = |key: &str| {
+        let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        i64::try_from(hash % ALSO_LOCK_SLOTS).unwrap_or(0)
+    };
+    let slots: std::collections::BTreeSet<i64> = keys.iter().map(|k| slot(k.as_ref())).collect();
+    slots.into_iter().collect()
+}
 
 /// The timer's name, the value every statement here is scoped by.
 fn timer<S: OwnTables>(store: &S) -> Value<'_> {
@@ -1063,7 +1090,7 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
 /// this file's source and checks that it is here) and the test that
 /// prepares every one on both dialects ([`super::SqlStore`]'s
 /// `prepare_every_template`).
-pub(super) const TEMPLATES: [(&str, &str); 36] = templates![
+pub(super) const TEMPLATES: [(&str, &str); 37] = templates![
     HISTORY_NEWEST,
     HISTORY_BEFORE,
     HISTORY_AT_OR_BEFORE,
@@ -1099,12 +1126,25 @@ pub(super) const TEMPLATES: [(&str, &str); 36] = templates![
     REPLICAS_LIVE,
     LOGOUT_ADD,
     LOGOUTS_FORGET,
-    LOGOUTS_LIVE
+    LOGOUTS_LIVE,
+    ALSO_LOCKS
 ];
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn also_lock_slots_are_sorted_distinct_and_stable() {
+        let slots = also_lock_slots(&["sku-2", "sku-1", "sku-2", "7"]);
+        assert_eq!(slots.len(), 3, "{slots:?}");
+        assert!(slots.windows(2).all(|w| w[0] < w[1]), "{slots:?}");
+        assert!(slots.iter().all(|s| (0..4_096).contains(s)), "{slots:?}");
+        // The same in every replica and release: a changed hash would let
+        // two releases take one key's lock under two slots.
+        assert_eq!(also_lock_slots(&["sku-1"]), [3_980]);
+        assert!(also_lock_slots::<&str>(&[]).is_empty());
+    }
 
     #[test]
     fn rows_are_grouped_by_what_happens_to_them_in_first_seen_order() {

@@ -86,7 +86,8 @@ fn template_constants(source: &str) -> BTreeSet<&str> {
         .filter_map(|line| {
             let rest = line
                 .strip_prefix("const ")
-                .or_else(|| line.strip_prefix("pub(super) const "))?;
+                .or_else(|| line.strip_prefix("pub(super) const "))
+                .or_else(|| line.strip_prefix("pub(crate) const "))?;
             let (name, ty) = rest.split_once(':')?;
             ty.trim_start().starts_with("&str =").then_some(name)
         })

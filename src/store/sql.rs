@@ -273,6 +273,9 @@ pub(crate) struct Prepared<D: SqlDialect> {
     pub(crate) items_id: Option<IdColumn>,
     /// How each `also` statement's parameters are bound the order id.
     pub(crate) also_params: Vec<D::AlsoParams>,
+    /// How the `also_keys` query's parameters are bound the order id, when
+    /// the timer has one.
+    pub(crate) also_keys: Option<D::AlsoParams>,
     /// What `schema check` prints.
     pub(crate) report: SchemaReport,
     /// The columns (name and type) of the orders table and of the items

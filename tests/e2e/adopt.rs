@@ -175,6 +175,7 @@ fn mall_mapping() -> (OrdersMapping, InventorySettings) {
              SET s.lock_stock = s.lock_stock - i.product_quantity WHERE i.order_id = ?"
                 .into(),
         ],
+        also_keys: "SELECT product_sku_id FROM oms_order_item WHERE order_id = ?".into(),
     };
     (
         orders,
@@ -306,6 +307,7 @@ async fn a_mall_shop_on_mariadb_adopts_by_config_alone() {
             "oms_order",
             "oms_order_item",
             "oms_order_setting",
+            "order_timeout_also_locks",
             "order_timeout_cancel_outbox",
             "order_timeout_logouts",
             "order_timeout_migrations",

@@ -129,6 +129,7 @@ matrix! {
             a_held_row_an_also_statement_writes_delays_only_its_own_order,
             a_slow_guard_times_out_as_a_transient_error,
             a_cancel_committed_meanwhile_is_never_reported_left_alone,
+            also_statements_writing_the_same_rows_take_them_in_one_order,
         },
         in effects {
             effects_follow_the_flip_while_another_session_flips_the_guard,

@@ -8,11 +8,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 
-use super::statements::{Arg, args, from_micros, id_arg, marks, micros};
+use super::statements::{Arg, Sql, args, from_micros, id_arg, marks, micros};
 use super::{MySql, MySqlStore, Tx};
-use crate::settings::{Release, Timer};
+use crate::settings::{Release, Timer, TimerKey};
 use crate::store::StoreError;
 use crate::store::ids::IdValue;
+use crate::store::outbox::{self, Value};
 use crate::store::sql::Prepared;
 use crate::store::state::StateRow;
 
@@ -358,6 +359,9 @@ async fn record_effects(
     let sql = &prepared.sql;
     for (id, _) in flipped {
         let id = prepared.id_value(id)?;
+        if let Some(params) = prepared.also_keys {
+            lock_also_keys(tx, o, sql, &id, params).await?;
+        }
         // A row the shop holds delays only this order, and briefly
         // (`Sql::also`).
         for (statement, params) in sql.also.iter().zip(&prepared.also_params) {
@@ -386,6 +390,56 @@ async fn record_effects(
     });
     run!(insert, values, &mut **tx).await?;
     Ok(())
+}
+
+/// Locks the slots of the keys the timer's `also_keys` query (taking the
+/// order id `params` times) returns for the order `id`, in ascending order
+/// ([`outbox::ALSO_LOCKS`]), so that its `also` statements run only once
+/// no other order's writing the same keys hold them.
+async fn lock_also_keys(
+    tx: &mut Tx,
+    timer: &Timer,
+    sql: &Sql,
+    id: &IdValue,
+    params: usize,
+) -> Result<(), StoreError> {
+    let values = std::iter::repeat_n(id_arg(id, Some(&sql.decimal)), params);
+    let query = sqlx::query_with(AssertSqlSafe(timer.also_keys.clone()), args(values)?);
+    let rows = query.fetch_all(&mut **tx).await?;
+    let keys = rows
+        .iter()
+        .filter_map(|row| key_text(row).transpose())
+        .collect::<Result<Vec<String>, String>>()
+        .map_err(|problem| StoreError::Schema {
+            key: timer.key(TimerKey::AlsoKeys),
+            problem,
+        })?;
+    let slots = outbox::also_lock_slots(&keys);
+    if !slots.is_empty() {
+        let lock = outbox::render::<MySql>(outbox::ALSO_LOCKS, &[("slots", Value::Nums(&slots))]);
+        let values = slots.iter().map(|slot| Arg::Int(*slot));
+        run!(format!("{}{}", sql.also_wait, lock.sql), values, &mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// The first column of a row of the `also_keys` query as text (NULL:
+/// none), whatever text or integer type it has.
+fn key_text(row: &sqlx::mysql::MySqlRow) -> Result<Option<String>, String> {
+    use sqlx::Row;
+    if let Ok(text) = row.try_get::<Option<String>, _>(0) {
+        return Ok(text);
+    }
+    if let Ok(n) = row.try_get::<Option<i64>, _>(0) {
+        return Ok(n.map(|n| n.to_string()));
+    }
+    match row.try_get::<Option<u64>, _>(0) {
+        Ok(n) => Ok(n.map(|n| n.to_string())),
+        Err(e) => Err(format!(
+            "a key it returned is neither text nor an integer ({e}): return the keys as text \
+             or integers (CAST(… AS CHAR))"
+        )),
+    }
 }
 
 /// The end of a lease of `lease` taken at `at`, within `DATETIME`'s range.

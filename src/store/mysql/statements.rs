@@ -178,19 +178,27 @@ pub(crate) struct Sql {
     /// its whole second) for that statement alone; on MySQL as written
     /// (they wait `db_lock_timeout`).
     pub(super) also: Vec<String>,
+    /// What goes before a statement of the `also` path to give it that
+    /// lock wait (the locks of `also_keys` too): empty on MySQL.
+    pub(super) also_wait: &'static str,
     /// Binds cancelled, the ids, then unpaid.
     pub(super) update: String,
     /// The server's `DECIMAL`, for decimal ids.
     pub(super) decimal: MySqlTypeInfo,
 }
 
-/// The timer's `also` statements as they run ([`Sql::also`]).
-fn also_statements(timer: &Timer, mariadb: bool) -> Vec<String> {
-    let prefix = if mariadb {
+/// [`Sql::also_wait`].
+fn also_wait(mariadb: bool) -> &'static str {
+    if mariadb {
         "SET STATEMENT innodb_lock_wait_timeout = 1 FOR "
     } else {
         ""
-    };
+    }
+}
+
+/// The timer's `also` statements as they run ([`Sql::also`]).
+fn also_statements(timer: &Timer, mariadb: bool) -> Vec<String> {
+    let prefix = also_wait(mariadb);
     timer
         .also
         .iter()
@@ -234,6 +242,7 @@ impl Sql {
             read_orders,
             skip_locked,
             also: also_statements(o, mariadb),
+            also_wait: also_wait(mariadb),
             update: format!(
                 "UPDATE {table} SET {status} = ?{set} \
                   WHERE {id} IN ({{ids}}) AND {status} = ? AND {due} AND {guard}"

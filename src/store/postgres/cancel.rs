@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Connection};
 
+use super::binding::{AlsoParam, BoundId};
 use super::{PgStore, Postgres, text};
 use crate::settings::{Release, Timer, TimerKey};
+use crate::store::outbox::{self, Value};
 use crate::store::shape::{self, OrdersColumns};
 use crate::store::sql::{ALSO_LOCK_WAIT, Prepared, commit_or_roll_back};
 use crate::store::state::StateRow;
@@ -69,18 +71,64 @@ pub(super) async fn cancel_with_also(
         sqlx::query(AssertSqlSafe(wait)).execute(&mut **tx).await?;
     }
     for row in rows.iter().filter(|r| r.just_cancelled) {
+        if let Some(params) = &prepared.also_keys {
+            lock_also_keys(tx, o, params, &row.id).await?;
+        }
         for (statement, params) in o.also.iter().zip(&prepared.also_params) {
             let mut also = sqlx::query(AssertSqlSafe(statement.clone()));
-            for param in params {
-                also = also.bind(param.bind(&row.id).map_err(|problem| StoreError::Schema {
-                    key: o.key(TimerKey::Also),
-                    problem,
-                })?);
+            for value in id_values(params, &row.id, o.key(TimerKey::Also))? {
+                also = also.bind(value);
             }
             also.execute(&mut **tx).await?;
         }
     }
     Ok(rows)
+}
+
+/// The order `id` as the value of each of `params` (an `also` statement's
+/// or the `also_keys` query's); an id a parameter's type cannot hold is a
+/// mistake of the mapping, named by `key`.
+fn id_values<'a>(
+    params: &'a [AlsoParam],
+    id: &str,
+    key: &'static str,
+) -> Result<Vec<BoundId<'a>>, StoreError> {
+    params
+        .iter()
+        .map(|param| param.bind(id))
+        .collect::<Result<_, _>>()
+        .map_err(|problem| StoreError::Schema { key, problem })
+}
+
+/// Locks the slots of the keys the timer's `also_keys` query returns for
+/// the order `id`, in ascending order ([`outbox::ALSO_LOCKS`]), so that
+/// its `also` statements run only once no other order's writing the same
+/// keys hold them.
+async fn lock_also_keys(
+    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    timer: &Timer,
+    params: &[AlsoParam],
+    id: &str,
+) -> Result<(), StoreError> {
+    let query = timer.also_keys.trim().trim_end_matches(';');
+    let query = format!("SELECT CAST(k AS text) FROM ({query}) AS also_keys(k)");
+    let mut keys = sqlx::query_scalar::<_, Option<String>>(AssertSqlSafe(query));
+    for value in id_values(params, id, timer.key(TimerKey::AlsoKeys))? {
+        keys = keys.bind(value);
+    }
+    let keys: Vec<String> = keys
+        .fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    let slots = outbox::also_lock_slots(&keys);
+    if !slots.is_empty() {
+        let lock =
+            outbox::render::<Postgres>(outbox::ALSO_LOCKS, &[("slots", Value::Nums(&slots))]);
+        super::run(lock)?.execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// The cancel statement: the CTEs that change rows, then the report.

@@ -346,8 +346,7 @@ impl SqlDialect for Postgres {
         _: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
-        let query = sqlx::query_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
-        Ok(query.execute(pool).await?.rows_affected())
+        Ok(run(statement)?.execute(pool).await?.rows_affected())
     }
 
     async fn fetch<T: OwnRow>(
@@ -437,6 +436,17 @@ impl Vocabulary for Postgres {
     fn row_digest(_columns: &[String]) -> String {
         "md5(o::text)".into()
     }
+}
+
+/// A rendered statement of the service's own tables as a query, on any
+/// connection (the cancel transaction's too).
+fn run(
+    statement: Statement<'_>,
+) -> Result<sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError> {
+    Ok(sqlx::query_with(
+        AssertSqlSafe(statement.sql),
+        arguments(&statement.values)?,
+    ))
 }
 
 /// Binds `values` in order; an id list as one `text[]`.

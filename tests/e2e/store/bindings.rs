@@ -389,6 +389,57 @@ pub(super) async fn a_misplaced_or_unbindable_parameter_is_refused_at_the_check(
             "{err}"
         );
     }
+    // The `also_keys` query: it must take the id, and return keys the
+    // cancel transaction can read (a statement returning nothing cannot).
+    let (id_mark, decimal) = match f.dialect() {
+        Dialect::Postgres => ("$1", "SELECT $1::text"),
+        Dialect::MySql => ("?", "SELECT CAST(? AS DECIMAL(10, 2))"),
+    };
+    let keys = |query: String| ShopSchema {
+        orders: OrdersMapping {
+            also: vec![format!(
+                "UPDATE orders SET status = status WHERE id = {id_mark}"
+            )],
+            also_keys: query,
+            ..OrdersMapping::default()
+        },
+        ..ShopSchema::default()
+    };
+    let refusals = [
+        (
+            format!("SELECT sku FROM no_such_items WHERE order_id = {id_mark}"),
+            "no_such_items",
+        ),
+        (
+            format!("UPDATE orders SET status = status WHERE id = {id_mark}"),
+            "returns a first column of type \"\"",
+        ),
+    ];
+    for (query, refusal) in refusals {
+        let err = f
+            .store_with(&keys(query.clone()))
+            .prepare()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(refusal), "{query}: {err}");
+        assert!(
+            err.starts_with("config [orders].also_keys:"),
+            "{query}: {err}"
+        );
+    }
+    let typed = f.store_with(&keys(decimal.to_owned())).prepare().await;
+    match f.dialect() {
+        // PostgreSQL reads any type as text.
+        Dialect::Postgres => drop(typed.unwrap()),
+        Dialect::MySql => assert!(
+            typed
+                .unwrap_err()
+                .to_string()
+                .contains("return the keys as text or integers"),
+            "a DECIMAL key column"
+        ),
+    }
 }
 
 /// Status codes that differ as written but are one code in the status

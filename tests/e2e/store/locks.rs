@@ -382,3 +382,102 @@ pub(super) async fn a_cancel_committed_meanwhile_is_never_reported_left_alone(f:
     assert_eq!(f.row("raced").await.0, "CANCELLED");
     assert_eq!(f.outbox_rows("raced").await, 1);
 }
+
+/// Two orders whose `also` statements write the same two rows in opposite
+/// orders (`…-ab` row A, a pause, then row B; `…-ba` B, then A), cancelled
+/// side by side, as a batch does: with `also_keys` naming the rows, the
+/// second waits for the first's keys before its `also` statements run,
+/// so each order's statements run exactly once — no attempt rolled back
+/// as a deadlock's victim or a lock wait given up (the tries table counts
+/// attempts: an identity or `AUTO_INCREMENT` value is never given back by
+/// a rollback). Without the keys the pair deadlocks every time: on MariaDB
+/// the victim runs again (three tries), on PostgreSQL both lock waits time
+/// out before its deadlock check, again at every try.
+pub(super) async fn also_statements_writing_the_same_rows_take_them_in_one_order(f: &Fixture) {
+    let (pg, mark) = match f.dialect() {
+        Dialect::Postgres => (true, "$1"),
+        Dialect::MySql => (false, "?"),
+    };
+    f.exec(if pg {
+        "CREATE TABLE pair_rows (k VARCHAR(8) PRIMARY KEY, n INT NOT NULL); \
+         CREATE TABLE also_tries (try BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+                                  order_id VARCHAR(64) NOT NULL)"
+    } else {
+        "CREATE TABLE pair_rows (k VARCHAR(8) PRIMARY KEY, n INT NOT NULL); \
+         CREATE TABLE also_tries (try BIGINT AUTO_INCREMENT PRIMARY KEY, \
+                                  order_id VARCHAR(64) NOT NULL)"
+    })
+    .await;
+    f.exec("INSERT INTO pair_rows (k, n) VALUES ('A', 0), ('B', 0)")
+        .await;
+    let row = |first: bool| {
+        let (ab, ba) = if first { ("A", "B") } else { ("B", "A") };
+        format!(
+            "UPDATE pair_rows SET n = n + 1 \
+              WHERE k = CASE WHEN {mark} LIKE '%-ab' THEN '{ab}' ELSE '{ba}' END"
+        )
+    };
+    let pause = if pg {
+        "SELECT pg_sleep(0.15)"
+    } else {
+        "SELECT SLEEP(0.15)"
+    };
+    let schema = ShopSchema {
+        orders: OrdersMapping {
+            also: vec![
+                format!("INSERT INTO also_tries (order_id) VALUES ({mark})"),
+                row(true),
+                pause.to_owned(),
+                row(false),
+            ],
+            also_keys: format!("SELECT k FROM pair_rows WHERE {mark} <> ''")
+                .replace("$1 <>", "$1::text <>"),
+            ..OrdersMapping::default()
+        },
+        release: Release::None,
+        ..ShopSchema::default()
+    };
+    // Room for the two orders' transactions side by side (a batch runs a
+    // quarter of the pool at once).
+    let store = connect_timer(f.url(), PoolSettings::new(8), &schema.timer()).unwrap();
+    store.prepare().await.unwrap();
+    let mut waiting = vec![id("pair-ab"), id("pair-ba")];
+    for order in &waiting {
+        f.insert(order.as_str(), "UNPAID", secs(-1)).await;
+    }
+    let started = Instant::now();
+    while !waiting.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{waiting:?} still not cancelled"
+        );
+        let states = store.cancel_due(&waiting, LEASE).await.unwrap();
+        for (order, state) in states {
+            match state {
+                OrderState::Cancelled(c) if c.just_now => waiting.retain(|w| *w != order),
+                // The other order held the keys longer than the lock wait:
+                // asked about again, as the service does.
+                OrderState::Locked { .. } => {}
+                other => panic!("{order}: {other:?}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tries = f
+        .texts(if pg {
+            "SELECT CAST(MAX(try) AS TEXT) FROM also_tries"
+        } else {
+            "SELECT CAST(MAX(try) AS CHAR) FROM also_tries"
+        })
+        .await;
+    assert_eq!(
+        tries,
+        ["2"],
+        "attempts at the two orders' `also` statements"
+    );
+    let n = f
+        .texts("SELECT CAST(n AS CHAR(4)) FROM pair_rows ORDER BY k")
+        .await;
+    let n: Vec<&str> = n.iter().map(|n| n.trim()).collect();
+    assert_eq!(n, ["2", "2"], "each order's two writes once");
+}

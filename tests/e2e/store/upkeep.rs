@@ -332,6 +332,7 @@ pub(super) async fn migrate_creates_only_the_services_tables_and_leaves_the_shop
     assert_eq!(
         other,
         [
+            "order_timeout_also_locks",
             "order_timeout_cancel_outbox",
             "order_timeout_logouts",
             "order_timeout_migrations",
