@@ -235,9 +235,9 @@ impl BenchArgs {
         }
         // The `also` check counts the stock given back in the whole
         // database against one phase's cancellations.
-        if self.stock == StockPath::Also && (self.database != OrdersDatabase::Mysql || phases) {
+        if self.stock.by_also() && (self.database != OrdersDatabase::Mysql || phases) {
             return bad(
-                "--stock also needs --database mysql, no --baseline single-queue/seed and no --repeat",
+                "--stock also/also-keys needs --database mysql, no --baseline single-queue/seed and no --repeat",
             );
         }
         Ok(())
@@ -251,4 +251,14 @@ pub enum StockPath {
     Grpc,
     /// An `also` statement in the cancel transaction (`release = "none"`).
     Also,
+    /// The same `also` statement, its rows' keys (the order's SKUs) locked
+    /// in one order first (`also_keys`).
+    AlsoKeys,
+}
+
+impl StockPath {
+    /// The stock goes back by an `also` statement.
+    pub fn by_also(self) -> bool {
+        matches!(self, Self::Also | Self::AlsoKeys)
+    }
 }

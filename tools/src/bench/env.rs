@@ -171,8 +171,8 @@ impl BenchEnv {
         if orders_in == OrdersDatabase::Mysql {
             env.orders_on_mysql(db_connections).await?;
         }
-        if stock == StockPath::Also {
-            env.stock_back_by_also()?;
+        if stock.by_also() {
+            env.stock_back_by_also(stock == StockPath::AlsoKeys)?;
         }
         if !lanes.is_empty() {
             env.add_lanes(lanes)?;
@@ -196,19 +196,26 @@ impl BenchEnv {
 
     /// The services give stock back in the cancel transaction: the mapping
     /// of the reference schema plus a stock table, no gRPC.
-    fn stock_back_by_also(&mut self) -> Result<(), BenchError> {
+    fn stock_back_by_also(&mut self, keys: bool) -> Result<(), BenchError> {
         if self.config_file.is_some() {
             return Err(BenchError::Setup(
                 "--stock also writes the services' config file itself: drop --config".into(),
             ));
         }
         let file = self.log_dir.join("also.toml");
+        let keys = if keys {
+            "also_keys = \"SELECT sku FROM order_items WHERE order_id = ?\"\n"
+        } else {
+            ""
+        };
         std::fs::write(
             &file,
-            "[orders]\n\
-             also = [\"UPDATE shop_stock s JOIN order_items i ON i.sku = s.sku \
-             SET s.available = s.available + i.quantity WHERE i.order_id = ?\"]\n\
-             [inventory]\nrelease = \"none\"\n",
+            format!(
+                "[orders]\n\
+                 also = [\"UPDATE shop_stock s JOIN order_items i ON i.sku = s.sku \
+                 SET s.available = s.available + i.quantity WHERE i.order_id = ?\"]\n\
+                 {keys}[inventory]\nrelease = \"none\"\n"
+            ),
         )
         .map_err(|e| BenchError::Setup(format!("writing {}: {e}", file.display())))?;
         self.config_file = Some(file);

@@ -416,7 +416,7 @@ async fn stock_skus(env: &BenchEnv, args: &BenchArgs) -> Result<Vec<String>, Ben
         .collect();
     let stock: Vec<(String, i64)> = skus.iter().map(|s| (s.clone(), INITIAL_STOCK)).collect();
     match &env.db.orders {
-        ShopDb::MySql(pool) if args.stock == StockPath::Also => {
+        ShopDb::MySql(pool) if args.stock.by_also() => {
             for (sku, n) in &stock {
                 sqlx::query("INSERT INTO shop_stock (sku, available) VALUES (?, ?)")
                     .bind(sku)
