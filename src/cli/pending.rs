@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::connect;
 use crate::broker::topology::{DUE_QUEUE, Layout, PARKED_QUEUE};
-use crate::ops::leftovers::{self, LeftoverReport};
+use crate::ops::leftovers::{self, LeftoverError, LeftoverReport};
 use crate::ops::parked;
 use crate::ops::pending::{self, PARKED_SCAN_LIMIT, PendingReport};
 use crate::settings::Settings;
@@ -50,19 +50,36 @@ pub(super) async fn run(settings: Settings, args: PendingArgs) -> anyhow::Result
         }
         if let Some(object) = json.as_object_mut() {
             // Queues of earlier layouts: their timeouts are not in the
-            // figures above, and are delivered where they are.
-            object.insert(
-                "leftover_queues".into(),
-                serde_json::to_value(&leftovers.queues)?,
-            );
-            object.insert("leftover_messages".into(), leftovers.messages().into());
+            // figures above, and are delivered where they are. When they
+            // could not be listed, both are null and `leftover_error` says
+            // why.
+            let (queues, messages) = match &leftovers {
+                Ok(found) => (
+                    serde_json::to_value(&found.queues)?,
+                    found.messages().into(),
+                ),
+                Err(e) => {
+                    object.insert("leftover_error".into(), e.to_string().into());
+                    (serde_json::Value::Null, serde_json::Value::Null)
+                }
+            };
+            object.insert("leftover_queues".into(), queues);
+            object.insert("leftover_messages".into(), messages);
         }
         serde_json::to_writer(&mut out, &json)?;
         writeln!(out)?;
     } else {
         write_text(&mut out, &report, kept.as_ref(), args.parked_scan_limit)?;
-        for line in leftovers::lines(&leftovers, &Layout::of(&settings)) {
-            writeln!(out, "{line}")?;
+        match &leftovers {
+            Ok(found) => {
+                for line in leftovers::lines(found, &Layout::of(&settings)) {
+                    writeln!(out, "{line}")?;
+                }
+            }
+            Err(e) => writeln!(
+                out,
+                "queues left over from earlier layouts could not be listed: {e}"
+            )?,
         }
     }
     Ok(if report.missing_queues().is_empty() {
@@ -73,14 +90,20 @@ pub(super) async fn run(settings: Settings, args: PendingArgs) -> anyhow::Result
 }
 
 /// The report, what the parked store keeps (unless `--parked-scan-limit
-/// 0`), and the queues earlier layouts left.
+/// 0`), and the queues earlier layouts left. Only the last may fail
+/// without failing the command: it is informational (those queues are
+/// delivered where they are), as in `topology check`.
 async fn measure(
     conn: &lapin::Connection,
     settings: &Settings,
     args: &PendingArgs,
-) -> anyhow::Result<(PendingReport, Option<Kept>, LeftoverReport)> {
+) -> anyhow::Result<(
+    PendingReport,
+    Option<Kept>,
+    Result<LeftoverReport, LeftoverError>,
+)> {
     let report = pending::measure(conn, &Layout::of(settings)).await?;
-    let leftovers = leftovers::find(conn, &Layout::of(settings)).await?;
+    let leftovers = leftovers::find(conn, &Layout::of(settings)).await;
     let kept: Option<Kept> = if args.parked_scan_limit == 0 {
         None
     } else {

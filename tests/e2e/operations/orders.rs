@@ -31,7 +31,8 @@ pub(super) async fn schedule_far_in_the_future_is_an_error_and_publishes_nothing
     );
     // With no service running, what was published waits in the due queue.
     let pending = env.cli(&["pending", "--json"]).await;
-    let pending: serde_json::Value = serde_json::from_str(pending.stdout.trim()).unwrap();
+    let pending: serde_json::Value = serde_json::from_str(pending.stdout.trim())
+        .unwrap_or_else(|e| panic!("pending --json: {e}: {pending:?}"));
     assert_eq!(
         pending["due"]["messages"], 1,
         "only the near one: {pending}"
