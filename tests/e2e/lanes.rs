@@ -33,6 +33,12 @@ async fn orders_sharing_the_lane_window_wait_in_the_lane_and_are_cancelled_on_ti
 ) {
     let (env, lane) = with_lane(dialect, "7s").await;
     let service = env.service().await;
+    // The lane's queues exist once the service has declared its topology
+    // (the suite once probed them before, under load: NOT_FOUND).
+    env.eventually(Duration::from_secs(10), "the service ready", || {
+        ready(service.http_addr)
+    })
+    .await;
 
     // Each published as soon as it is created, as an order service does.
     let mut orders = Vec::new();
