@@ -179,17 +179,10 @@ impl<D: SqlDialect> SqlStore<D> {
         sql: &D::Statements,
         mapped: &Mapped,
     ) -> Result<Vec<D::AlsoParams>, StoreError> {
-        let schema = |key: &'static str, statement: &str, e: sqlx::Error| match StoreError::Sql(e) {
-            error if !error.is_permanent() => error,
-            error => StoreError::Schema {
-                key,
-                problem: format!("{error}: {statement}"),
-            },
-        };
         let prepare = async |check: &Check| {
             let found = D::parameters(self, &check.sql)
                 .await
-                .map_err(|e| schema(check.key, &check.sql, e))?;
+                .map_err(|e| statement_error(check.key, &check.sql, e))?;
             if found != check.binds {
                 return Err(StoreError::Schema {
                     key: check.key,
@@ -231,13 +224,7 @@ impl<D: SqlDialect> SqlStore<D> {
         D::also_parameters(self, statement)
             .await
             .map_err(|e| match e {
-                AlsoCheckError::Sql(e) => match StoreError::Sql(e) {
-                    error if !error.is_permanent() => error,
-                    error => StoreError::Schema {
-                        key,
-                        problem: format!("{error}: {statement}"),
-                    },
-                },
+                AlsoCheckError::Sql(e) => statement_error(key, statement, e),
                 AlsoCheckError::Unbindable(problem) => StoreError::Schema {
                     key,
                     problem: format!("{problem}: {statement}"),
@@ -269,5 +256,18 @@ impl<D: SqlDialect> SqlStore<D> {
             });
         }
         Ok(Some(params))
+    }
+}
+
+/// A statement of the mapping (`key`) that the server would not prepare: a
+/// mistake of the mapping when permanent, else transient (the connection;
+/// waiting can fix it).
+fn statement_error(key: &'static str, statement: &str, e: sqlx::Error) -> StoreError {
+    match StoreError::Sql(e) {
+        error if !error.is_permanent() => error,
+        error => StoreError::Schema {
+            key,
+            problem: format!("{error}: {statement}"),
+        },
     }
 }

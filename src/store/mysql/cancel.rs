@@ -417,7 +417,7 @@ async fn lock_also_keys(
     let slots = outbox::also_lock_slots(&keys);
     if !slots.is_empty() {
         let lock = outbox::render::<MySql>(outbox::ALSO_LOCKS, &[("slots", Value::Nums(&slots))]);
-        let values = slots.iter().map(|slot| Arg::Int(*slot));
+        let values = lock.values.iter().flat_map(|v| super::arg(v, None));
         run!(format!("{}{}", sql.also_wait, lock.sql), values, &mut **tx).await?;
     }
     Ok(())
