@@ -41,19 +41,19 @@
 //! - **the SQL of the outbox** (and of the watch marks), written once for
 //!   both dialects over their vocabulary: `store/outbox.rs`;
 //! - **the retry policy**: `pipeline/retry.rs` (pure, at the bottom of the
-//!   pipeline), applied by `Job::fail` (`pipeline/job.rs`, one delivery per
-//!   order: the ending `Ending::Fail`); what a failure is and whether
+//!   pipeline), applied by `Job::fail` (`pipeline/ending.rs`, one delivery
+//!   per order: the ending `Ending::Fail`); what a failure is and whether
 //!   waiting can fix it: `pipeline/failure.rs`; the sweeper (safety net):
 //!   `pipeline/sweeper.rs`;
 //! - **the parked format** (headers written, read back, replayed):
 //!   `broker/parked.rs`; every `x-*` header: `broker/headers.rs`;
 //! - what happens to each message: `pipeline/consumer.rs`; what an order's
 //!   state means, one pure function: `pipeline/verdict.rs`; the ways a job
-//!   ends, carried out in one place, `Worker::end` (`pipeline/worker.rs`;
-//!   the mechanics in `pipeline/job.rs`: ack, requeue, hold, back
-//!   through the delay store, retried, parked); how a parked message is
-//!   written: `pipeline/park.rs`; what the steps share: `pipeline/context.rs`
-//!   and `pipeline/worker.rs`;
+//!   ends, carried out in one place, top to bottom: `pipeline/ending.rs`
+//!   (`Worker::end`: ack, requeue, hold, back through the delay store,
+//!   retried, parked, and the patient publish they share); why a message
+//!   is parked and its record: `pipeline/park.rs`; what the steps share:
+//!   `pipeline/context.rs`;
 //! - **silent peers** (`[liveness]`, `settings/liveness.rs`): the broker
 //!   node to try and the heartbeat asked for, `broker/nodes.rs`; a publish
 //!   confirm bounded, `broker/publisher.rs`; every store operation bounded

@@ -14,10 +14,11 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::cancel;
+use super::context::catch_panic;
+use super::ending::Worker;
 use super::finish;
 use super::job::Job;
 use super::verdict::Origin;
-use super::worker::{Worker, catch_panic};
 
 /// Runs until every sender of `due` is gone (the consumer has stopped and
 /// no held message is still waiting).

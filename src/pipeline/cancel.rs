@@ -37,12 +37,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::ending::Ending;
+use super::ending::Worker;
 use super::failure::Failure;
 use super::finish::Pending;
 use super::job::Job;
 use super::park::ParkWhy;
 use super::verdict::{Origin, Seen, Verdict, Wait, verdict};
-use super::worker::{Ending, Worker};
 use crate::message::OrderId;
 use crate::observe::metrics::{Metrics, Outcome, Stage, Statements};
 use crate::settings::TimerName;
@@ -76,7 +77,7 @@ pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store,
         }
     }
     for job in groups.into_values().flatten() {
-        let why = job.unknown_timer(&worker.ctx);
+        let why = ParkWhy::unknown_timer(&job, &worker.ctx.stores);
         worker.end(vec![job], Ending::Park(why)).await;
     }
     let mut to_finish = Vec::with_capacity(by_store.len());

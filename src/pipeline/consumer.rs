@@ -28,9 +28,11 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use super::context::Context;
+use super::ending::Ending;
+use super::ending::Worker;
+use super::ending::{park, requeue};
 use super::job::Job;
-use super::park::{ParkWhy, near_delivery_limit, park};
-use super::worker::{Ending, Worker};
+use super::park::{ParkWhy, near_delivery_limit};
 use crate::broker::headers::Attempts;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
 use crate::message::TimeoutRequest;
@@ -189,7 +191,7 @@ async fn route(worker: &Worker, job: Job, due: &mpsc::Sender<Job>) {
     if worker.ctx.stores.get(job.timer()).is_none() {
         // Parked in its own task, like any park; counted in flight by the
         // job until it is.
-        let why = Ending::Park(job.unknown_timer(&worker.ctx));
+        let why = Ending::Park(ParkWhy::unknown_timer(&job, &worker.ctx.stores));
         let w = worker.clone();
         let park = async move { w.end(vec![job], why).await };
         worker
@@ -210,7 +212,7 @@ async fn route(worker: &Worker, job: Job, due: &mpsc::Sender<Job>) {
         }
         _ => {
             if let Err(mpsc::error::SendError(job)) = due.send(job).await {
-                job.requeue(&worker.ctx.metrics).await;
+                requeue(job, &worker.ctx.metrics).await;
             }
         }
     }

@@ -23,12 +23,13 @@ use backon::Retryable;
 use futures_util::{StreamExt, stream};
 
 use super::context::Context;
+use super::ending::Ending;
+use super::ending::Worker;
+use super::ending::park_row;
 use super::failure::Failure;
 use super::job::Job;
-use super::park::park_row;
 use super::retry::{OUTBOX_MAX_ATTEMPTS, RetryPolicy};
 use super::verdict::{Origin, Seen, Verdict, verdict};
-use super::worker::{Ending, Worker};
 use crate::broker::publisher::TimerEvent;
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Outcome, Stage};

@@ -16,26 +16,27 @@
 //! names its timer, and that timer's store flips its rows.
 //!
 //! What the steps share: [`verdict`] (**what an order's state means**, one
-//! pure function for the consumer's path and the sweeper alike), [`worker`]
-//! (the handle of a step that settles jobs, and the one place a job ends:
-//! acked, returned to the queue, held or sent back through the delay
-//! store, retried or parked as the retry policy says), [`job`] (the job
-//! and the mechanics of those endings), [`context`] (the session's context, the patient
-//! publish), [`failure`] (why a step failed, and whether waiting can fix
-//! it), [`park`] (how a parked message is written, its record built from
-//! its reason), [`retry`] (**the retry policy**, pure). [`keep_parked`]
-//! moves parked messages from their queue into the parked store, where
-//! operators read them.
+//! pure function for the consumer's path and the sweeper alike), [`ending`]
+//! (**the one place a job ends**, top to bottom: acked, returned to the
+//! queue, held or sent back through the delay store, retried or parked as
+//! the retry policy says, and the patient publish those share), [`job`]
+//! (the job), [`context`] (the session's context and the worker handle of
+//! a step that settles jobs), [`failure`] (why a step failed, and whether
+//! waiting can fix it), [`park`] (why a message is parked, and its record
+//! built from that reason), [`retry`] (**the retry policy**, pure).
+//! [`keep_parked`] moves parked messages from their queue into the parked
+//! store, where operators read them.
 //!
 //! Dependencies point downwards, with no cycle:
-//! consumer, batcher → cancel → finish → worker → job → park → context →
-//! retry; cancel, finish, sweeper → verdict → retry; consumer → worker;
-//! sweeper → finish; watch → worker.
+//! consumer, batcher → cancel → finish → ending → park, context → job;
+//! ending, context → retry; cancel, finish, sweeper → verdict → retry;
+//! sweeper → finish; watch → ending.
 
 pub(crate) mod batcher;
 pub(crate) mod cancel;
 pub(crate) mod consumer;
 pub(crate) mod context;
+pub(crate) mod ending;
 pub(crate) mod failure;
 pub(crate) mod finish;
 pub(crate) mod job;
@@ -45,4 +46,3 @@ pub(crate) mod retry;
 pub(crate) mod sweeper;
 pub(crate) mod verdict;
 pub(crate) mod watch;
-pub(crate) mod worker;

@@ -1,7 +1,7 @@
-//! Ending a job by parking it: the message moves to `order-timeout.parked`
-//! with the reason ([`ParkReason`]) and its failure history, and only then
-//! is the delivery acked ([`park`]). Every park record is built from a
-//! reason in one place ([`ParkWhy`]).
+//! Why a message is parked, as a value ([`ParkWhy`]), and the park record
+//! built from it in one place ([`ParkWhy::parking`]): the reason
+//! ([`ParkReason`]), the operator's text and the failure history that go
+//! with the parked copy. Parking it is [`super::ending::park`]'s.
 //!
 //! Also the one decision that parks a message before anything else is
 //! done with it: a delivery returned to the queue so often that the
@@ -10,20 +10,15 @@
 //! queue has no dead-letter target); parked, an operator sees and replays
 //! it.
 
-use chrono::{DateTime, Utc};
-use lapin::message::Delivery;
+use chrono::Utc;
 use lapin::types::FieldTable;
 
-use super::context::Context;
-use crate::broker::acks::Acks;
+use super::job::Job;
 use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
-use crate::broker::parked::{ParkInfo, order_id_from_body};
-use crate::broker::publisher::PublishError;
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
-use crate::message::{Deadline, MessageError, OrderId, ParkReason, TimeoutRequest};
-use crate::observe::metrics::{Metrics, NO_TIMER, Outcome};
+use crate::message::{MessageError, OrderId, ParkReason};
 use crate::settings::TimerName;
-use crate::store::IdRejected;
+use crate::store::{IdRejected, Stores};
 
 /// How many returns before the due queue's delivery limit
 /// ([`DELIVERY_LIMIT`]) a delivery is parked instead of handled. Every
@@ -91,6 +86,16 @@ pub(crate) enum ParkWhy {
 }
 
 impl ParkWhy {
+    /// Why `job`, whose message names a timer the config does not have, is
+    /// parked: with the timers the config has (`stores`).
+    pub(crate) fn unknown_timer(job: &Job, stores: &Stores) -> Self {
+        Self::UnknownTimer {
+            order_id: job.order_id().clone(),
+            timer: job.timer().clone(),
+            known: stores.names().iter().map(|n| n.to_string()).collect(),
+        }
+    }
+
     /// `x-error`: the reason as an operator reads it.
     fn error(&self) -> String {
         match self {
@@ -123,7 +128,7 @@ impl ParkWhy {
     /// The park record of a delivery whose failure history so far is
     /// `history`: this park counts as one more failure (the retry policy's
     /// [`ParkWhy::GaveUp`] brings its own, already counted).
-    fn parking(self, history: &Attempts) -> Parking {
+    pub(crate) fn parking(self, history: &Attempts) -> Parking {
         let error = self.error();
         let counted = || history.failed(Utc::now(), error.clone());
         let (kind, attempts, order_id, timer) = match self {
@@ -157,119 +162,17 @@ impl ParkWhy {
 /// the failure history), and the timer it is counted for (`None`: not
 /// known, the message could not say or named a timer the config does not
 /// have). Built from a [`ParkWhy`] only.
-struct Parking {
+pub(crate) struct Parking {
     /// Short label (`x-error-kind`).
-    kind: ParkReason,
+    pub(crate) kind: ParkReason,
     /// Human-readable reason (`x-error`).
-    error: String,
+    pub(crate) error: String,
     /// The order, if the message named a valid one.
-    order_id: Option<OrderId>,
+    pub(crate) order_id: Option<OrderId>,
     /// Failure history including this failure.
-    attempts: Attempts,
+    pub(crate) attempts: Attempts,
     /// The timer it is counted for.
-    timer: Option<TimerName>,
-}
-
-/// Parks a delivery from the due queue for `why` (its failure history so
-/// far: `history`), then acks it. A park the broker refuses is tried again
-/// with backoff ([`Context::publish_patiently`]); if it still fails, the
-/// delivery is returned to the queue rather than lost.
-pub(crate) async fn park(ctx: &Context, delivery: Delivery, history: &Attempts, why: ParkWhy) {
-    let Parking {
-        kind,
-        error,
-        order_id,
-        attempts,
-        timer,
-    } = why.parking(history);
-    let info = ParkInfo {
-        error,
-        kind,
-        order_id,
-        attempts,
-        source_queue: DUE_QUEUE.into(),
-        source_exchange: delivery.exchange.to_string(),
-        source_routing_key: delivery.routing_key.to_string(),
-    };
-    let parked = ctx
-        .publish_patiently("park", || {
-            ctx.publisher
-                .park(&delivery.data, &delivery.properties, &info)
-        })
-        .await;
-    match parked {
-        Ok(()) => {
-            // The order id as the listing shows it: the body's when the
-            // message was refused before its id was taken (`ambiguous`).
-            let order_id = info
-                .order_id
-                .as_ref()
-                .map(|id| id.as_str().to_owned())
-                .or_else(|| order_id_from_body(&delivery.data));
-            tracing::warn!(kind = %info.kind, error = %info.error, order_id = order_id.as_deref().unwrap_or("-"), "parked a message");
-            let timer = timer.as_ref().map_or(NO_TIMER, TimerName::as_str);
-            ctx.metrics.record(timer, Outcome::Parked);
-            ctx.metrics.parked(info.kind);
-            if let Err(e) = ctx.acks.ack(&[delivery.delivery_tag]).await {
-                tracing::warn!(error = %e, "ack after parking failed; it may be parked twice");
-            }
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "cannot park a message; returning it to the queue");
-            requeue(&ctx.acks, &delivery, &ctx.metrics).await;
-        }
-    }
-}
-
-/// Returns `delivery` to the queue (a nack with requeue), counted in
-/// `order_timeout_requeued_total`: a park that failed, or a job that could
-/// not go on ([`super::job::Job::requeue`]). A failed nack (lost channel)
-/// returns it all the same.
-pub(crate) async fn requeue(acks: &Acks, delivery: &Delivery, metrics: &Metrics) {
-    metrics.requeued();
-    let _ = acks.requeue(delivery.delivery_tag).await;
-}
-
-/// `x-source-queue` of a message the sweeper parks (it consumed none).
-const SWEEPER_SOURCE: &str = "sweeper";
-
-/// Parks a message for a row no delivery brought (the sweeper found it):
-/// the timeout message its publisher would have sent (`{"order_id",
-/// "cancel_at"}` with the row's `deadline`, and the timer), with `kind` and
-/// `error`, so that it is seen and, once the cause is fixed, replayed. A
-/// park the broker refuses is tried again with backoff; the error is
-/// returned if it still fails (the caller keeps the row in hand).
-pub(crate) async fn park_row(
-    ctx: &Context,
-    timer: &TimerName,
-    id: &OrderId,
-    deadline: DateTime<Utc>,
-    kind: ParkReason,
-    error: &str,
-) -> Result<(), PublishError> {
-    let body = TimeoutRequest {
-        order_id: id.clone(),
-        deadline: Deadline::At(deadline),
-        timer: timer.clone(),
-    }
-    .to_json();
-    let properties = lapin::BasicProperties::default()
-        .with_content_type("application/json".into())
-        .with_message_id(id.as_str().into());
-    let info = ParkInfo {
-        error: error.to_owned(),
-        kind,
-        order_id: Some(id.clone()),
-        attempts: Attempts::default().failed(Utc::now(), error),
-        source_queue: SWEEPER_SOURCE.into(),
-        source_exchange: String::new(),
-        source_routing_key: String::new(),
-    };
-    ctx.publish_patiently("park", || ctx.publisher.park(&body, &properties, &info))
-        .await?;
-    tracing::warn!(order_id = %id, %timer, kind = %info.kind, error = %info.error, "parked a row the sweeper found");
-    ctx.metrics.parked(kind);
-    Ok(())
+    pub(crate) timer: Option<TimerName>,
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The retry policy, and where it is applied: a failed job is retried
-//! ([`Job::fail`]: re-scheduled with backoff, or parked), one delivery per
-//! order (the ending [`Ending::Fail`](super::job::Ending::Fail)).
+//! ([`Job::fail`](super::job::Job::fail): re-scheduled with backoff, or parked), one delivery per
+//! order (the ending [`Ending::Fail`](super::ending::Ending::Fail)).
 //!
 //! A transient failure (database down, inventory unavailable or slow) is
 //! first retried in-process a couple of times with a short backoff

@@ -45,11 +45,12 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 
 use super::cancel::{note_statements, set_aside};
+use super::context::catch_panic;
+use super::ending::Worker;
+use super::ending::park_row;
 use super::failure::Failure;
 use super::finish::{self, Pending};
-use super::park::park_row;
 use super::verdict::{Origin, Seen, Verdict, verdict};
-use super::worker::{Worker, catch_panic};
 use crate::message::{OrderId, ParkReason};
 use crate::observe::metrics::{Statements, SweepResult};
 use crate::shutdown::Shutdown;

@@ -14,7 +14,7 @@
 //! consumer's path ([`super::cancel`], [`super::finish`]) and the sweeper
 //! ([`super::sweeper`]) cannot drift apart, and one table test states
 //! every case. Carrying a verdict out is the caller's (the I/O); a
-//! delivery's ending is [`super::job::Ending`].
+//! delivery's ending is [`super::ending::Ending`].
 
 use std::time::Duration;
 

@@ -30,10 +30,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::{StreamExt, TryStreamExt, stream};
 
-use super::context::{Context, Delayed};
+use super::context::Context;
+use super::context::catch_panic;
+use super::ending::Worker;
+use super::ending::{Delayed, HOLD_BELOW, delay_patiently, publish_patiently};
 use super::failure::Failure;
-use super::job::HOLD_BELOW;
-use super::worker::{Worker, catch_panic};
 use crate::broker::headers::Attempts;
 use crate::message::{Deadline, OrderId, TimeoutRequest};
 use crate::shutdown::Shutdown;
@@ -193,22 +194,21 @@ async fn schedule_page(
             };
             let body = request.to_json();
             let attempts = Attempts::default();
-            let delayed = ctx
-                .delay_patiently(
-                    &body,
-                    &request.order_id,
-                    deadline,
-                    clock.now(),
-                    &attempts,
-                    HOLD_BELOW,
-                )
-                .await;
+            let delayed = delay_patiently(
+                ctx,
+                &body,
+                &request.order_id,
+                deadline,
+                clock.now(),
+                &attempts,
+                HOLD_BELOW,
+            )
+            .await;
             // Due within the hold window (at once, or after refusals): the
             // entry exchange, and the consumer holds it.
             let published = match delayed {
                 Ok(Delayed::TooClose(_)) => {
-                    ctx.publish_patiently("watch", || ctx.publisher.schedule(&request))
-                        .await
+                    publish_patiently(ctx, "watch", || ctx.publisher.schedule(&request)).await
                 }
                 other => other.map(drop),
             };
