@@ -37,6 +37,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::context::Context;
 use super::ending::Ending;
 use super::ending::Worker;
 use super::failure::Failure;
@@ -57,52 +58,79 @@ const CONTENDED_ROUNDS: u32 = 5;
 /// settled together).
 type ByOrder = HashMap<OrderId, Vec<Job>>;
 
+/// How the deliveries of each order end, decided as the batch goes and
+/// carried out together at its end ([`Worker::end_all`]).
+type Endings = Vec<(Vec<Job>, Ending)>;
+
 /// Cancels one batch: per timer (in the order of the config), the cancel
-/// transaction, then every order settled by its verdict. Returns, per
-/// timer, the cancelled orders whose outbox work is left: the batcher hands
-/// them to [`super::finish`] once it has given back its slot, so the next
-/// batch's cancellation does not wait for this batch's inventory calls. A
-/// job for a timer the config does not have (the consumer parks those
-/// before they get here) is parked.
+/// transaction, then every order settled by its verdict; the endings of
+/// the deliveries are carried out last, together. Returns, per timer, the
+/// cancelled orders whose outbox work is left: the batcher hands them to
+/// [`super::finish`] once it has given back its slot, so the next batch's
+/// cancellation does not wait for this batch's inventory calls. A job for a
+/// timer the config does not have (the consumer parks those before they
+/// get here) is parked.
 #[tracing::instrument(skip_all, fields(messages = jobs.len()))]
 pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Pending>)> {
+    let ctx = &worker.ctx;
     let mut groups: HashMap<TimerName, Vec<Job>> = HashMap::new();
     for job in jobs {
         groups.entry(job.timer().clone()).or_default().push(job);
     }
     let mut by_store = Vec::with_capacity(groups.len());
-    for store in worker.ctx.stores.iter() {
+    for store in ctx.stores.iter() {
         if let Some(jobs) = groups.remove(&store.timer().name) {
             by_store.push((store.clone(), jobs));
         }
     }
-    for job in groups.into_values().flatten() {
-        let why = ParkWhy::unknown_timer(&job, &worker.ctx.stores);
-        worker.end(vec![job], Ending::Park(why)).await;
-    }
+    let mut endings: Endings = groups
+        .into_values()
+        .flatten()
+        .map(|job| {
+            let why = ParkWhy::unknown_timer(&job, &ctx.stores);
+            (vec![job], Ending::Park(why))
+        })
+        .collect();
     let mut to_finish = Vec::with_capacity(by_store.len());
     for (store, jobs) in by_store {
-        let pending = cancel_timer(worker, &store, jobs).await;
+        let pending = cancel_timer(ctx, &store, jobs, &mut endings).await;
         to_finish.push((store, pending));
     }
+    worker.end_all(endings).await;
     to_finish
 }
 
 /// Cancels (flips) the orders of `jobs`, all of `store`'s timer: the
 /// cancel transaction, asked again about contended orders up to
-/// [`CONTENDED_ROUNDS`] times; returns what is left for the outbox. A
-/// failure of the whole statement (the connection) is retried later,
-/// order by order.
-async fn cancel_timer(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pending> {
-    let ctx = &worker.ctx;
-    let (mut waiting, impossible) = group_by_order(store, jobs);
+/// [`CONTENDED_ROUNDS`] times; adds how each other order's deliveries end
+/// to `endings` and returns what is left for the outbox. A failure of the
+/// whole statement (the connection) is retried later, order by order.
+async fn cancel_timer(
+    ctx: &Context,
+    store: &Store,
+    jobs: Vec<Job>,
+    endings: &mut Endings,
+) -> Vec<Pending> {
+    let (mut waiting, mut impossible) = group_by_order(store, jobs);
     if !impossible.is_empty() {
-        no_row_can_have(worker, store, impossible, &mut waiting).await;
+        impossible = read_shape_again(store, impossible, &mut waiting).await;
     }
-    let mut to_finish = Vec::new();
+    let mut settled = Settled {
+        to_finish: Vec::new(),
+        endings,
+        rejected: HashMap::new(),
+    };
+    // Ids no row can have are unknown orders, with the reason.
+    let mut unknown = ByOrder::new();
+    for (id, (why, jobs)) in impossible {
+        settled.rejected.insert(id.clone(), why);
+        unknown.insert(id, jobs);
+    }
+    let states = unknown.keys().map(|id| (id.clone(), OrderState::Unknown));
+    settle(ctx, store, states.collect(), unknown, &mut settled).await;
     for round in 0..CONTENDED_ROUNDS {
         if waiting.is_empty() {
-            return to_finish;
+            break;
         }
         if round > 0 {
             tokio::time::sleep(Duration::from_millis(10 * u64::from(round))).await;
@@ -112,59 +140,57 @@ async fn cancel_timer(worker: &Worker, store: &Store, jobs: Vec<Job>) -> Vec<Pen
         let result = store.cancel_due(&ids, ctx.settings.outbox_lease).await;
         ctx.metrics.stage(Stage::Db, started.elapsed());
         note_statements(&ctx.metrics, store, result.as_deref());
-        match result {
-            Ok(states) => waiting = settle(worker, store, states, waiting, &mut to_finish).await,
+        waiting = match result {
+            Ok(states) => settle(ctx, store, states, waiting, &mut settled).await,
             Err(e) => {
                 let failure = Failure::from(e);
-                for (_, jobs) in waiting.drain() {
-                    worker.end(jobs, Ending::Fail(failure.clone())).await;
-                }
+                let failed = waiting
+                    .drain()
+                    .map(|(_, jobs)| (jobs, Ending::Fail(failure.clone())));
+                settled.endings.extend(failed);
+                ByOrder::new()
             }
-        }
+        };
     }
-    for (_, jobs) in waiting {
-        worker.end(jobs, Ending::Fail(Failure::KeptChanging)).await;
-    }
-    to_finish
+    let kept_changing = waiting
+        .into_values()
+        .map(|jobs| (jobs, Ending::Fail(Failure::KeptChanging)));
+    settled.endings.extend(kept_changing);
+    settled.to_finish
 }
 
-/// Settles the jobs of ids no row can have (`abc` for an integer id
-/// column) as unknown orders — after the table's shape is read again if it
-/// changed (a widened id column), so that they are asked about in its new
-/// shape first: those that fit it join `waiting`.
-async fn no_row_can_have(
-    worker: &Worker,
+/// What settling a timer's orders gives: the cancelled orders with outbox
+/// work left, and how the other orders' deliveries end; with why no row
+/// can have the id of each unknown order whose id none can.
+struct Settled<'a> {
+    to_finish: Vec<Pending>,
+    endings: &'a mut Endings,
+    rejected: HashMap<OrderId, IdRejected>,
+}
+
+/// Reads the table's shape again when it changed (a widened id column),
+/// so that ids no row could have in its old shape are asked about in its
+/// new one: those that fit it join `waiting`; returns the others.
+async fn read_shape_again(
     store: &Store,
-    mut impossible: Impossible,
+    impossible: Impossible,
     waiting: &mut ByOrder,
-) {
-    if store.reread_shape().await {
-        if let Err(e) = store.prepare().await {
-            tracing::warn!(error = %e, timer = %store.timer().name, "checking the mapping against the changed table failed");
-        }
-        let jobs: Vec<Job> = impossible
-            .into_values()
-            .flat_map(|(_, jobs)| jobs)
-            .collect();
-        let (more, still) = group_by_order(store, jobs);
-        for (id, jobs) in more {
-            waiting.entry(id).or_default().extend(jobs);
-        }
-        impossible = still;
+) -> Impossible {
+    if !store.reread_shape().await {
+        return impossible;
     }
-    let unknown = verdict(
-        Origin::Message,
-        Seen::State(&OrderState::Unknown),
-        worker.ctx.settings.unknown_order,
-    );
-    let endings = impossible
-        .into_iter()
-        .map(|(id, (why, jobs))| {
-            let ending = unknown_ending(&unknown, store, &id, Some(why), jobs.len());
-            (jobs, ending)
-        })
+    if let Err(e) = store.prepare().await {
+        tracing::warn!(error = %e, timer = %store.timer().name, "checking the mapping against the changed table failed");
+    }
+    let jobs: Vec<Job> = impossible
+        .into_values()
+        .flat_map(|(_, jobs)| jobs)
         .collect();
-    worker.end_all(endings).await;
+    let (more, still) = group_by_order(store, jobs);
+    for (id, jobs) in more {
+        waiting.entry(id).or_default().extend(jobs);
+    }
+    still
 }
 
 /// Groups jobs by the canonical form of their order id (`00123` and `123`
@@ -209,31 +235,30 @@ pub(crate) fn note_statements(
     metrics.set_timer_failing(store.timer().name.as_str(), Statements::Cancel, failing);
 }
 
-/// Settles every order of `waiting` by its verdict on its state. Cancelled
-/// orders are added to `to_finish`; contended ones are returned, to ask
-/// again; the others' deliveries end (the acks together, last). An order
-/// the statement did not report on is a transient failure, never a message
+/// Settles every order of `waiting` by its verdict on its state, into
+/// `settled`. Contended orders are returned, to ask again. An order the
+/// statement did not report on is a transient failure, never a message
 /// left unacknowledged.
 async fn settle(
-    worker: &Worker,
+    ctx: &Context,
     store: &Store,
     states: Vec<(OrderId, OrderState)>,
     mut waiting: ByOrder,
-    to_finish: &mut Vec<Pending>,
+    settled: &mut Settled<'_>,
 ) -> ByOrder {
     let mut contended = ByOrder::new();
-    let mut endings = Vec::new();
     for (id, state) in states {
         let Some(jobs) = waiting.remove(&id) else {
             continue;
         };
-        let ending = match verdict(
+        let verdict = verdict(
             Origin::Message,
             Seen::State(&state),
-            worker.ctx.settings.unknown_order,
-        ) {
+            ctx.settings.unknown_order,
+        );
+        let ending = match verdict {
             Verdict::Finish(cancellation) => {
-                to_finish.push(Pending {
+                settled.to_finish.push(Pending {
                     id,
                     cancellation,
                     jobs,
@@ -248,20 +273,24 @@ async fn settle(
                 set_aside(store, &id, &failure).await;
                 Ending::Fail(failure)
             }
-            verdict => message_ending(&verdict, store, &id, jobs.len()),
+            Verdict::ParkUnknown | Verdict::DropUnknown => {
+                let why = settled.rejected.remove(&id);
+                unknown_ending(&verdict, store, &id, why, jobs.len())
+            }
+            verdict => message_ending(&verdict, &id),
         };
-        endings.push((jobs, ending));
+        settled.endings.push((jobs, ending));
     }
-    worker.end_all(endings).await;
-    for (id, jobs) in waiting {
-        worker.end(jobs, Ending::Fail(Failure::NoState(id))).await;
-    }
+    let no_state = waiting
+        .into_iter()
+        .map(|(id, jobs)| (jobs, Ending::Fail(Failure::NoState(id))));
+    settled.endings.extend(no_state);
     contended
 }
 
-/// How the `n` deliveries of order `id` end for `verdict` (one that leaves
+/// How the deliveries of order `id` end for `verdict` (one that leaves
 /// nothing more for the cancel path to do), logged as it is decided.
-fn message_ending(verdict: &Verdict, store: &Store, id: &OrderId, n: usize) -> Ending {
+fn message_ending(verdict: &Verdict, id: &OrderId) -> Ending {
     match *verdict {
         Verdict::Ack { first, duplicates } => {
             if first == Outcome::LeftAlone {
@@ -296,14 +325,16 @@ fn message_ending(verdict: &Verdict, store: &Store, id: &OrderId, n: usize) -> E
                 duplicates: why.duplicates(),
             }
         }
-        Verdict::ParkUnknown | Verdict::DropUnknown => unknown_ending(verdict, store, id, None, n),
         Verdict::Retry(ref failure) | Verdict::SetAside(ref failure) => {
             Ending::Fail(failure.clone())
         }
-        // Settled by the caller (finish, ask again), or the sweeper's, never
-        // given for a message (the verdict's table test says so): were one
-        // to be, the delivery goes back to the queue rather than be lost.
+        // Settled by the caller (finish, ask again, unknown), or the
+        // sweeper's, never given for a message (the verdict's table test
+        // says so): were one to be, the delivery goes back to the queue
+        // rather than be lost.
         Verdict::Finish(_)
+        | Verdict::ParkUnknown
+        | Verdict::DropUnknown
         | Verdict::AskAgain
         | Verdict::Skip
         | Verdict::LeftBehind

@@ -13,7 +13,8 @@
 //!   or parked once it says so ([`Job::fail`]);
 //! - parked for a reason ([`park`], the record built from a
 //!   [`ParkWhy`]), or, for a row no delivery brought, a message parked
-//!   for it ([`park_row`]);
+//!   for it ([`park_row`]; the sweeper's given-up releases:
+//!   [`park_given_up`]);
 //! - and the one way every publish that must not be lost is made
 //!   ([`publish_patiently`], [`delay_patiently`]).
 //!
@@ -48,6 +49,7 @@ use crate::message::{Deadline, OrderId, ParkReason, TimeoutRequest};
 use crate::observe::metrics::{Metrics, NO_TIMER, Outcome, Stage};
 use crate::settings::TimerName;
 use crate::shutdown::Shutdown;
+use crate::store::{Cancellation, NextAttempt, OutboxFailure, Store};
 
 /// Remaining time below which a message is held in-process instead of going
 /// through the cascade (whose resolution is one second, and which may leave
@@ -223,9 +225,12 @@ async fn fail_then_ack(
 }
 
 /// Returns the delivery to the queue unfinished (the session is ending,
-/// or a publish kept failing), counted in `order_timeout_requeued_total`.
+/// or a publish kept failing), counted in `order_timeout_requeued_total`
+/// (a nack with requeue: a failed nack, a lost channel, returns it all the
+/// same).
 pub(crate) async fn requeue(job: Job, metrics: &Metrics) {
-    requeue_delivery(&job.acks, &job.delivery, metrics).await;
+    metrics.requeued();
+    let _ = job.acks.requeue(job.delivery.delivery_tag).await;
 }
 
 /// Sends the message toward `deadline` (measured against `now`): through
@@ -410,18 +415,10 @@ pub(crate) async fn park(ctx: &Context, delivery: Delivery, history: &Attempts, 
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot park a message; returning it to the queue");
-            requeue_delivery(&ctx.acks, &delivery, &ctx.metrics).await;
+            ctx.metrics.requeued();
+            let _ = ctx.acks.requeue(delivery.delivery_tag).await;
         }
     }
-}
-
-/// Returns `delivery` to the queue (a nack with requeue), counted in
-/// `order_timeout_requeued_total`: a park that failed, or a job that could
-/// not go on ([`super::job::Job::requeue`]). A failed nack (lost channel)
-/// returns it all the same.
-async fn requeue_delivery(acks: &Acks, delivery: &Delivery, metrics: &Metrics) {
-    metrics.requeued();
-    let _ = acks.requeue(delivery.delivery_tag).await;
 }
 
 /// `x-source-queue` of a message the sweeper parks (it consumed none).
@@ -466,6 +463,37 @@ pub(crate) async fn park_row(
     tracing::warn!(order_id = %id, %timer, kind = %info.kind, error = %info.error, "parked a row the sweeper found");
     ctx.metrics.parked(kind);
     Ok(())
+}
+
+/// Parks a timeout message for an order whose stock release the sweeper
+/// gave up, with the reason `release_failed`, so that it is seen and, once
+/// the cause is fixed, replayed: the replayed message finds the order
+/// cancelled with its release pending and finishes it. If the broker
+/// refuses the park, the row is put back in the sweeper's hands (retried
+/// after a backoff, given up and parked again).
+pub(crate) async fn park_given_up(
+    ctx: &Context,
+    store: &Store,
+    id: &OrderId,
+    c: &Cancellation,
+    reason: &str,
+) {
+    let timer = &store.timer().name;
+    let kind = ParkReason::ReleaseFailed;
+    if let Err(e) = park_row(ctx, timer, id, c.expires_at, kind, reason).await {
+        tracing::error!(order_id = %id, error = %e, "cannot park an order whose stock release was given up; the sweeper will try it again");
+        let failure = [OutboxFailure {
+            id: id.as_str(),
+            error: reason,
+            release: true,
+            permanent: false,
+        }];
+        let retry_later =
+            |_: &OutboxFailure<'_>, n: u32| NextAttempt::After(ctx.retry.outbox_delay(n));
+        if let Err(e) = store.record_failures(&failure, &retry_later).await {
+            tracing::error!(order_id = %id, error = %e, "cannot put the given-up row back either; replay or release it by hand");
+        }
+    }
 }
 
 /// A confirmed publish (`publish`: a re-schedule, a parked copy), timed,

@@ -25,13 +25,12 @@ use futures_util::{StreamExt, stream};
 use super::context::Context;
 use super::ending::Ending;
 use super::ending::Worker;
-use super::ending::park_row;
+use super::ending::park_given_up;
 use super::failure::Failure;
 use super::job::Job;
-use super::retry::{OUTBOX_MAX_ATTEMPTS, RetryPolicy};
 use super::verdict::{Origin, Seen, Verdict, verdict};
 use crate::broker::publisher::TimerEvent;
-use crate::message::{OrderId, ParkReason};
+use crate::message::OrderId;
 use crate::observe::metrics::{Outcome, Stage};
 use crate::store::{Cancellation, NextAttempt, OrderItem, OutboxFailure, Store};
 
@@ -57,6 +56,14 @@ struct Finished {
 /// Items per order id.
 type Items = HashMap<String, Vec<OrderItem>>;
 
+/// How the deliveries of each order end, carried out together once the
+/// work is recorded ([`Worker::end_all`]).
+type Endings = Vec<(Vec<Job>, Ending)>;
+
+/// Orders whose stock release the sweeper gave up, with the reason: a
+/// message is parked for each ([`park_given_up`]).
+type ToPark = Vec<(OrderId, Cancellation, String)>;
+
 /// Releases stock, publishes the events, marks the outbox and settles the
 /// deliveries of `orders`, all of `store`'s timer, found by `origin`.
 #[tracing::instrument(skip_all, fields(orders = orders.len(), timer = %store.timer().name))]
@@ -64,12 +71,18 @@ pub(crate) async fn finish(worker: &Worker, store: &Store, orders: Vec<Pending>,
     if orders.is_empty() {
         return;
     }
-    let kept = KeptLeases::start(store, &orders, worker.ctx.settings.outbox_lease);
-    let (orders, items) = load_items(worker, store, orders).await;
-    let done = do_outbox_work(&worker.ctx, store, orders, &items).await;
-    let (marked, given_up) = record_done(&worker.ctx, store, &done).await;
+    let ctx = &worker.ctx;
+    let kept = KeptLeases::start(store, &orders, ctx.settings.outbox_lease);
+    let mut endings = Vec::new();
+    let (orders, items) = load_items(store, orders, &mut endings).await;
+    let done = do_outbox_work(ctx, store, orders, &items).await;
+    let (marked, given_up) = record_done(ctx, store, &done).await;
     drop(kept);
-    settle(worker, store, done, marked, given_up, origin).await;
+    let to_park = settle(ctx, store, done, marked, given_up, origin, &mut endings);
+    worker.end_all(endings).await;
+    for (id, cancellation, reason) in to_park {
+        park_given_up(ctx, store, &id, &cancellation, &reason).await;
+    }
 }
 
 /// The outbox leases of the orders being finished, renewed every third of
@@ -116,10 +129,14 @@ impl KeptLeases {
 
 /// Step 1: the items of the orders whose release is pending, with the
 /// orders that can go on. When the items cannot be read, the orders are
-/// retried later — except that a failure waiting cannot fix (a row that
-/// does not decode, say) is looked for order by order, so that only the
-/// orders it belongs to are parked.
-async fn load_items(worker: &Worker, store: &Store, orders: Vec<Pending>) -> (Vec<Pending>, Items) {
+/// retried later (their endings added to `endings`) — except that a
+/// failure waiting cannot fix (a row that does not decode, say) is looked
+/// for order by order, so that only the orders it belongs to are parked.
+async fn load_items(
+    store: &Store,
+    orders: Vec<Pending>,
+    endings: &mut Endings,
+) -> (Vec<Pending>, Items) {
     let need: Vec<&OrderId> = orders
         .iter()
         .filter(|o| o.cancellation.release_pending)
@@ -133,9 +150,10 @@ async fn load_items(worker: &Worker, store: &Store, orders: Vec<Pending>) -> (Ve
         Err(e) => Failure::from(e),
     };
     if !failure.is_permanent() || need.len() == 1 {
-        for order in orders {
-            worker.end(order.jobs, Ending::Fail(failure.clone())).await;
-        }
+        let failed = orders
+            .into_iter()
+            .map(|order| (order.jobs, Ending::Fail(failure.clone())));
+        endings.extend(failed);
         return (Vec::new(), Items::new());
     }
     tracing::warn!(orders = need.len(), error = %failure, "reading the items failed in a way waiting cannot fix; reading them order by order");
@@ -151,7 +169,7 @@ async fn load_items(worker: &Worker, store: &Store, orders: Vec<Pending>) -> (Ve
                 items.extend(found);
                 ok.push(order);
             }
-            Err(e) => worker.end(order.jobs, Ending::Fail(e.into())).await,
+            Err(e) => endings.push((order.jobs, Ending::Fail(e.into()))),
         }
     }
     (ok, items)
@@ -263,51 +281,6 @@ async fn publish_event(
     Ok(sent?)
 }
 
-/// What comes after the `attempts`-th failed attempt at a row's work: a
-/// stock release the inventory refused for good, or one that failed
-/// [`OUTBOX_MAX_ATTEMPTS`] times, is given up (with the reason); anything
-/// else is tried again after the outbox backoff.
-fn next_attempt(retry: &RetryPolicy, f: &OutboxFailure<'_>, attempts: u32) -> NextAttempt {
-    if f.release && f.permanent {
-        NextAttempt::GiveUp(format!(
-            "the inventory refused the stock release: {}",
-            f.error
-        ))
-    } else if f.release && attempts >= OUTBOX_MAX_ATTEMPTS {
-        NextAttempt::GiveUp(format!(
-            "the stock release failed {attempts} times, the last: {}",
-            f.error
-        ))
-    } else {
-        NextAttempt::After(retry.outbox_delay(attempts))
-    }
-}
-
-/// Parks a timeout message for an order whose stock release the sweeper
-/// gave up, with the reason `release_failed`, so that it is seen and, once
-/// the cause is fixed, replayed: the replayed message finds the order
-/// cancelled with its release pending and finishes it. If the broker
-/// refuses the park, the row is put back in the sweeper's hands (retried
-/// after a backoff, given up and parked again).
-async fn park_given_up(ctx: &Context, store: &Store, id: &OrderId, c: &Cancellation, reason: &str) {
-    let timer = &store.timer().name;
-    let kind = ParkReason::ReleaseFailed;
-    if let Err(e) = park_row(ctx, timer, id, c.expires_at, kind, reason).await {
-        tracing::error!(order_id = %id, error = %e, "cannot park an order whose stock release was given up; the sweeper will try it again");
-        let failure = [OutboxFailure {
-            id: id.as_str(),
-            error: reason,
-            release: true,
-            permanent: false,
-        }];
-        let retry_later =
-            |_: &OutboxFailure<'_>, n: u32| NextAttempt::After(ctx.retry.outbox_delay(n));
-        if let Err(e) = store.record_failures(&failure, &retry_later).await {
-            tracing::error!(order_id = %id, error = %e, "cannot put the given-up row back either; replay or release it by hand");
-        }
-    }
-}
-
 /// How late a cancellation was, in milliseconds: never negative (a
 /// cancellation is never early; a clock that says otherwise is off by that
 /// much, and consumers of the event must not see a negative lateness).
@@ -365,7 +338,7 @@ async fn record_done(
 /// policy ([`super::retry::RetryPolicy::outbox_delay`]), so that the
 /// sweeper takes newer rows first — or, for a stock release the inventory
 /// refused for good or one that failed
-/// [`OUTBOX_MAX_ATTEMPTS`] times, never:
+/// [`OUTBOX_MAX_ATTEMPTS`](super::retry::OUTBOX_MAX_ATTEMPTS) times, never:
 /// the row is given up (counted, logged with the order and the reason).
 /// Returns the rows given up. Before the leases are given back, so that no
 /// sweep takes a row before its next attempt is planned.
@@ -393,7 +366,7 @@ async fn record_failures(ctx: &Context, store: &Store, done: &[Finished]) -> Giv
             permanent: *permanent,
         })
         .collect();
-    let plan = |f: &OutboxFailure<'_>, attempts: u32| next_attempt(&ctx.retry, f, attempts);
+    let plan = |f: &OutboxFailure<'_>, attempts: u32| ctx.retry.outbox_next(f, attempts);
     let planned = match store.record_failures(&failures, &plan).await {
         Ok(planned) => planned,
         Err(e) => {
@@ -434,20 +407,20 @@ fn note_late_message_deadline(ctx: &Context, timer: &str, f: &Finished) {
     }
 }
 
-/// Step 4: records the lateness of orders cancelled just now, then settles
-/// every order by its verdict on its work: the deliveries of finished
-/// orders acked (the first as `cancelled` if this batch cancelled it),
-/// those of orders whose work failed retried, an order the sweeper gave up
-/// parked.
-async fn settle(
-    worker: &Worker,
+/// Step 4: records the lateness of orders cancelled just now, then decides
+/// how every order ends by its verdict on its work: the deliveries of
+/// finished orders acked (the first as `cancelled` if this batch cancelled
+/// it), those of orders whose work failed retried (added to `endings`);
+/// returns the orders the sweeper gave up, to park.
+fn settle(
+    ctx: &Context,
     store: &Store,
     done: Vec<Finished>,
     marked: Result<(), Failure>,
     mut given_up: GivenUp,
     origin: Origin,
-) {
-    let ctx = &worker.ctx;
+    endings: &mut Endings,
+) -> ToPark {
     let timer = store.timer().name.as_str();
     for f in &done {
         let c = &f.order.cancellation;
@@ -458,7 +431,7 @@ async fn settle(
             note_late_message_deadline(ctx, timer, f);
         }
     }
-    let mut endings = Vec::new();
+    let mut to_park = ToPark::new();
     for f in done {
         let failure = match &marked {
             Err(e) => Some(e.clone()),
@@ -490,8 +463,7 @@ async fn settle(
             Verdict::Retry(failure) => Ending::Fail(failure),
             Verdict::GiveUp => {
                 // The sweeper's: no delivery will bring it back.
-                let reason = reason.unwrap_or_default();
-                park_given_up(ctx, store, &id, &c, &reason).await;
+                to_park.push((id, c, reason.unwrap_or_default()));
                 continue;
             }
             // Done (the sweeper's: no delivery), or its next attempt is
@@ -503,47 +475,5 @@ async fn settle(
         };
         endings.push((jobs, ending));
     }
-    worker.end_all(endings).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::settings::RetrySettings;
-
-    fn failure(release: bool, permanent: bool) -> OutboxFailure<'static> {
-        OutboxFailure {
-            id: "o-1",
-            error: "inventory: Unavailable",
-            release,
-            permanent,
-        }
-    }
-
-    #[test]
-    fn a_refused_or_worn_out_release_is_given_up_and_anything_else_waits() {
-        let retry = RetryPolicy::new(RetrySettings::default());
-        assert!(matches!(
-            next_attempt(&retry, &failure(true, true), 1),
-            NextAttempt::GiveUp(reason) if reason.contains("refused") && reason.contains("Unavailable")
-        ));
-        assert!(matches!(
-            next_attempt(&retry, &failure(true, false), OUTBOX_MAX_ATTEMPTS),
-            NextAttempt::GiveUp(reason) if reason.contains("30 times")
-        ));
-        let NextAttempt::After(first) = next_attempt(&retry, &failure(true, false), 1) else {
-            panic!("a first transient failure waits")
-        };
-        let NextAttempt::After(later) =
-            next_attempt(&retry, &failure(true, false), OUTBOX_MAX_ATTEMPTS - 1)
-        else {
-            panic!("a transient failure waits until the last attempt")
-        };
-        assert!(first < later, "{first:?} {later:?}");
-        // Only the event failed: the release is done, nothing to give up.
-        assert!(matches!(
-            next_attempt(&retry, &failure(false, false), 1_000),
-            NextAttempt::After(_)
-        ));
-    }
+    to_park
 }

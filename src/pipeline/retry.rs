@@ -31,6 +31,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use super::failure::Failure;
 use crate::broker::headers::Attempts;
 use crate::settings::RetrySettings;
+use crate::store::{NextAttempt, OutboxFailure};
 
 /// Failures after which every delay is `max_delay` (the exponential has long
 /// reached it): the backoff is not stepped further, however many attempts a
@@ -129,6 +130,26 @@ impl RetryPolicy {
             .nth(attempt.clamp(1, MAX_STEPS) as usize - 1)
             .unwrap_or(OUTBOX_MAX_DELAY)
             .min(OUTBOX_MAX_DELAY)
+    }
+
+    /// What comes after the `attempts`-th failed attempt at a row's work: a
+    /// stock release the inventory refused for good, or one that failed
+    /// [`OUTBOX_MAX_ATTEMPTS`] times, is given up (with the reason); anything
+    /// else is tried again after the outbox backoff.
+    pub(crate) fn outbox_next(&self, f: &OutboxFailure<'_>, attempts: u32) -> NextAttempt {
+        if f.release && f.permanent {
+            NextAttempt::GiveUp(format!(
+                "the inventory refused the stock release: {}",
+                f.error
+            ))
+        } else if f.release && attempts >= OUTBOX_MAX_ATTEMPTS {
+            NextAttempt::GiveUp(format!(
+                "the stock release failed {attempts} times, the last: {}",
+                f.error
+            ))
+        } else {
+            NextAttempt::After(self.outbox_delay(attempts))
+        }
     }
 
     /// The short in-process backoff used before falling back to a
@@ -275,5 +296,41 @@ mod tests {
             later(now, Duration::from_secs(2)),
             now + TimeDelta::seconds(2)
         );
+    }
+
+    fn failure(release: bool, permanent: bool) -> OutboxFailure<'static> {
+        OutboxFailure {
+            id: "o-1",
+            error: "inventory: Unavailable",
+            release,
+            permanent,
+        }
+    }
+
+    #[test]
+    fn a_refused_or_worn_out_release_is_given_up_and_anything_else_waits() {
+        let retry = RetryPolicy::new(RetrySettings::default());
+        assert!(matches!(
+            retry.outbox_next(&failure(true, true), 1),
+            NextAttempt::GiveUp(reason) if reason.contains("refused") && reason.contains("Unavailable")
+        ));
+        assert!(matches!(
+            retry.outbox_next(&failure(true, false), OUTBOX_MAX_ATTEMPTS),
+            NextAttempt::GiveUp(reason) if reason.contains("30 times")
+        ));
+        let NextAttempt::After(first) = retry.outbox_next(&failure(true, false), 1) else {
+            panic!("a first transient failure waits")
+        };
+        let NextAttempt::After(later) =
+            retry.outbox_next(&failure(true, false), OUTBOX_MAX_ATTEMPTS - 1)
+        else {
+            panic!("a transient failure waits until the last attempt")
+        };
+        assert!(first < later, "{first:?} {later:?}");
+        // Only the event failed: the release is done, nothing to give up.
+        assert!(matches!(
+            retry.outbox_next(&failure(false, false), 1_000),
+            NextAttempt::After(_)
+        ));
     }
 }
