@@ -113,6 +113,14 @@ impl Browser {
     /// Sends one DevTools command (to the page once attached) and returns
     /// its `result` (events that arrive meanwhile are skipped).
     pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        let reply = self.reply(method, params).await;
+        assert!(reply["error"].is_null(), "{method} failed: {reply}");
+        reply["result"].clone()
+    }
+
+    /// Sends one DevTools command and returns the whole reply, an error
+    /// included.
+    async fn reply(&mut self, method: &str, params: Value) -> Value {
         self.next_id += 1;
         let id = self.next_id;
         let mut message = json!({"id": id, "method": method, "params": params});
@@ -127,25 +135,35 @@ impl Browser {
                 .unwrap_or_else(|_| panic!("no answer to {method} within 60 s"));
             let reply: Value = serde_json::from_str(&text).expect("DevTools sends JSON");
             if reply["id"] == id {
-                assert!(reply["error"].is_null(), "{method} failed: {reply}");
-                return reply["result"].clone();
+                return reply;
             }
         }
     }
 
-    /// Evaluates `expression` in the page and returns its value.
+    /// Evaluates `expression` in the page and returns its value. An
+    /// evaluation the page cut short by navigating (a click's or a form's
+    /// navigation still under way: "Inspected target navigated or closed")
+    /// is tried again on the new page, a few times.
     pub async fn eval(&mut self, expression: &str) -> Value {
-        let result = self
-            .call(
-                "Runtime.evaluate",
-                json!({"expression": expression, "returnByValue": true}),
-            )
-            .await;
-        assert!(
-            result["exceptionDetails"].is_null(),
-            "{expression}: {result}"
-        );
-        result["result"]["value"].clone()
+        let params = json!({"expression": expression, "returnByValue": true});
+        for _ in 0..50 {
+            let reply = self.reply("Runtime.evaluate", params.clone()).await;
+            let navigated = reply["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("navigated or closed"));
+            if navigated {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            assert!(reply["error"].is_null(), "Runtime.evaluate failed: {reply}");
+            let result = &reply["result"];
+            assert!(
+                result["exceptionDetails"].is_null(),
+                "{expression}: {result}"
+            );
+            return result["result"]["value"].clone();
+        }
+        panic!("{expression}: the page kept navigating for 5 s");
     }
 
     /// Navigates to `url` and waits until the page there has loaded.
