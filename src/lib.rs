@@ -41,7 +41,7 @@
 //! - **the SQL of the outbox** (and of the watch marks), written once for
 //!   both dialects over their vocabulary: `store/outbox.rs`;
 //! - **the retry policy**: `pipeline/retry.rs` (pure, at the bottom of the
-//!   pipeline), applied by `Job::fail` (`pipeline/ending.rs`, one delivery
+//!   pipeline), applied by `fail` (`pipeline/ending.rs`, one delivery
 //!   per order: the ending `Ending::Fail`); what a failure is and whether
 //!   waiting can fix it: `pipeline/failure.rs`; the sweeper (safety net):
 //!   `pipeline/sweeper.rs`;

@@ -5,12 +5,12 @@
 //!
 //! - acked with an outcome ([`ack_each`]: a batch's jobs in as few frames
 //!   as is safe);
-//! - returned to the queue ([`Job::requeue`]);
+//! - returned to the queue ([`requeue`]);
 //! - sent back toward its deadline through the delay store or, under the
 //!   cascade's one-second resolution, held in-process and handed to the
-//!   batcher ([`Job::wait_until`], [`hold`]);
+//!   batcher ([`wait_until`], [`hold`]);
 //! - a failed attempt retried with the backoff **the retry policy** gives,
-//!   or parked once it says so ([`Job::fail`]);
+//!   or parked once it says so ([`fail`]);
 //! - parked for a reason ([`park`], the record built from a
 //!   [`ParkWhy`]), or, for a row no delivery brought, a message parked
 //!   for it ([`park_row`]; the sweeper's given-up releases:
@@ -119,7 +119,7 @@ pub(crate) enum Ending {
         duplicates: Outcome,
     },
     /// A failed attempt: the first retried with backoff or parked, as the
-    /// retry policy says ([`Job::fail`], in its own task: a hold must not
+    /// retry policy says ([`fail`], in its own task: a hold must not
     /// block the caller); the others then acked as duplicates, since one
     /// retry is enough.
     Fail(Failure),

@@ -1,5 +1,5 @@
 //! The retry policy, and where it is applied: a failed job is retried
-//! ([`Job::fail`](super::job::Job::fail): re-scheduled with backoff, or parked), one delivery per
+//! ([`fail`](super::ending): re-scheduled with backoff, or parked), one delivery per
 //! order (the ending [`Ending::Fail`](super::ending::Ending::Fail)).
 //!
 //! A transient failure (database down, inventory unavailable or slow) is
