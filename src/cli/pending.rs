@@ -70,16 +70,8 @@ pub(super) async fn run(settings: Settings, args: PendingArgs) -> anyhow::Result
         writeln!(out)?;
     } else {
         write_text(&mut out, &report, kept.as_ref(), args.parked_scan_limit)?;
-        match &leftovers {
-            Ok(found) => {
-                for line in leftovers::lines(found, &Layout::of(&settings)) {
-                    writeln!(out, "{line}")?;
-                }
-            }
-            Err(e) => writeln!(
-                out,
-                "queues left over from earlier layouts could not be listed: {e}"
-            )?,
+        for line in leftovers::lines_or_reason(&leftovers, &Layout::of(&settings)) {
+            writeln!(out, "{line}")?;
         }
     }
     Ok(if report.missing_queues().is_empty() {

@@ -77,12 +77,8 @@ pub(super) async fn run(settings: Settings, command: TopologyCommand) -> anyhow:
     let mut lines = fd_lines(&settings, &layout, args.broker_fd_limit);
     // Nor does failing to look for leftovers (the connection lost half
     // way): the verdict on the topology still follows, with the reason.
-    match leftovers {
-        Some(Ok(found)) => lines.extend(leftovers::lines(&found, &layout)),
-        Some(Err(e)) => lines.push(format!(
-            "queues left over from earlier layouts could not be listed: {e}"
-        )),
-        None => {}
+    if let Some(found) = &leftovers {
+        lines.extend(leftovers::lines_or_reason(found, &layout));
     }
     for line in lines {
         println!("{line}");

@@ -256,6 +256,21 @@ async fn open(connection: &Connection) -> Result<Channel, LeftoverError> {
         .map_err(LeftoverError::Amqp)
 }
 
+/// The lines `topology check` and `pending` print for what [`find`] gave:
+/// [`lines`], or the one line saying why the leftovers could not be listed
+/// (informational, so neither command fails for it).
+pub fn lines_or_reason(
+    found: &Result<LeftoverReport, LeftoverError>,
+    current: &Layout,
+) -> Vec<String> {
+    match found {
+        Ok(report) => lines(report, current),
+        Err(e) => vec![format!(
+            "queues left over from earlier layouts could not be listed: {e}"
+        )],
+    }
+}
+
 /// The lines `topology check` and `pending` print for `report` (none when
 /// nothing is left over).
 pub fn lines(report: &LeftoverReport, current: &Layout) -> Vec<String> {

@@ -38,8 +38,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::context::Context;
-use super::ending::Ending;
-use super::ending::Worker;
+use super::ending::{Ending, Endings, Worker};
 use super::failure::Failure;
 use super::finish::Pending;
 use super::job::Job;
@@ -57,10 +56,6 @@ const CONTENDED_ROUNDS: u32 = 5;
 /// Jobs grouped by order (duplicates of one order travel together and are
 /// settled together).
 type ByOrder = HashMap<OrderId, Vec<Job>>;
-
-/// How the deliveries of each order end, decided as the batch goes and
-/// carried out together at its end ([`Worker::end_all`]).
-type Endings = Vec<(Vec<Job>, Ending)>;
 
 /// Cancels one batch: per timer (in the order of the config), the cancel
 /// transaction, then every order settled by its verdict; the endings of
@@ -115,19 +110,17 @@ async fn cancel_timer(
     if !impossible.is_empty() {
         impossible = read_shape_again(store, impossible, &mut waiting).await;
     }
-    let mut settled = Settled {
-        to_finish: Vec::new(),
-        endings,
-        rejected: HashMap::new(),
-    };
-    // Ids no row can have are unknown orders, with the reason.
-    let mut unknown = ByOrder::new();
+    let mut to_finish = Vec::new();
+    // Ids no row can have: unknown orders, with the reason.
+    let unknown = verdict(
+        Origin::Message,
+        Seen::State(&OrderState::Unknown),
+        ctx.settings.unknown_order,
+    );
     for (id, (why, jobs)) in impossible {
-        settled.rejected.insert(id.clone(), why);
-        unknown.insert(id, jobs);
+        let ending = unknown_ending(&unknown, store, &id, Some(why), jobs.len());
+        endings.push((jobs, ending));
     }
-    let states = unknown.keys().map(|id| (id.clone(), OrderState::Unknown));
-    settle(ctx, store, states.collect(), unknown, &mut settled).await;
     for round in 0..CONTENDED_ROUNDS {
         if waiting.is_empty() {
             break;
@@ -141,13 +134,13 @@ async fn cancel_timer(
         ctx.metrics.stage(Stage::Db, started.elapsed());
         note_statements(&ctx.metrics, store, result.as_deref());
         waiting = match result {
-            Ok(states) => settle(ctx, store, states, waiting, &mut settled).await,
+            Ok(states) => settle(ctx, store, states, waiting, &mut to_finish, endings).await,
             Err(e) => {
                 let failure = Failure::from(e);
                 let failed = waiting
                     .drain()
                     .map(|(_, jobs)| (jobs, Ending::Fail(failure.clone())));
-                settled.endings.extend(failed);
+                endings.extend(failed);
                 ByOrder::new()
             }
         };
@@ -155,17 +148,8 @@ async fn cancel_timer(
     let kept_changing = waiting
         .into_values()
         .map(|jobs| (jobs, Ending::Fail(Failure::KeptChanging)));
-    settled.endings.extend(kept_changing);
-    settled.to_finish
-}
-
-/// What settling a timer's orders gives: the cancelled orders with outbox
-/// work left, and how the other orders' deliveries end; with why no row
-/// can have the id of each unknown order whose id none can.
-struct Settled<'a> {
-    to_finish: Vec<Pending>,
-    endings: &'a mut Endings,
-    rejected: HashMap<OrderId, IdRejected>,
+    endings.extend(kept_changing);
+    to_finish
 }
 
 /// Reads the table's shape again when it changed (a widened id column),
@@ -235,8 +219,9 @@ pub(crate) fn note_statements(
     metrics.set_timer_failing(store.timer().name.as_str(), Statements::Cancel, failing);
 }
 
-/// Settles every order of `waiting` by its verdict on its state, into
-/// `settled`. Contended orders are returned, to ask again. An order the
+/// Settles every order of `waiting` by its verdict on its state: cancelled
+/// orders are added to `to_finish`, how the others' deliveries end to
+/// `endings`; contended ones are returned, to ask again. An order the
 /// statement did not report on is a transient failure, never a message
 /// left unacknowledged.
 async fn settle(
@@ -244,21 +229,21 @@ async fn settle(
     store: &Store,
     states: Vec<(OrderId, OrderState)>,
     mut waiting: ByOrder,
-    settled: &mut Settled<'_>,
+    to_finish: &mut Vec<Pending>,
+    endings: &mut Endings,
 ) -> ByOrder {
     let mut contended = ByOrder::new();
     for (id, state) in states {
         let Some(jobs) = waiting.remove(&id) else {
             continue;
         };
-        let verdict = verdict(
+        let ending = match verdict(
             Origin::Message,
             Seen::State(&state),
             ctx.settings.unknown_order,
-        );
-        let ending = match verdict {
+        ) {
             Verdict::Finish(cancellation) => {
-                settled.to_finish.push(Pending {
+                to_finish.push(Pending {
                     id,
                     cancellation,
                     jobs,
@@ -273,24 +258,20 @@ async fn settle(
                 set_aside(store, &id, &failure).await;
                 Ending::Fail(failure)
             }
-            Verdict::ParkUnknown | Verdict::DropUnknown => {
-                let why = settled.rejected.remove(&id);
-                unknown_ending(&verdict, store, &id, why, jobs.len())
-            }
-            verdict => message_ending(&verdict, &id),
+            verdict => message_ending(&verdict, store, &id, jobs.len()),
         };
-        settled.endings.push((jobs, ending));
+        endings.push((jobs, ending));
     }
     let no_state = waiting
         .into_iter()
         .map(|(id, jobs)| (jobs, Ending::Fail(Failure::NoState(id))));
-    settled.endings.extend(no_state);
+    endings.extend(no_state);
     contended
 }
 
-/// How the deliveries of order `id` end for `verdict` (one that leaves
+/// How the `n` deliveries of order `id` end for `verdict` (one that leaves
 /// nothing more for the cancel path to do), logged as it is decided.
-fn message_ending(verdict: &Verdict, id: &OrderId) -> Ending {
+fn message_ending(verdict: &Verdict, store: &Store, id: &OrderId, n: usize) -> Ending {
     match *verdict {
         Verdict::Ack { first, duplicates } => {
             if first == Outcome::LeftAlone {
@@ -325,16 +306,14 @@ fn message_ending(verdict: &Verdict, id: &OrderId) -> Ending {
                 duplicates: why.duplicates(),
             }
         }
+        Verdict::ParkUnknown | Verdict::DropUnknown => unknown_ending(verdict, store, id, None, n),
         Verdict::Retry(ref failure) | Verdict::SetAside(ref failure) => {
             Ending::Fail(failure.clone())
         }
-        // Settled by the caller (finish, ask again, unknown), or the
-        // sweeper's, never given for a message (the verdict's table test
-        // says so): were one to be, the delivery goes back to the queue
-        // rather than be lost.
+        // Settled by the caller (finish, ask again), or the sweeper's, never
+        // given for a message (the verdict's table test says so): were one
+        // to be, the delivery goes back to the queue rather than be lost.
         Verdict::Finish(_)
-        | Verdict::ParkUnknown
-        | Verdict::DropUnknown
         | Verdict::AskAgain
         | Verdict::Skip
         | Verdict::LeftBehind

@@ -28,9 +28,7 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 
 use super::context::Context;
-use super::ending::Ending;
-use super::ending::Worker;
-use super::ending::{park, requeue};
+use super::ending::{Ending, Worker, park, requeue};
 use super::job::Job;
 use super::park::{ParkWhy, near_delivery_limit};
 use crate::broker::headers::Attempts;

@@ -1,9 +1,8 @@
 //! What every step of the pipeline shares: the session's [`Context`]
 //! (settings, publisher, the timers' stores, inventory, retry policy,
-//! metrics), and the handle of a step that settles jobs ([`Worker`]: the
-//! context, the way back into the batcher for jobs that must wait again,
-//! the session's task tracker), whose endings are carried out in
-//! [`super::ending`].
+//! metrics), and the guard that turns a panic into a logged, counted end
+//! of one piece of work ([`catch_panic`]). The handle of a step that
+//! settles jobs, and their endings, are [`super::ending`]'s.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

@@ -91,6 +91,10 @@ pub(crate) struct Worker {
     pub(crate) session: Shutdown,
 }
 
+/// How each order's deliveries end: what a step decides as it goes and
+/// hands to [`Worker::end_all`] at its end.
+pub(crate) type Endings = Vec<(Vec<Job>, Ending)>;
+
 /// How an order's deliveries (its [`Job`]s: the first and its duplicates)
 /// end: what [`Worker::end`] carries out.
 pub(crate) enum Ending {
@@ -191,7 +195,7 @@ impl Worker {
     /// Ends the deliveries of several orders ([`Worker::end`]), in order;
     /// the acks last, together, in as few frames as is safe
     /// ([`ack_each`]).
-    pub(crate) async fn end_all(&self, endings: Vec<(Vec<Job>, Ending)>) {
+    pub(crate) async fn end_all(&self, endings: Endings) {
         let mut acked = Vec::new();
         for (jobs, ending) in endings {
             match ending {
@@ -225,12 +229,9 @@ async fn fail_then_ack(
 }
 
 /// Returns the delivery to the queue unfinished (the session is ending,
-/// or a publish kept failing), counted in `order_timeout_requeued_total`
-/// (a nack with requeue: a failed nack, a lost channel, returns it all the
-/// same).
+/// or a publish kept failing), counted in `order_timeout_requeued_total`.
 pub(crate) async fn requeue(job: Job, metrics: &Metrics) {
-    metrics.requeued();
-    let _ = job.acks.requeue(job.delivery.delivery_tag).await;
+    requeue_delivery(&job.acks, &job.delivery, metrics).await;
 }
 
 /// Sends the message toward `deadline` (measured against `now`): through
@@ -415,10 +416,18 @@ pub(crate) async fn park(ctx: &Context, delivery: Delivery, history: &Attempts, 
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot park a message; returning it to the queue");
-            ctx.metrics.requeued();
-            let _ = ctx.acks.requeue(delivery.delivery_tag).await;
+            requeue_delivery(&ctx.acks, &delivery, &ctx.metrics).await;
         }
     }
+}
+
+/// Returns `delivery` to the queue (a nack with requeue), counted in
+/// `order_timeout_requeued_total`: a job that could not go on
+/// ([`requeue`]), or a park that failed. A failed nack (lost channel)
+/// returns it all the same.
+async fn requeue_delivery(acks: &Acks, delivery: &Delivery, metrics: &Metrics) {
+    metrics.requeued();
+    let _ = acks.requeue(delivery.delivery_tag).await;
 }
 
 /// `x-source-queue` of a message the sweeper parks (it consumed none).

@@ -23,9 +23,7 @@ use backon::Retryable;
 use futures_util::{StreamExt, stream};
 
 use super::context::Context;
-use super::ending::Ending;
-use super::ending::Worker;
-use super::ending::park_given_up;
+use super::ending::{Ending, Endings, Worker, park_given_up};
 use super::failure::Failure;
 use super::job::Job;
 use super::verdict::{Origin, Seen, Verdict, verdict};
@@ -55,10 +53,6 @@ struct Finished {
 
 /// Items per order id.
 type Items = HashMap<String, Vec<OrderItem>>;
-
-/// How the deliveries of each order end, carried out together once the
-/// work is recorded ([`Worker::end_all`]).
-type Endings = Vec<(Vec<Job>, Ending)>;
 
 /// Orders whose stock release the sweeper gave up, with the reason: a
 /// message is parked for each ([`park_given_up`]).

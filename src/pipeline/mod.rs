@@ -17,19 +17,19 @@
 //!
 //! What the steps share: [`verdict`] (**what an order's state means**, one
 //! pure function for the consumer's path and the sweeper alike), [`ending`]
-//! (**the one place a job ends**, top to bottom: acked, returned to the
-//! queue, held or sent back through the delay store, retried or parked as
-//! the retry policy says, and the patient publish those share), [`job`]
-//! (the job), [`context`] (the session's context and the worker handle of
-//! a step that settles jobs), [`failure`] (why a step failed, and whether
+//! (the handle of a step that settles jobs, and **the one place a job
+//! ends**, top to bottom: acked, returned to the queue, held or sent back
+//! through the delay store, retried or parked as the retry policy says,
+//! and the patient publish those share), [`job`] (the job), [`context`]
+//! (the session's context, the panic guard), [`failure`] (why a step failed, and whether
 //! waiting can fix it), [`park`] (why a message is parked, and its record
 //! built from that reason), [`retry`] (**the retry policy**, pure).
 //! [`keep_parked`] moves parked messages from their queue into the parked
 //! store, where operators read them.
 //!
 //! Dependencies point downwards, with no cycle:
-//! consumer, batcher → cancel → finish → ending → park, context → job;
-//! ending, context → retry; cancel, finish, sweeper → verdict → retry;
+//! consumer, batcher → cancel → finish → ending → park → job;
+//! ending → context → retry; cancel, finish, sweeper → verdict → retry;
 //! sweeper → finish; watch → ending.
 
 pub(crate) mod batcher;

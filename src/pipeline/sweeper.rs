@@ -46,8 +46,7 @@ use chrono::{DateTime, Utc};
 
 use super::cancel::{note_statements, set_aside};
 use super::context::catch_panic;
-use super::ending::Worker;
-use super::ending::park_row;
+use super::ending::{Worker, park_row};
 use super::failure::Failure;
 use super::finish::{self, Pending};
 use super::verdict::{Origin, Seen, Verdict, verdict};

@@ -32,8 +32,7 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 
 use super::context::Context;
 use super::context::catch_panic;
-use super::ending::Worker;
-use super::ending::{Delayed, HOLD_BELOW, delay_patiently, publish_patiently};
+use super::ending::{Delayed, HOLD_BELOW, Worker, delay_patiently, publish_patiently};
 use super::failure::Failure;
 use crate::broker::headers::Attempts;
 use crate::message::{Deadline, OrderId, TimeoutRequest};
