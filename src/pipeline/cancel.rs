@@ -46,7 +46,6 @@ use super::park::ParkWhy;
 use super::verdict::{Origin, Seen, Verdict, Wait, verdict};
 use crate::message::OrderId;
 use crate::observe::metrics::{Metrics, Outcome, Stage, Statements};
-use crate::settings::TimerName;
 use crate::store::{IdRejected, OrderState, Store, StoreError};
 
 /// How often a batch re-asks about orders another transaction was changing
@@ -57,38 +56,27 @@ const CONTENDED_ROUNDS: u32 = 5;
 /// settled together).
 type ByOrder = HashMap<OrderId, Vec<Job>>;
 
-/// Cancels one batch: per timer (in the order of the config), the cancel
-/// transaction, then every order settled by its verdict; the endings of
-/// the deliveries are carried out last, together. Returns, per timer, the
-/// cancelled orders whose outbox work is left: the batcher hands them to
-/// [`super::finish`] once it has given back its slot, so the next batch's
-/// cancellation does not wait for this batch's inventory calls. A job for a
-/// timer the config does not have (the consumer parks those before they
-/// get here) is parked.
+/// Cancels one batch: per timer (in the order they first appear in the
+/// batch), the cancel transaction, then every order settled by its
+/// verdict; the endings of the deliveries are carried out last, together.
+/// Returns, per timer, the cancelled orders whose outbox work is left: the
+/// batcher hands them to [`super::finish`] once it has given back its
+/// slot, so the next batch's cancellation does not wait for this batch's
+/// inventory calls.
 #[tracing::instrument(skip_all, fields(messages = jobs.len()))]
 pub(crate) async fn cancel_batch(worker: &Worker, jobs: Vec<Job>) -> Vec<(Store, Vec<Pending>)> {
-    let ctx = &worker.ctx;
-    let mut groups: HashMap<TimerName, Vec<Job>> = HashMap::new();
+    let mut by_store: Vec<(Store, Vec<Job>)> = Vec::new();
     for job in jobs {
-        groups.entry(job.timer().clone()).or_default().push(job);
-    }
-    let mut by_store = Vec::with_capacity(groups.len());
-    for store in ctx.stores.iter() {
-        if let Some(jobs) = groups.remove(&store.timer().name) {
-            by_store.push((store.clone(), jobs));
+        let name = &job.store.timer().name;
+        match by_store.iter().position(|(s, _)| &s.timer().name == name) {
+            Some(i) => by_store[i].1.push(job),
+            None => by_store.push((job.store.clone(), vec![job])),
         }
     }
-    let mut endings: Endings = groups
-        .into_values()
-        .flatten()
-        .map(|job| {
-            let why = ParkWhy::unknown_timer(&job, &ctx.stores);
-            (vec![job], Ending::Park(why))
-        })
-        .collect();
+    let mut endings = Endings::new();
     let mut to_finish = Vec::with_capacity(by_store.len());
     for (store, jobs) in by_store {
-        let pending = cancel_timer(ctx, &store, jobs, &mut endings).await;
+        let pending = cancel_timer(&worker.ctx, &store, jobs, &mut endings).await;
         to_finish.push((store, pending));
     }
     worker.end_all(endings).await;

@@ -153,15 +153,25 @@ async fn dispatch(worker: &Worker, delivery: Delivery, due: &mpsc::Sender<Job>) 
         Some(count) => ParkWhy::DeliveryLimit(count),
         None => match TimeoutRequest::parse(&delivery.data, ctx.settings.max_body_bytes) {
             Ok(request) => {
-                let job = Job {
-                    delivery,
-                    acks: ctx.acks.clone(),
-                    request,
-                    attempts,
-                    in_flight,
-                    span,
-                };
-                return route(worker, job, due).await;
+                span.record("order_id", tracing::field::display(&request.order_id));
+                if !request.timer.is_default() {
+                    span.record("timer", tracing::field::display(&request.timer));
+                }
+                match ctx.stores.get(&request.timer) {
+                    Some(store) => {
+                        let job = Job {
+                            delivery,
+                            acks: ctx.acks.clone(),
+                            store: store.clone(),
+                            request,
+                            attempts,
+                            in_flight,
+                            span,
+                        };
+                        return route(worker, job, due).await;
+                    }
+                    None => ParkWhy::unknown_timer(&request, &ctx.stores),
+                }
             }
             Err(e) => ParkWhy::Unparseable(e),
         },
@@ -178,25 +188,9 @@ async fn dispatch(worker: &Worker, delivery: Delivery, due: &mpsc::Sender<Job>) 
         .spawn(tracing::Instrument::instrument(park, span));
 }
 
-/// A parsed job's way on: parked when its timer is not configured, sent
-/// toward its deadline when that is still ahead, else to the batcher.
+/// A job's way on: sent toward its deadline when that is still ahead,
+/// else to the batcher.
 async fn route(worker: &Worker, job: Job, due: &mpsc::Sender<Job>) {
-    let span = job.span.clone();
-    span.record("order_id", tracing::field::display(job.order_id()));
-    if !job.timer().is_default() {
-        span.record("timer", tracing::field::display(job.timer()));
-    }
-    if worker.ctx.stores.get(job.timer()).is_none() {
-        // Parked in its own task, like any park; counted in flight by the
-        // job until it is.
-        let why = Ending::Park(ParkWhy::unknown_timer(&job, &worker.ctx.stores));
-        let w = worker.clone();
-        let park = async move { w.end(vec![job], why).await };
-        worker
-            .tracker
-            .spawn(tracing::Instrument::instrument(park, span));
-        return;
-    }
     let now = Utc::now();
     match job.deadline() {
         Some(at) if at > now => {

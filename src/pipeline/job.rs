@@ -12,6 +12,7 @@ use crate::broker::headers::{Attempts, deadline_header};
 use crate::message::{Deadline, OrderId, TimeoutRequest};
 use crate::observe::metrics::GaugeGuard;
 use crate::settings::TimerName;
+use crate::store::Store;
 
 /// A parsed delivery on its way through the service.
 pub(crate) struct Job {
@@ -21,6 +22,10 @@ pub(crate) struct Job {
     pub(crate) acks: Arc<Acks>,
     /// The parsed body.
     pub(crate) request: TimeoutRequest,
+    /// The store of the message's timer, looked up as the message came in
+    /// (a message for a timer the config does not have is parked there,
+    /// and never becomes a job).
+    pub(crate) store: Store,
     /// The failure history from the headers.
     pub(crate) attempts: Attempts,
     /// Counts the delivery in `order_timeout_in_flight_messages` until the

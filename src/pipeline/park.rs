@@ -13,10 +13,9 @@
 use chrono::Utc;
 use lapin::types::FieldTable;
 
-use super::job::Job;
 use crate::broker::headers::{Attempts, H_DELIVERY_COUNT, header_int};
 use crate::broker::topology::{DELIVERY_LIMIT, DUE_QUEUE};
-use crate::message::{MessageError, OrderId, ParkReason};
+use crate::message::{MessageError, OrderId, ParkReason, TimeoutRequest};
 use crate::settings::TimerName;
 use crate::store::{IdRejected, Stores};
 
@@ -86,12 +85,12 @@ pub(crate) enum ParkWhy {
 }
 
 impl ParkWhy {
-    /// Why `job`, whose message names a timer the config does not have, is
+    /// Why `request`, which names a timer the config does not have, is
     /// parked: with the timers the config has (`stores`).
-    pub(crate) fn unknown_timer(job: &Job, stores: &Stores) -> Self {
+    pub(crate) fn unknown_timer(request: &TimeoutRequest, stores: &Stores) -> Self {
         Self::UnknownTimer {
-            order_id: job.order_id().clone(),
-            timer: job.timer().clone(),
+            order_id: request.order_id.clone(),
+            timer: request.timer.clone(),
             known: stores.names().iter().map(|n| n.to_string()).collect(),
         }
     }
