@@ -4,7 +4,7 @@
 //! until its hold window is over.
 
 use super::*;
-use order_timeout::testing::{Layout, binding_specs};
+use order_timeout::testing::topology::{Layout, binding_specs};
 
 /// Limits the parked queue and the cascade's level 4 (16 s) to `max`
 /// messages, refusing publishes beyond (`reject-publish`).
@@ -62,10 +62,14 @@ pub(super) async fn publishes_the_broker_refuses_back_off_instead_of_spinning(di
     set_limit(&env, 0);
 
     let service = env.service().await;
-    // A timeout 17.5 s away: the service sends it 16 s down the cascade
-    // (one hop, into a full level) and holds the rest.
+    // A timeout 24 s away: the service sends it 16 s down the cascade
+    // (its first hop, into a full level). A re-schedule is routed by the
+    // time left at each try, so it goes on into the full level only while
+    // 16 s or more are left: 8 s of tries, not the 1.5 s a 17.5 s timeout
+    // left, which a slow start of the service could spend before its
+    // second try (then routed into the 8 s level, which takes it).
     let order = env
-        .create_order("refused-1", Duration::from_millis(17_500), &[(0, 2)])
+        .create_order("refused-1", Duration::from_secs(24), &[(0, 2)])
         .await;
     env.publish_timeout(&order).await;
 
