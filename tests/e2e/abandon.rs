@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use order_timeout::settings::{DEFAULT_TIMER, Release, Settings};
-use order_timeout::testing::{Outcome, SweepResult};
+use order_timeout::testing::metrics::{Outcome, SweepResult};
 
 use crate::common::{Dialect, TestEnv, http_get, on_both_dialects, ready, refusing_trigger};
 

@@ -15,8 +15,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
-use order_timeout::testing::Acks;
-use order_timeout::testing::connect_amqp;
+use order_timeout::testing::broker::Acks;
+use order_timeout::testing::broker::connect_amqp;
 
 use crate::common::{TestEnv, declare_durable_queue};
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 use order_timeout::settings::{
     InventorySettings, ItemsMapping, OrdersMapping, Release, SecretUrl, Settings, StatusValue,
 };
-use order_timeout::testing::OrderItem;
-use order_timeout::testing::Outcome;
+use order_timeout::testing::metrics::Outcome;
+use order_timeout::testing::store::OrderItem;
 use order_timeout_tools::scratch;
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Connection, MySqlPool};
@@ -43,7 +43,7 @@ impl MallDb {
         let name = scratch::owned_name("ot_mall");
         let url = scratch::with_path(&mysql_base(), &name).unwrap();
         if migrated {
-            order_timeout::testing::migrate(&url).await.unwrap();
+            order_timeout::testing::store::migrate(&url).await.unwrap();
         } else {
             let options: MySqlConnectOptions = mysql_base().expose().parse().unwrap();
             let mut conn = sqlx::MySqlConnection::connect_with(&options).await.unwrap();
@@ -153,7 +153,7 @@ fn settled(service: &order_timeout::RunningService) -> u64 {
 }
 
 fn header(m: &order_timeout::ops::parked::ParkedMessage, name: &str) -> Option<String> {
-    order_timeout::testing::header_str(m.properties.headers().as_ref()?.inner().get(name))
+    order_timeout::testing::broker::header_str(m.properties.headers().as_ref()?.inner().get(name))
 }
 
 /// The mapping a mall shop writes (config/examples/mall-mysql.toml).

@@ -21,8 +21,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
-use order_timeout::testing::DUE_QUEUE;
-use order_timeout::testing::header_int;
+use order_timeout::testing::broker::header_int;
+use order_timeout::testing::topology::DUE_QUEUE;
 
 use crate::common::{Broker, TestEnv, declare_durable_queue, depth_on, on_both_brokers};
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::Utc;
 use order_timeout::message::format_instant;
 use order_timeout::settings::AdminToken;
-use order_timeout::testing::Outcome;
+use order_timeout::testing::metrics::Outcome;
 
 use crate::browser::Browser;
 use crate::common::{TestEnv, csrf_of};
@@ -451,7 +451,7 @@ async fn readable_charts(browser: &mut Browser, page: &str) -> Vec<Chart> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_draws_the_last_hour_and_what_falls_due_when() {
     use order_timeout::settings::Lane;
-    use order_timeout::testing::lane_entry_key;
+    use order_timeout::testing::topology::lane_entry_key;
 
     let mut env = TestEnv::new().await;
     let lane = Lane::try_from("20m".to_string()).unwrap();

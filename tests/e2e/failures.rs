@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::common::{Dialect, STOCK, TestEnv, http_get, on_both_dialects, on_rabbitmq4, ready};
 use chrono::Utc;
 use order_timeout::message::format_instant;
-use order_timeout::testing::Outcome;
-use order_timeout::testing::{header_int, header_str};
+use order_timeout::testing::broker::{header_int, header_str};
+use order_timeout::testing::metrics::Outcome;
 
 /// Generous lateness bound for "on time" on a busy 2-core machine.
 fn late_ok() -> chrono::Duration {

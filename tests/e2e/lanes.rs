@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use crate::common::{Dialect, TestEnv, on_both_dialects, ready};
 use order_timeout::settings::{Lane, Shards};
-use order_timeout::testing::Outcome;
-use order_timeout::testing::lane_name;
-use order_timeout::testing::{DUE_QUEUE, lane_entry_key};
+use order_timeout::testing::metrics::Outcome;
+use order_timeout::testing::topology::lane_name;
+use order_timeout::testing::topology::{DUE_QUEUE, lane_entry_key};
 
 /// Generous bound on lateness for behaviour tests (the benchmark measures
 /// the real figure).

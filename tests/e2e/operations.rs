@@ -18,8 +18,8 @@ use lapin::{Channel, ExchangeKind};
 use order_timeout::RunningService;
 use order_timeout::message::format_instant;
 use order_timeout::ops::parked::ParkedJson;
-use order_timeout::testing::Outcome;
-use order_timeout::testing::level_name;
+use order_timeout::testing::metrics::Outcome;
+use order_timeout::testing::topology::level_name;
 
 mod orders;
 mod parked;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::Utc;
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout::shutdown::Shutdown;
-use order_timeout::testing::header_str;
+use order_timeout::testing::broker::header_str;
 use order_timeout_tools::scratch;
 use tonic::Status;
 

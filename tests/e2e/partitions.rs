@@ -155,8 +155,8 @@ async fn a_silent_inventory_holds_no_cancellation_and_releases_follow_the_heal()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publish_whose_confirm_never_comes_fails_within_its_bound() {
     use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
-    use order_timeout::testing::connect_amqp;
-    use order_timeout::testing::{PublishError, Publisher};
+    use order_timeout::testing::broker::connect_amqp;
+    use order_timeout::testing::broker::{PublishError, Publisher};
     use order_timeout_tools::netns::Namespace;
     use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster};
 
@@ -211,7 +211,7 @@ async fn a_publish_whose_confirm_never_comes_fails_within_its_bound() {
 /// not wait on a consumer that will never deliver.
 #[tokio::test]
 async fn a_consumer_the_broker_cancels_ends_the_session_and_consuming_resumes() {
-    use order_timeout::testing::DUE_QUEUE;
+    use order_timeout::testing::topology::DUE_QUEUE;
     use order_timeout_tools::private_broker::wait_for;
 
     let env = crate::common::TestEnv::new().await;
@@ -261,8 +261,8 @@ async fn a_consumer_the_broker_cancels_ends_the_session_and_consuming_resumes() 
 #[tokio::test]
 async fn a_publish_on_a_connection_the_broker_blocks_fails_within_its_bound() {
     use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
-    use order_timeout::testing::connect_amqp;
-    use order_timeout::testing::{PublishError, Publisher};
+    use order_timeout::testing::broker::connect_amqp;
+    use order_timeout::testing::broker::{PublishError, Publisher};
     use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster};
 
     let _watchdog = crate::bounds::Watchdog::start();
@@ -274,7 +274,7 @@ async fn a_publish_on_a_connection_the_broker_blocks_fails_within_its_bound() {
         amqp_url: url.clone(),
         ..Default::default()
     };
-    order_timeout::testing::declare_topology(&settings)
+    order_timeout::testing::broker::declare_topology(&settings)
         .await
         .unwrap();
     let conn = connect_amqp(&url, "test-blocked").await.unwrap();

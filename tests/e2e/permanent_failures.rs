@@ -21,11 +21,11 @@ use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use order_timeout::settings::SecretUrl;
 use order_timeout::shutdown::Shutdown;
-use order_timeout::testing::Outcome;
-use order_timeout::testing::StoreError;
-use order_timeout::testing::{BindingDestination, DELIVERY_LIMIT};
-use order_timeout::testing::{cascade_route, shard_level_name};
-use order_timeout::testing::{header_int, header_str};
+use order_timeout::testing::broker::{header_int, header_str};
+use order_timeout::testing::metrics::Outcome;
+use order_timeout::testing::store::StoreError;
+use order_timeout::testing::topology::{BindingDestination, DELIVERY_LIMIT};
+use order_timeout::testing::topology::{cascade_route, shard_level_name};
 use order_timeout_tools::scratch;
 use tonic::Status;
 

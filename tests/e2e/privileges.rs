@@ -30,8 +30,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection};
 use order_timeout::settings::{self, SecretUrl};
 use order_timeout::shutdown::Shutdown;
-use order_timeout::testing::OrderItem;
-use order_timeout::testing::{CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE};
+use order_timeout::testing::store::OrderItem;
+use order_timeout::testing::topology::{CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE};
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
 use order_timeout_tools::scratch;
 use order_timeout_tools::shop::{self, NewOrder};
@@ -443,7 +443,7 @@ async fn stop(mut serve: Serve, log: &Path) {
 
 /// A confirm-mode channel of the order service's user.
 async fn publisher(url: &str) -> (Connection, Channel) {
-    let conn = order_timeout::testing::connect_amqp(&SecretUrl::new(url), "order-service")
+    let conn = order_timeout::testing::broker::connect_amqp(&SecretUrl::new(url), "order-service")
         .await
         .expect("the order service's user connects");
     let channel = conn.create_channel().await.unwrap();
@@ -516,7 +516,7 @@ fn temp_file(name: &str, ext: &str) -> PathBuf {
 /// The events consumer, as the documented `notifications` user: its own
 /// queue, bound to `order.cancelled`.
 async fn notifications(url: &str) -> (Connection, lapin::Consumer) {
-    let conn = order_timeout::testing::connect_amqp(&SecretUrl::new(url), "notifications")
+    let conn = order_timeout::testing::broker::connect_amqp(&SecretUrl::new(url), "notifications")
         .await
         .expect("the events consumer's user connects");
     let channel = conn.create_channel().await.unwrap();

@@ -36,8 +36,8 @@ use lapin::options::{BasicGetOptions, QueueBindOptions};
 use lapin::types::FieldTable;
 use order_timeout::message::format_instant;
 use order_timeout::settings::Lane;
-use order_timeout::testing::Outcome;
-use order_timeout::testing::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
+use order_timeout::testing::metrics::Outcome;
+use order_timeout::testing::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
 use order_timeout_tools::shop;
 use serde_json::Value;
 

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use order_timeout::ops::parked::{self, Selection};
 use order_timeout::settings::{DEFAULT_TIMER, Settings};
-use order_timeout::testing::Dialect;
-use order_timeout::testing::SweepResult;
+use order_timeout::testing::metrics::SweepResult;
+use order_timeout::testing::store::Dialect;
 use order_timeout_tools::measure::sweep_lateness::{Shop, ids};
 
 use crate::common::{TestEnv, on_rabbitmq4};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::common::{Dialect, STOCK, TestEnv, on_both_dialects, on_rabbitmq4};
 use chrono::Utc;
 use order_timeout::message::format_instant;
-use order_timeout::testing::Outcome;
+use order_timeout::testing::metrics::Outcome;
 
 /// Generous bound on lateness for behaviour tests (the benchmark measures
 /// the real figure; see docs/BENCHMARKS.md).
@@ -535,8 +535,10 @@ async fn bad_messages_are_parked_with_their_reason_and_do_not_block(dialect: Dia
     let mut reasons = Vec::new();
     for msg in &parked {
         let headers = msg.properties.headers().clone().unwrap_or_default();
-        let kind = order_timeout::testing::header_str(headers.inner().get("x-error-kind")).unwrap();
-        let error = order_timeout::testing::header_str(headers.inner().get("x-error")).unwrap();
+        let kind = order_timeout::testing::broker::header_str(headers.inner().get("x-error-kind"))
+            .unwrap();
+        let error =
+            order_timeout::testing::broker::header_str(headers.inner().get("x-error")).unwrap();
         assert!(!error.is_empty());
         reasons.push((kind, String::from_utf8_lossy(&msg.body).into_owned()));
     }

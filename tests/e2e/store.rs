@@ -16,7 +16,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use order_timeout::message::OrderId;
 use order_timeout::settings::{self, SecretUrl};
-use order_timeout::testing::{Cancellation, Dialect, OrderState, OrderStore, ShopSchema, Store};
+use order_timeout::testing::store::{
+    Cancellation, Dialect, OrderState, OrderStore, ShopSchema, Store,
+};
 use order_timeout_tools::scratch;
 use order_timeout_tools::shop::ShopDb;
 use sqlx::MySqlPool;

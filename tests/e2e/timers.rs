@@ -20,8 +20,8 @@
 use std::time::Duration;
 
 use order_timeout::settings::{SecretUrl, Settings};
-use order_timeout::testing::Dialect;
-use order_timeout::testing::{Metrics, Outcome};
+use order_timeout::testing::metrics::{Metrics, Outcome};
+use order_timeout::testing::store::Dialect;
 use order_timeout_tools::scratch;
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 
@@ -67,7 +67,7 @@ impl ShopDb {
             Dialect::MySql => {
                 let name = scratch::owned_name("ot_timers");
                 let url = scratch::with_path(&mysql_base(), &name).unwrap();
-                order_timeout::testing::migrate(&url).await.unwrap();
+                order_timeout::testing::store::migrate(&url).await.unwrap();
                 let pool = mysql_pool(&url, "+00:00", 2).await;
                 Self {
                     dialect,
@@ -436,11 +436,10 @@ async fn timers_flip_only_their_own_rows(dialect: Dialect) {
     // The unknown timer's message is parked with its reason.
     let parked = env.drain_parked().await;
     assert_eq!(parked.len(), 1, "one parked message");
-    let kind = parked[0]
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| order_timeout::testing::header_str(h.inner().get("x-error-kind")));
+    let kind =
+        parked[0].properties.headers().as_ref().and_then(|h| {
+            order_timeout::testing::broker::header_str(h.inner().get("x-error-kind"))
+        });
     assert_eq!(kind.as_deref(), Some("unknown_timer"));
     service.stop().await.unwrap();
 }

@@ -19,9 +19,9 @@ use chrono::Utc;
 use order_timeout::RunningService;
 use order_timeout::message::OrderId;
 use order_timeout::settings::{SecretUrl, Settings};
-use order_timeout::testing::connect_amqp;
-use order_timeout::testing::{OrderState, ShopSchema, StoreError};
-use order_timeout::testing::{Store, connect_lazy};
+use order_timeout::testing::broker::connect_amqp;
+use order_timeout::testing::store::{OrderState, ShopSchema, StoreError};
+use order_timeout::testing::store::{Store, connect_lazy};
 use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster};
 use order_timeout_tools::shop;
 use rcgen::{

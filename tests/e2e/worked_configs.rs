@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use order_timeout::settings::{SecretUrl, Settings, Timer};
-use order_timeout::testing::TimerEvent;
-use order_timeout::testing::{Metrics, Outcome};
+use order_timeout::testing::broker::TimerEvent;
+use order_timeout::testing::metrics::{Metrics, Outcome};
 use order_timeout_tools::scratch::ScratchDatabase;
 use order_timeout_tools::shop::ShopDb;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};

@@ -131,11 +131,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // MySQL URL given to PostgreSQL's driver failed with a protocol
             // error that named neither).
             let url = &settings.database_url;
-            match order_timeout::testing::Dialect::of(url)? {
-                order_timeout::testing::Dialect::Postgres => {
+            match order_timeout::testing::store::Dialect::of(url)? {
+                order_timeout::testing::store::Dialect::Postgres => {
                     shop::prepare_database(url, 1).await?;
                 }
-                order_timeout::testing::Dialect::MySql => {
+                order_timeout::testing::store::Dialect::MySql => {
                     shop::prepare_mysql_database(url, 1).await?;
                 }
             }

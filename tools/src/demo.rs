@@ -26,9 +26,9 @@ use order_timeout::RunningService;
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout::shutdown::Shutdown;
-use order_timeout::testing::OrderItem;
-use order_timeout::testing::Publisher;
-use order_timeout::testing::{connect_amqp, declare_topology};
+use order_timeout::testing::broker::Publisher;
+use order_timeout::testing::broker::{connect_amqp, declare_topology};
+use order_timeout::testing::store::OrderItem;
 
 use crate::inventory::{ReferenceInventory, ShopInventory};
 use crate::shop::{self, NewOrder, OrdersDatabase, Progress, ShopDb};

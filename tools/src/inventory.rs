@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use order_timeout::testing::OrderItem;
+use order_timeout::testing::store::OrderItem;
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::{Channel, Endpoint, Server};

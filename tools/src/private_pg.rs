@@ -152,7 +152,7 @@ impl PrivatePostgres {
         let url = self.base_url();
         let started = std::time::Instant::now();
         loop {
-            let options = order_timeout::testing::pg_options(&url).expect("a valid URL");
+            let options = order_timeout::testing::store::pg_options(&url).expect("a valid URL");
             let attempt = tokio::time::timeout(
                 Duration::from_secs(2),
                 sqlx::ConnectOptions::connect(&options),

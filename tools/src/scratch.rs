@@ -125,14 +125,15 @@ impl Admin {
         let fail = |e: &dyn std::fmt::Display| ScratchError(format!("{doing}: {e}"));
         if database_base.expose().starts_with("mysql://") {
             let admin = with_path(database_base, "/information_schema")?;
-            let options = order_timeout::testing::mysql_options(&admin).map_err(|e| fail(&e))?;
+            let options =
+                order_timeout::testing::store::mysql_options(&admin).map_err(|e| fail(&e))?;
             let conn = sqlx::MySqlConnection::connect_with(&options)
                 .await
                 .map_err(|e| fail(&e))?;
             return Ok(Self::MySql(conn));
         }
         let admin = with_path(database_base, "/postgres")?;
-        let options = order_timeout::testing::pg_options(&admin).map_err(|e| fail(&e))?;
+        let options = order_timeout::testing::store::pg_options(&admin).map_err(|e| fail(&e))?;
         let conn = sqlx::PgConnection::connect_with(&options)
             .await
             .map_err(|e| fail(&e))?;

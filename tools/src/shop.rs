@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use order_timeout::settings::SecretUrl;
-use order_timeout::testing::OrderItem;
+use order_timeout::testing::store::OrderItem;
 use sqlx::MySqlPool;
 use sqlx::PgPool;
 use sqlx::mysql::MySqlPoolOptions;
@@ -27,11 +27,11 @@ const REFERENCE_ORDERS_MYSQL: &str = include_str!("../sql/mysql/reference_orders
 /// service's own migrations (creating the database if needed), then the
 /// reference shop schema. Returns a pool of at most `max_connections` on it.
 pub async fn prepare_database(url: &SecretUrl, max_connections: u32) -> anyhow::Result<PgPool> {
-    order_timeout::testing::migrate(url).await?;
+    order_timeout::testing::store::migrate(url).await?;
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_with(order_timeout::testing::pg_options(url)?)
+        .connect_with(order_timeout::testing::store::pg_options(url)?)
         .await?;
     create_reference_schema(&pool).await?;
     Ok(pool)
@@ -44,11 +44,11 @@ pub async fn prepare_mysql_database(
     url: &SecretUrl,
     max_connections: u32,
 ) -> anyhow::Result<MySqlPool> {
-    order_timeout::testing::migrate(url).await?;
+    order_timeout::testing::store::migrate(url).await?;
     let pool = MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_with(order_timeout::testing::mysql_options(url)?)
+        .connect_with(order_timeout::testing::store::mysql_options(url)?)
         .await?;
     create_reference_schema_mysql(&pool).await?;
     Ok(pool)

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use order_timeout::settings::SecretUrl;
 use order_timeout::testing::InventoryClient;
-use order_timeout::testing::OrderItem;
+use order_timeout::testing::store::OrderItem;
 use order_timeout_tools::inventory::ReferenceInventory;
 use order_timeout_tools::{scratch, shop};
 

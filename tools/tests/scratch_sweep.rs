@@ -31,16 +31,18 @@ fn vhosts() -> Vec<String> {
 
 async fn pg_admin(base: &SecretUrl) -> sqlx::PgConnection {
     let admin = scratch::with_path(base, "/postgres").unwrap();
-    sqlx::PgConnection::connect_with(&order_timeout::testing::pg_options(&admin).unwrap())
+    sqlx::PgConnection::connect_with(&order_timeout::testing::store::pg_options(&admin).unwrap())
         .await
         .unwrap()
 }
 
 async fn mysql_admin(base: &SecretUrl) -> sqlx::MySqlConnection {
     let admin = scratch::with_path(base, "/information_schema").unwrap();
-    sqlx::MySqlConnection::connect_with(&order_timeout::testing::mysql_options(&admin).unwrap())
-        .await
-        .unwrap()
+    sqlx::MySqlConnection::connect_with(
+        &order_timeout::testing::store::mysql_options(&admin).unwrap(),
+    )
+    .await
+    .unwrap()
 }
 
 async fn create_databases(pg: &SecretUrl, my: &SecretUrl, name: &str) {

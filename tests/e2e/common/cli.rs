@@ -2,7 +2,7 @@
 //! ([`TestEnv::cli`]), for the operator commands.
 
 use super::*;
-use order_timeout::testing::PARKED_QUEUE;
+use order_timeout::testing::topology::PARKED_QUEUE;
 
 /// Output of one run of the real `order-timeout` binary.
 #[derive(Debug)]

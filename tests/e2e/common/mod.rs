@@ -34,9 +34,9 @@ use lapin::{BasicProperties, Channel, Connection};
 use order_timeout::RunningService;
 use order_timeout::settings::{SecretUrl, Settings, Shards};
 use order_timeout::shutdown::Shutdown;
-use order_timeout::testing::OrderItem;
-use order_timeout::testing::Outcome;
-use order_timeout::testing::{connect_amqp, declare_topology};
+use order_timeout::testing::broker::{connect_amqp, declare_topology};
+use order_timeout::testing::metrics::Outcome;
+use order_timeout::testing::store::OrderItem;
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
 use order_timeout_tools::scratch;
 use order_timeout_tools::shop::{self, NewOrder, ShopDb};
@@ -44,7 +44,7 @@ use sqlx::mysql::MySqlRow;
 use sqlx::postgres::PgRow;
 use sqlx::{MySqlPool, PgPool};
 
-pub use order_timeout::testing::Dialect;
+pub use order_timeout::testing::store::Dialect;
 
 /// Runs one statement on the shop's orders database of a [`TestEnv`] (or
 /// of anything with a `shop:` [`ShopDb`] field, the store suite's fixture),
@@ -430,7 +430,7 @@ impl Drop for TestEnv {
 async fn pg_pool(url: &SecretUrl) -> PgPool {
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(10)
-        .connect_with(order_timeout::testing::pg_options(url).unwrap())
+        .connect_with(order_timeout::testing::store::pg_options(url).unwrap())
         .await
         .expect("connect to the test database")
 }

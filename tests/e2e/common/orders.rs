@@ -4,7 +4,7 @@
 //! back, on either dialect.
 
 use super::*;
-use order_timeout::testing::{
+use order_timeout::testing::topology::{
     CANCELLED_ROUTING_KEY, ENTRY_EXCHANGE, EVENTS_EXCHANGE, SCHEDULE_ROUTING_KEY,
 };
 
@@ -164,7 +164,7 @@ impl TestEnv {
         let admin = scratch::with_path(&self.base_db_url, "postgres").unwrap();
         let admin = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
-            .connect_with(order_timeout::testing::pg_options(&admin).unwrap())
+            .connect_with(order_timeout::testing::store::pg_options(&admin).unwrap())
             .await
             .unwrap();
         let mut killed: i64 = sqlx::query_scalar(
@@ -182,7 +182,7 @@ impl TestEnv {
             let admin = scratch::with_path(base, "information_schema").unwrap();
             let admin: MySqlPool = sqlx::mysql::MySqlPoolOptions::new()
                 .max_connections(1)
-                .connect_with(order_timeout::testing::mysql_options(&admin).unwrap())
+                .connect_with(order_timeout::testing::store::mysql_options(&admin).unwrap())
                 .await
                 .unwrap();
             let ids: Vec<i64> = sqlx::query_scalar(
@@ -281,17 +281,17 @@ impl TestEnv {
 
     /// The parked store (`order_timeout_parked`) of the database of the
     /// service started last, else of this test's database.
-    pub fn parked_store(&self) -> order_timeout::testing::Store {
+    pub fn parked_store(&self) -> order_timeout::testing::store::Store {
         let url = self
             .service_database
             .lock()
             .unwrap()
             .clone()
             .unwrap_or_else(|| self.settings.database_url.clone());
-        order_timeout::testing::connect_lazy(
+        order_timeout::testing::store::connect_lazy(
             &url,
             2,
-            &order_timeout::testing::ShopSchema::default(),
+            &order_timeout::testing::store::ShopSchema::default(),
         )
         .unwrap()
     }
@@ -416,7 +416,7 @@ impl TestEnv {
         let ok = || {
             service.metrics.sweeps_of(
                 order_timeout::settings::DEFAULT_TIMER,
-                order_timeout::testing::SweepResult::Ok,
+                order_timeout::testing::metrics::SweepResult::Ok,
             )
         };
         let after = ok();
@@ -526,7 +526,7 @@ impl TestEnv {
         consumer: &mut lapin::Consumer,
         n: usize,
         timeout: Duration,
-    ) -> Vec<order_timeout::testing::TimerEvent> {
+    ) -> Vec<order_timeout::testing::broker::TimerEvent> {
         let mut events = Vec::new();
         let _ = tokio::time::timeout(timeout, async {
             while events.len() < n {

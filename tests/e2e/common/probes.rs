@@ -79,7 +79,7 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 /// Messages ready in `queue`, by a passive declare on `channel` (one
 /// already open, where nothing may stand between an action and the count).
 pub async fn depth_on(channel: &Channel, queue: &str) -> u32 {
-    order_timeout::testing::peek_queue(channel, queue)
+    order_timeout::testing::broker::peek_queue(channel, queue)
         .await
         .unwrap()
         .message_count()

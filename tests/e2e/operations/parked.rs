@@ -4,7 +4,7 @@
 //! deletes what was asked and nothing else.
 
 use super::*;
-use order_timeout::testing::{DUE_QUEUE, PARKED_QUEUE};
+use order_timeout::testing::topology::{DUE_QUEUE, PARKED_QUEUE};
 
 pub(super) async fn list_shows_reasons_and_leaves_the_queue_as_it_was(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;

@@ -2,7 +2,7 @@
 //! shows on `/metrics` and the console, and a missing queue named.
 
 use super::*;
-use order_timeout::testing::PARKED_QUEUE;
+use order_timeout::testing::topology::PARKED_QUEUE;
 
 pub(super) async fn pending_shows_what_waits_by_due_window(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;

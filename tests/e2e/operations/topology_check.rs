@@ -3,7 +3,7 @@
 //! broker's file limit against what the layout needs.
 
 use super::*;
-use order_timeout::testing::{
+use order_timeout::testing::topology::{
     DUE_QUEUE, Layout, PARKED_QUEUE, READY_EXCHANGE, exchange_specs, queue_specs,
 };
 
@@ -17,7 +17,7 @@ async fn break_the_topology(env: &TestEnv) -> String {
     args.insert("x-message-ttl".into(), AMQPValue::LongLongInt(1234));
     declare_durable_queue(&channel, &level_name(3), "classic", args).await;
     delete_queue(&channel, &level_name(5)).await;
-    let shard_queue = order_timeout::testing::shard_level_name(1, 2);
+    let shard_queue = order_timeout::testing::topology::shard_level_name(1, 2);
     delete_queue(&channel, &shard_queue).await;
     channel
         .exchange_delete(READY_EXCHANGE.into(), Default::default())
@@ -40,7 +40,7 @@ async fn break_the_topology(env: &TestEnv) -> String {
 
 pub(super) async fn topology_check_reports_ok_and_then_every_difference(dialect: Dialect) {
     let env = TestEnv::on(dialect).await;
-    let layout = order_timeout::testing::Layout::of(&env.settings);
+    let layout = order_timeout::testing::topology::Layout::of(&env.settings);
     assert!(
         layout.shards.get() > 1,
         "the default layout has cascade shards"

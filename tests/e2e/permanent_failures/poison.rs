@@ -4,7 +4,7 @@
 //! sent along is not believed.
 
 use super::*;
-use order_timeout::testing::{
+use order_timeout::testing::topology::{
     ENTRY_EXCHANGE, READY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key,
 };
 

@@ -22,10 +22,11 @@ async fn postgres_migrate_serve_and_operate_as_documented_least_privilege_users(
     // stock, the inventory service.
     {
         let admin = scratch::with_path(&server, "/postgres").unwrap();
-        let mut conn =
-            sqlx::PgConnection::connect_with(&order_timeout::testing::pg_options(&admin).unwrap())
-                .await
-                .unwrap();
+        let mut conn = sqlx::PgConnection::connect_with(
+            &order_timeout::testing::store::pg_options(&admin).unwrap(),
+        )
+        .await
+        .unwrap();
         conn.execute(sqlx::AssertSqlSafe(format!(
             "CREATE DATABASE \"{}\"",
             db.name()
@@ -35,7 +36,7 @@ async fn postgres_migrate_serve_and_operate_as_documented_least_privilege_users(
     }
     let shop_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
-        .connect_with(order_timeout::testing::pg_options(&db_url).unwrap())
+        .connect_with(order_timeout::testing::store::pg_options(&db_url).unwrap())
         .await
         .unwrap();
     shop::create_reference_schema(&shop_pool).await.unwrap();

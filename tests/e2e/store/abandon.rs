@@ -7,7 +7,7 @@
 //! set aside is tried again on a schedule, and whenever the operator asks.
 
 use order_timeout::settings::{OrdersMapping, Release};
-use order_timeout::testing::{Page, RowCursor, StoreError};
+use order_timeout::testing::store::{Page, RowCursor, StoreError};
 
 use super::failures::refuse;
 use super::*;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
-use order_timeout::testing::connect_lazy;
+use order_timeout::testing::store::connect_lazy;
 
 /// A concurrent session running one statement in a loop.
 pub(super) struct Repeater {

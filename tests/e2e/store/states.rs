@@ -5,7 +5,7 @@
 //! cancel transaction carries on each dialect.
 
 use super::*;
-use order_timeout::testing::max_batch_ids;
+use order_timeout::testing::store::max_batch_ids;
 
 pub(super) async fn unknown_order_is_reported_unknown(f: &Fixture) {
     assert_eq!(

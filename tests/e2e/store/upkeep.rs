@@ -4,7 +4,7 @@
 //! findings, `ping`, and `migrate` leaving the shop's tables alone.
 
 use super::*;
-use order_timeout::testing::{
+use order_timeout::testing::store::{
     NextAttempt, OutboxFailure, StoreError, migrate, stale_statement_for_explain,
 };
 

@@ -91,7 +91,7 @@ async fn on_mariadb_the_previous_release_runs_against_the_migrated_outbox() {
     assert!(ok, "0.1.0 migrate: {out}");
     let pool = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(3)
-        .connect_with(order_timeout::testing::mysql_options(&url).unwrap())
+        .connect_with(order_timeout::testing::store::mysql_options(&url).unwrap())
         .await
         .unwrap();
     shop::create_reference_schema_mysql(&pool).await.unwrap();

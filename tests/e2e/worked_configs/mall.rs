@@ -10,7 +10,7 @@ use super::*;
 async fn mall_db() -> Shop {
     let scratch = ScratchDatabase::new(&mysql_base(), "ot_mall_timers");
     let url = scratch.url().unwrap();
-    order_timeout::testing::migrate(&url).await.unwrap();
+    order_timeout::testing::store::migrate(&url).await.unwrap();
     let pool = mysql_pool(&url, "+08:00", 2).await;
     Shop {
         url,

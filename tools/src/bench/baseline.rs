@@ -32,8 +32,8 @@ use super::BenchError;
 use super::amqp::{SINGLE_DELAY_QUEUE, args, confirm_channels, declare};
 use super::report::{CeilingReport, LatenessStats};
 use order_timeout::settings::{QueueType, SecretUrl};
-use order_timeout::testing::connect_amqp;
-use order_timeout::testing::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY};
+use order_timeout::testing::broker::connect_amqp;
+use order_timeout::testing::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY};
 
 /// The ceiling's fixed-TTL queue.
 pub const CEILING_DELAY_QUEUE: &str = "bench.ceiling.delay";

@@ -17,8 +17,8 @@ use super::load::BenchDb;
 use crate::scratch;
 use crate::shop::{OrdersDatabase, ShopDb};
 use order_timeout::settings::{Lane, SecretUrl, Settings};
-use order_timeout::testing::DUE_QUEUE;
-use order_timeout::testing::connect_amqp;
+use order_timeout::testing::broker::connect_amqp;
+use order_timeout::testing::topology::DUE_QUEUE;
 use sqlx::postgres::PgPoolOptions;
 
 /// Runs `rabbitmqctl` with `args`, returning stdout, or `None` on failure.
@@ -138,7 +138,7 @@ impl BenchEnv {
             .max_connections(db_connections)
             .acquire_timeout(Duration::from_secs(5))
             .connect_lazy_with(
-                order_timeout::testing::pg_options(&database_url)
+                order_timeout::testing::store::pg_options(&database_url)
                     .map_err(|e| BenchError::Setup(e.to_string()))?,
             );
         let mut env = Self {
@@ -351,7 +351,7 @@ impl BenchEnv {
         loop {
             let conn = connect_amqp(&self.settings.amqp_url, "order-timeout-bench").await?;
             let channel = conn.create_channel().await?;
-            let q = order_timeout::testing::peek_queue(&channel, queue).await;
+            let q = order_timeout::testing::broker::peek_queue(&channel, queue).await;
             let _ = conn.close(200, "ok".into()).await;
             if matches!(&q, Ok(q) if q.consumer_count() as usize >= n) {
                 return Ok(());

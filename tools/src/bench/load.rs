@@ -25,7 +25,7 @@ use super::workload::TimeoutDist;
 use crate::shop::ShopDb;
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 use order_timeout::settings::Lane;
-use order_timeout::testing::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
+use order_timeout::testing::topology::{ENTRY_EXCHANGE, SCHEDULE_ROUTING_KEY, lane_entry_key};
 
 /// Where the generator publishes each order's timeout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

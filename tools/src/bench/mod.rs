@@ -83,10 +83,10 @@ pub enum BenchError {
     Db(#[from] sqlx::Error),
     /// The service's store.
     #[error("{0}")]
-    Store(#[from] order_timeout::testing::StoreError),
+    Store(#[from] order_timeout::testing::store::StoreError),
     /// The topology.
     #[error("{0}")]
-    Topology(#[from] order_timeout::testing::TopologyError),
+    Topology(#[from] order_timeout::testing::broker::TopologyError),
     /// The scratch vhost or database.
     #[error("{0}")]
     Scratch(#[from] crate::scratch::ScratchError),
@@ -292,7 +292,7 @@ async fn run_in(
 /// long declaring took.
 async fn start_world(env: &mut BenchEnv, args: &BenchArgs) -> Result<f64, BenchError> {
     let declare_started = std::time::Instant::now();
-    order_timeout::testing::declare_topology(&env.settings)
+    order_timeout::testing::broker::declare_topology(&env.settings)
         .await
         .map_err(|e| BenchError::Setup(format!("declaring the topology: {e:#}")))?;
     let declare_seconds = declare_started.elapsed().as_secs_f64();
@@ -482,9 +482,11 @@ async fn run_workload(
         http_flood: args.flood,
         flood_every: args.flood_every,
     };
-    let conn =
-        order_timeout::testing::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-shop")
-            .await?;
+    let conn = order_timeout::testing::broker::connect_amqp(
+        &env.settings.amqp_url,
+        "order-timeout-bench-shop",
+    )
+    .await?;
     let channels = amqp::confirm_channels(&conn, w.publish_channels).await?;
     let mut routes = vec![Route::Service];
     if args.baseline.contains(&Baseline::SingleQueue) {

@@ -33,7 +33,7 @@ use super::amqp::{QueuePair, declare_pair};
 use super::report::PathCost;
 use super::sys::Sampling;
 use order_timeout::settings::SecretUrl;
-use order_timeout::testing::connect_amqp;
+use order_timeout::testing::broker::connect_amqp;
 
 /// How long a message waits in a path's delay queue.
 pub const PATH_TTL: Duration = Duration::from_secs(2);

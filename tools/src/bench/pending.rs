@@ -13,8 +13,8 @@ use super::env::{self, BenchEnv};
 use super::report::PendingReport;
 use super::sys::{self, Sampling};
 use super::{BenchArgs, BenchError, load, loadavg};
-use order_timeout::testing::Layout;
-use order_timeout::testing::{DUE_QUEUE, queue_specs};
+use order_timeout::testing::topology::Layout;
+use order_timeout::testing::topology::{DUE_QUEUE, queue_specs};
 
 /// Fills `n` orders and measures them pending; CPU and memory come from
 /// `sampling` (reset here).
@@ -35,9 +35,11 @@ pub(super) async fn measure(
     };
     let (mem0, data_dir) = broker_status();
     let disk0 = data_dir.as_deref().and_then(sys::disk_usage);
-    let conn =
-        order_timeout::testing::connect_amqp(&env.settings.amqp_url, "order-timeout-bench-fill")
-            .await?;
+    let conn = order_timeout::testing::broker::connect_amqp(
+        &env.settings.amqp_url,
+        "order-timeout-bench-fill",
+    )
+    .await?;
     let started = Instant::now();
     let errors = fill(env, args, n, &conn, &mut p).await?;
     let depth_channel = conn.create_channel().await?;

@@ -28,7 +28,7 @@ use sqlx::{ConnectOptions, Connection as _, MySqlConnection, PgConnection};
 use super::BenchError;
 use super::amqp::{QueuePair, declare_pair};
 use order_timeout::settings::SecretUrl;
-use order_timeout::testing::connect_amqp;
+use order_timeout::testing::broker::connect_amqp;
 
 /// The seed's delay queue (classic, per-message TTL), where
 /// [`super::load::Route::Seed`] publishes.
@@ -64,12 +64,16 @@ impl SeedDb {
     async fn connect(url: &SecretUrl) -> anyhow::Result<Self> {
         Ok(if url.expose().starts_with("mysql://") {
             Self::MySql(
-                order_timeout::testing::mysql_options(url)?
+                order_timeout::testing::store::mysql_options(url)?
                     .connect()
                     .await?,
             )
         } else {
-            Self::Postgres(order_timeout::testing::pg_options(url)?.connect().await?)
+            Self::Postgres(
+                order_timeout::testing::store::pg_options(url)?
+                    .connect()
+                    .await?,
+            )
         })
     }
 

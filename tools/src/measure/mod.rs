@@ -99,7 +99,7 @@ impl World {
         settings.cascade_shards = Shards::try_from(2).expect("2 shards");
         settings.http_addr = "127.0.0.1:0".parse()?;
         if vhost.is_some() {
-            order_timeout::testing::declare_topology(&settings).await?;
+            order_timeout::testing::broker::declare_topology(&settings).await?;
         }
         Ok(Self {
             settings,

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use order_timeout::RunningService;
 use order_timeout::settings::{DEFAULT_TIMER, Release, SecretUrl, Settings};
-use order_timeout::testing::Dialect;
+use order_timeout::testing::store::Dialect;
 
 use super::{World, poll};
 use crate::scratch::ScratchDatabase;

@@ -95,7 +95,7 @@ impl World {
         settings.cascade_shards = Shards::try_from(2).expect("2 shards");
         settings.shutdown_timeout = Duration::from_secs(10);
         patiently("declaring the topology", || {
-            order_timeout::testing::declare_topology(&settings)
+            order_timeout::testing::broker::declare_topology(&settings)
         })
         .await?;
         Ok(Self {

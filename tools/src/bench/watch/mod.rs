@@ -354,7 +354,7 @@ async fn run_in(
     if !args.lateness() {
         return Ok(());
     }
-    order_timeout::testing::declare_topology(&env.settings)
+    order_timeout::testing::broker::declare_topology(&env.settings)
         .await
         .map_err(|e| BenchError::Setup(format!("declaring the topology: {e:#}")))?;
     eprintln!(

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use order_timeout::settings::Timer;
-use order_timeout::testing::{PoolSettings, RowCursor, Store};
+use order_timeout::testing::store::{PoolSettings, RowCursor, Store};
 use serde::Serialize;
 
 use super::super::BenchError;
@@ -188,7 +188,7 @@ pub async fn measure(
         filled.seconds,
         table::INDEX
     );
-    let store = order_timeout::testing::connect_timer(
+    let store = order_timeout::testing::store::connect_timer(
         &env.settings.database_url,
         PoolSettings::new(2),
         timer,
