@@ -301,7 +301,11 @@ async fn peak_pg(pool: &PgPool, prefix: &str) -> Result<Option<i64>, BenchError>
 /// counted here; the cancellation time is the outbox row's (the cancel
 /// transaction's clock, in microseconds), or the row's `cancelled_at`
 /// where there is none (the seed's); releases come from the reference
-/// inventory's PostgreSQL.
+/// inventory's PostgreSQL. The outbox row is looked up by its key (the
+/// default timer, the id's bytes: the outbox's `order_id` is `VARBINARY`):
+/// joined on the id alone, the server scanned the outbox once per order
+/// (a block nested loop: 64 s after a 30,000-order run, 30 s for 30,000
+/// rows on either side; by the key, 0.04 s).
 async fn measure_mysql(pool: &MySqlPool, db: &BenchDb, s: &Settled) -> Result<Counts, BenchError> {
     type Row = (String, String, i64, i64, Option<i64>, bool);
     let rows: Vec<Row> = sqlx::query_as(
@@ -310,12 +314,14 @@ async fn measure_mysql(pool: &MySqlPool, db: &BenchDb, s: &Settled) -> Result<Co
                 TIMESTAMPDIFF(MICROSECOND, ?, o.created_at), \
                 TIMESTAMPDIFF(MICROSECOND, ?, COALESCE(b.created_at, o.cancelled_at)), \
                 b.order_id IS NOT NULL AND (b.stock_released_at IS NULL OR b.event_published_at IS NULL) \
-           FROM orders o LEFT JOIN order_timeout_cancel_outbox b ON b.order_id = o.id \
+           FROM orders o LEFT JOIN order_timeout_cancel_outbox b \
+             ON b.timer = ? AND b.order_id = CAST(o.id AS BINARY) \
           WHERE o.id LIKE CONCAT(?, '%') ORDER BY o.expires_at",
     )
     .bind(s.started)
     .bind(s.started)
     .bind(s.started)
+    .bind(order_timeout::settings::DEFAULT_TIMER)
     .bind(&s.prefix)
     .fetch_all(pool)
     .await?;
