@@ -15,8 +15,7 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
-use order_timeout::testing::broker::Acks;
-use order_timeout::testing::broker::connect_amqp;
+use order_timeout::testing::broker::{Acks, connect_amqp};
 
 use crate::common::{TestEnv, declare_durable_queue};
 

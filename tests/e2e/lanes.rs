@@ -10,8 +10,7 @@ use std::time::Duration;
 use crate::common::{Dialect, TestEnv, on_both_dialects, ready};
 use order_timeout::settings::{Lane, Shards};
 use order_timeout::testing::metrics::Outcome;
-use order_timeout::testing::topology::lane_name;
-use order_timeout::testing::topology::{DUE_QUEUE, lane_entry_key};
+use order_timeout::testing::topology::{DUE_QUEUE, lane_entry_key, lane_name};
 
 /// Generous bound on lateness for behaviour tests (the benchmark measures
 /// the real figure).

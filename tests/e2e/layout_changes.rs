@@ -13,8 +13,7 @@ use std::time::Duration;
 use crate::common::{RESTARTS, TestEnv, ready};
 use order_timeout::settings::{Lane, Shards};
 use order_timeout::testing::metrics::Outcome;
-use order_timeout::testing::topology::lane_name;
-use order_timeout::testing::topology::{shard_for, shard_level_name};
+use order_timeout::testing::topology::{lane_name, shard_for, shard_level_name};
 use order_timeout_tools::shop::NewOrder;
 
 /// Generous bound on lateness (the benchmark measures the real figure).

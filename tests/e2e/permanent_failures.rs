@@ -24,8 +24,9 @@ use order_timeout::shutdown::Shutdown;
 use order_timeout::testing::broker::{header_int, header_str};
 use order_timeout::testing::metrics::Outcome;
 use order_timeout::testing::store::StoreError;
-use order_timeout::testing::topology::{BindingDestination, DELIVERY_LIMIT};
-use order_timeout::testing::topology::{cascade_route, shard_level_name};
+use order_timeout::testing::topology::{
+    BindingDestination, DELIVERY_LIMIT, cascade_route, shard_level_name,
+};
 use order_timeout_tools::scratch;
 use tonic::Status;
 

@@ -6,8 +6,7 @@
 //! kept here: the store's unit tests find every template constant in those
 //! files' sources and check it is in the list this test prepares.
 
-use order_timeout::testing::store::ShopSchema;
-use order_timeout::testing::store::connect_lazy;
+use order_timeout::testing::store::{ShopSchema, connect_lazy};
 
 use crate::common::{Dialect, TestEnv, on_both_dialects};
 

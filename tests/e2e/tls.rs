@@ -20,8 +20,7 @@ use order_timeout::RunningService;
 use order_timeout::message::OrderId;
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout::testing::broker::connect_amqp;
-use order_timeout::testing::store::{OrderState, ShopSchema, StoreError};
-use order_timeout::testing::store::{Store, connect_lazy};
+use order_timeout::testing::store::{OrderState, ShopSchema, Store, StoreError, connect_lazy};
 use order_timeout_tools::private_broker::{ClusterConfig, PrivateCluster};
 use order_timeout_tools::shop;
 use rcgen::{

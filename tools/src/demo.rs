@@ -26,8 +26,7 @@ use order_timeout::RunningService;
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
 use order_timeout::settings::{SecretUrl, Settings};
 use order_timeout::shutdown::Shutdown;
-use order_timeout::testing::broker::Publisher;
-use order_timeout::testing::broker::{connect_amqp, declare_topology};
+use order_timeout::testing::broker::{Publisher, connect_amqp, declare_topology};
 use order_timeout::testing::store::OrderItem;
 
 use crate::inventory::{ReferenceInventory, ShopInventory};

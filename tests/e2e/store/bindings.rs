@@ -19,8 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures_util::{StreamExt, stream};
 use order_timeout::settings::{ItemsMapping, OrdersMapping, Release};
-use order_timeout::testing::store::connect_timer;
-use order_timeout::testing::store::{OrderItem, PoolSettings};
+use order_timeout::testing::store::{OrderItem, PoolSettings, connect_timer};
 
 use super::*;
 

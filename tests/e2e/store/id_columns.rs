@@ -10,8 +10,7 @@
 use std::collections::BTreeMap;
 
 use order_timeout::settings::{OrdersMapping, Release};
-use order_timeout::testing::store::PoolSettings;
-use order_timeout::testing::store::connect_timer;
+use order_timeout::testing::store::{PoolSettings, connect_timer};
 
 use super::*;
 

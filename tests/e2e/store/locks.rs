@@ -18,8 +18,7 @@
 use std::time::Instant;
 
 use order_timeout::settings::{OrdersMapping, Release};
-use order_timeout::testing::store::PoolSettings;
-use order_timeout::testing::store::connect_timer;
+use order_timeout::testing::store::{PoolSettings, connect_timer};
 
 use super::*;
 

@@ -7,8 +7,9 @@
 //! timer flipped before (re-opened orders) and the rows set aside while
 //! they are unchanged, so that any number of them never fills its pages.
 
-use order_timeout::testing::store::{HistoryCursor, connect_timer, history_statement_for_explain};
-use order_timeout::testing::store::{Page, PoolSettings, RowCursor};
+use order_timeout::testing::store::{
+    HistoryCursor, Page, PoolSettings, RowCursor, connect_timer, history_statement_for_explain,
+};
 
 use super::*;
 

@@ -35,8 +35,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use order_timeout::settings::{Settings, Timer};
-use order_timeout::testing::store::PoolSettings;
-use order_timeout::testing::store::{connect_timer, mysql_options, pg_options};
+use order_timeout::testing::store::{PoolSettings, connect_timer, mysql_options, pg_options};
 use sqlx::Connection;
 
 use super::*;

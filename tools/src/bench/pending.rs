@@ -13,8 +13,7 @@ use super::env::{self, BenchEnv};
 use super::report::PendingReport;
 use super::sys::{self, Sampling};
 use super::{BenchArgs, BenchError, load, loadavg};
-use order_timeout::testing::topology::Layout;
-use order_timeout::testing::topology::{DUE_QUEUE, queue_specs};
+use order_timeout::testing::topology::{DUE_QUEUE, Layout, queue_specs};
 
 /// Fills `n` orders and measures them pending; CPU and memory come from
 /// `sampling` (reset here).

@@ -37,8 +37,7 @@ use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use order_timeout::RunningService;
 use order_timeout::message::{Deadline, OrderId, TimeoutRequest};
-use order_timeout::testing::broker::Publisher;
-use order_timeout::testing::broker::connect_amqp;
+use order_timeout::testing::broker::{Publisher, connect_amqp};
 use order_timeout::testing::store::OrderItem;
 
 mod figures;
