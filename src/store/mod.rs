@@ -44,6 +44,7 @@ mod ids;
 mod mysql;
 #[macro_use]
 mod outbox;
+mod cancel;
 #[cfg(test)]
 mod outbox_words_tests;
 mod parked;

@@ -37,6 +37,10 @@ pub(crate) trait Vocabulary {
     const DIALECT: Dialect;
     /// The database's clock as a UTC instant: `now()`, `UTC_TIMESTAMP(6)`.
     const NOW: &'static str;
+    /// The database's clock as a UTC instant when the statement runs,
+    /// not when its transaction began: `clock_timestamp()`,
+    /// `UTC_TIMESTAMP(6)`.
+    const CLOCK: &'static str;
     /// The outbox's order id read as text.
     const ORDER_ID: &'static str;
     /// The outbox rows whose work is pending and due now, by the index of
@@ -158,6 +162,22 @@ pub(crate) enum Value<'a> {
     /// An instant (or NULL) compared with the shop's deadlines, which are
     /// written in the session's zone.
     ShopTime(Option<DateTime<Utc>>),
+    /// New outbox rows of a timer (its name, written in: `[a-z0-9_]`), as
+    /// the rows of a `VALUES` list: four placeholders each.
+    NewOutboxRows(&'a str, &'a [NewOutboxRow<'a>]),
+}
+
+/// An outbox row the cancel transaction writes for an order it flipped.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NewOutboxRow<'a> {
+    /// The order id.
+    pub(crate) order_id: &'a str,
+    /// When it was cancelled.
+    pub(crate) created_at: DateTime<Utc>,
+    /// The end of the lease the cancelling caller holds.
+    pub(crate) claimed_until: DateTime<Utc>,
+    /// When its stock was released: at once when there is none to release.
+    pub(crate) stock_released_at: Option<DateTime<Utc>>,
 }
 
 /// A rendered statement: its text in the dialect's words and the values
@@ -219,6 +239,7 @@ pub(crate) fn render_mapped<'a, V: Vocabulary>(
         rest = &rest[open + close + 1..];
         let word = match slot {
             "now" => Some(V::NOW),
+            "clock" => Some(V::CLOCK),
             "order_id" => Some(V::ORDER_ID),
             "sweep_due" => Some(V::SWEEP_DUE),
             "sweep_at" => Some(V::SWEEP_AT),
@@ -273,6 +294,15 @@ fn placeholders<V: Vocabulary>(value: &Value<'_>, next: usize, mapped: &Mapped) 
         Value::Status(_) | Value::MaybeStatus(_) => (V::cast(next, &mapped.status_type), 1),
         Value::RowId(_) => (V::cast(next, &mapped.id_base), 1),
         Value::ShopTime(_) => (V::shop_time(next), 1),
+        Value::NewOutboxRows(timer, rows) => {
+            let timer = timer.replace('\'', "''");
+            let row = |i: usize| {
+                let p = |k: usize| V::placeholder(next + 4 * i + k);
+                format!("('{timer}', {}, {}, {}, {})", p(0), p(1), p(2), p(3))
+            };
+            let list: Vec<String> = (0..rows.len()).map(row).collect();
+            (list.join(", "), 4 * rows.len())
+        }
         Value::Micros(_) => (V::micros(next), 1),
         Value::Text(_) | Value::Int(_) | Value::Time(_) | Value::MaybeText(_) | Value::Bytes(_) => {
             (V::placeholder(next), 1)
@@ -337,8 +367,17 @@ pub(super) fn sample_values<'a>(
         ("day", Value::Micros(86_400_000_000)),
         ("id", Value::Text("7")),
         ("slots", Value::Nums(&[1, 2])),
+        ("rows", Value::NewOutboxRows("cancel_unpaid", &SAMPLE_ROWS)),
     ]
 }
+
+/// The new outbox rows of [`sample_values`].
+static SAMPLE_ROWS: [NewOutboxRow<'static>; 1] = [NewOutboxRow {
+    order_id: "7",
+    created_at: DateTime::UNIX_EPOCH,
+    claimed_until: DateTime::UNIX_EPOCH,
+    stock_released_at: None,
+}];
 
 /// A duration in whole microseconds (saturating), for [`Value::Micros`].
 pub(crate) fn micros(d: Duration) -> i64 {
@@ -1061,6 +1100,8 @@ fn with_values_written_in(dialect: Dialect, statement: &Statement<'_>) -> String
             .join(", "),
         Value::ShopTime(Some(t)) => format!("'{}'", t.format("%Y-%m-%d %H:%M:%S%.6f")),
         Value::MaybeStatus(None) | Value::RowId(None) | Value::ShopTime(None) => "NULL".into(),
+        // Only the cancel transaction writes outbox rows; nothing explains it.
+        Value::NewOutboxRows(..) => String::new(),
     };
     let mut out = statement.sql.clone();
     match dialect {

@@ -162,6 +162,9 @@ pub(super) fn mapped<D: Vocabulary>(
     let deadline = shape::deadline_sql(D::DIALECT, timer);
     let usable = shape::usable_deadline_sql(&deadline);
     let due = format!("({deadline} <= {} AND {usable})", D::SHOP_NOW);
+    let set: String = (timer.set.iter())
+        .map(|(column, value)| format!(", {} = {value}", q(column)))
+        .collect();
     let i = &timer.items;
     let item_order_id = q(&i.order_id);
     Mapped {
@@ -170,8 +173,11 @@ pub(super) fn mapped<D: Vocabulary>(
             ("row_id_text", D::text(&row_id)),
             ("row_id", row_id),
             ("status", format!("o.{}", q(&timer.status))),
+            ("status_column", q(&timer.status)),
+            ("set", set),
             ("expires", D::epoch_micros(&deadline, &usable)),
             ("count_due", D::count_if(&due)),
+            ("due", due),
             ("deadline", deadline),
             ("usable", usable),
             ("guard", shape::guard_sql(timer)),
@@ -195,11 +201,13 @@ pub(super) fn checks<D: SqlDialect>(timer: &Timer, mapped: &Mapped, items: bool)
     let rows = timer.key(TimerKey::DeadlineGuard);
     let one = [IdValue::Text(String::new())];
     let mut templates = vec![
+        (timer.key(TimerKey::Flip), super::cancel::FLIP),
         (rows, OVERDUE),
         (rows, WAITING_PAGE),
         (timer.key(TimerKey::Id), ROW_DIGEST),
         (timer.key(TimerKey::Status), ROW_FACTS),
         (timer.key(TimerKey::Status), STILL_WAITING),
+        (timer.key(TimerKey::Status), super::cancel::READ_ROWS),
     ];
     if timer.watch.is_some() {
         templates.push((rows, DUE));
@@ -255,7 +263,7 @@ impl<D: SqlDialect> SqlStore<D> {
         values: &[(&str, Value<'_>)],
     ) -> Result<Vec<T>, StoreError> {
         let statement = render_mapped::<D>(template, mapped, values);
-        D::fetch(&self.pool, Some(sql), statement).await
+        D::fetch(&mut *self.pool.acquire().await?, Some(sql), statement).await
     }
 
     /// Runs `statement` (of the service's own tables, with values bound in
@@ -265,7 +273,8 @@ impl<D: SqlDialect> SqlStore<D> {
         prepared: &Prepared<D>,
         statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
-        D::execute(&self.pool, Some(&prepared.sql), statement).await
+        let mut conn = self.pool.acquire().await?;
+        D::execute(&mut conn, Some(&prepared.sql), statement).await
     }
 
     /// Rows in the `from` status passing the guard, and how many of them
@@ -504,7 +513,9 @@ impl<D: SqlDialect> SqlStore<D> {
             super::Dialect::MySql => "_POSTGRES",
         };
         let row_ids = [IdValue::Text(String::new())];
-        let templates = outbox::TEMPLATES.iter().chain(TEMPLATES.iter());
+        let templates = (outbox::TEMPLATES.iter())
+            .chain(TEMPLATES.iter())
+            .chain(super::cancel::TEMPLATES.iter());
         let mut count = 0;
         for (name, template) in templates.filter(|(name, _)| !name.ends_with(other)) {
             let values = outbox::sample_values(template, &["a"], &row_ids, &self.timer.from);

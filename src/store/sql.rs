@@ -141,6 +141,23 @@ pub(crate) trait SqlDialect:
         tables: &[&str],
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
 
+    /// Whether the server skips rows another transaction holds (`FOR
+    /// UPDATE SKIP LOCKED`: MySQL from 8.0.1, MariaDB from 10.6,
+    /// PostgreSQL).
+    fn skips_locked(sql: &Self::Statements) -> bool;
+
+    /// The timer's `also` statements for the order `id`, which the cancel
+    /// transaction on `conn` has just flipped ([`super::cancel`]): the
+    /// slots of the keys its `also_keys` query returns locked first, in
+    /// ascending order ([`super::outbox::ALSO_LOCKS`]), and each statement
+    /// waiting at most [`ALSO_LOCK_WAIT`] for a row the shop holds.
+    fn also(
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        store: &SqlStore<Self>,
+        prepared: &Prepared<Self>,
+        id: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// **The cancel transaction** for canonical `ids` in id order (see
     /// [`OrderStore::cancel_due`]): one row per id that it reports on.
     fn cancel(
@@ -150,19 +167,20 @@ pub(crate) trait SqlDialect:
         lease: Duration,
     ) -> impl Future<Output = Result<Vec<StateRow>, StoreError>> + Send;
 
-    /// Runs a rendered statement ([`super::outbox`], [`super::shop`]) on
-    /// `pool`; the rows it changed. `sql`: the timer's statements, whose
+    /// Runs a rendered statement ([`super::outbox`], [`super::shop`],
+    /// [`super::cancel`]) on `conn` (of a pool, or a transaction's); the
+    /// rows it changed. `sql`: the timer's statements, whose
     /// values bind ids in the column's type (the shop's tables only).
     fn execute(
-        pool: &Pool<Self::Db>,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
         sql: Option<&Self::Statements>,
         statement: Statement<'_>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Runs a rendered query on `pool`; its rows (see
+    /// Runs a rendered query on `conn`; its rows (see
     /// [`SqlDialect::execute`]).
     fn fetch<T: OwnRow>(
-        pool: &Pool<Self::Db>,
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
         sql: Option<&Self::Statements>,
         statement: Statement<'_>,
     ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send;
@@ -661,11 +679,11 @@ impl<D: SqlDialect> OwnTables for SqlStore<D> {
     }
 
     async fn execute(&self, statement: Statement<'_>) -> Result<u64, StoreError> {
-        D::execute(&self.own, None, statement).await
+        D::execute(&mut *self.own.acquire().await?, None, statement).await
     }
 
     async fn fetch<T: OwnRow>(&self, statement: Statement<'_>) -> Result<Vec<T>, StoreError> {
-        D::fetch(&self.own, None, statement).await
+        D::fetch(&mut *self.own.acquire().await?, None, statement).await
     }
 }
 

@@ -1,13 +1,7 @@
-//! MySQL 5.7/8 and MariaDB 10.x: no `UPDATE … RETURNING` in a CTE, so the
-//! cancel is a transaction: the order rows and their outbox rows read with
-//! `SELECT … FOR UPDATE` (order rows `SKIP LOCKED` where the server has it,
-//! MySQL 8 and MariaDB 10.6 on: a row the shop holds is skipped, read
-//! without a lock and reported held, so it delays only itself), a
-//! conditional `UPDATE … WHERE id IN (…)` of the eligible ones, those rows
-//! read again (the UPDATE may flip fewer: see [`flip`]), the `also`
-//! statements and the outbox rows for exactly the rows it flipped, expired
-//! leases taken, then one commit. The facts read are turned into order
-//! states by the same mapping as PostgreSQL's (`state.rs`).
+//! MySQL 5.7/8 and MariaDB 10.x: the cancel transaction written once
+//! (`store/cancel.rs`), `SKIP LOCKED` where the server has it (MySQL 8.0.1,
+//! MariaDB 10.6 on); each `also` statement with a lock wait of its own on
+//! MariaDB.
 //!
 //! Time: the session `time_zone` is the configured one, so the shop's
 //! zone-less `DATETIME` deadlines compare with `NOW(6)` as the shop wrote
@@ -18,12 +12,6 @@
 //! the statements take ([`Arg`]); order ids in the id column's own type
 //! (`BIGINT UNSIGNED` as `u64`, `DECIMAL` as a decimal, never a string a
 //! comparison would turn into a double).
-//!
-//! Ids compare exactly: the collations shops use are case-insensitive and
-//! pad with spaces (`'abc ' = 'ABC'` is true), so `id IN (…)` may find a
-//! row spelled differently from the id asked about. Every row is read back
-//! by its id's text, and only the rows whose id is exactly one asked about
-//! are acted on; the outbox keys ids as bytes.
 
 use std::time::Duration;
 
@@ -33,12 +21,10 @@ use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 use crate::settings::{SecretUrl, StatusValue, Timer, TimerKey};
 use crate::store::catalog::{self, Column, Columns};
 use crate::store::ids::IdValue;
-use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
+use crate::store::outbox::{self, OwnRow, Statement, Value, Vocabulary};
 use crate::store::releases::{Expansion, KEPT_FOR_0_1_0_MARKER, KEPT_FOR_0_1_0_MYSQL, Migrated};
 use crate::store::shape::{self, OrdersColumns};
-use crate::store::sql::{
-    AlsoCheckError, Check, Prepared, SqlDialect, SqlStore, commit_or_roll_back,
-};
+use crate::store::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore};
 use crate::store::state::StateRow;
 use crate::store::{Dialect, PoolSettings, StoreError};
 
@@ -49,10 +35,8 @@ macro_rules! run {
     };
 }
 
-mod cancel;
 mod statements;
 
-use cancel::cancel_in;
 use statements::{
     Arg, PLACEHOLDERS, PLACEHOLDERS_PER_ID, Sql, args, decimal_type, id_arg, marks, skips_locked,
 };
@@ -63,9 +47,6 @@ pub(crate) struct MySql;
 
 /// The store on MySQL or MariaDB.
 pub(crate) type MySqlStore = SqlStore<MySql>;
-
-/// A transaction on MySQL.
-type Tx = sqlx::Transaction<'static, sqlx::MySql>;
 
 /// The service's own migrations for MySQL (`migrations/mysql/`), recorded in
 /// `order_timeout_migrations`.
@@ -335,21 +316,13 @@ impl SqlDialect for MySql {
         if !skip_locked {
             tracing::warn!(%version, "this server has no FOR UPDATE SKIP LOCKED (MySQL 8, MariaDB 10.6 have): a row the shop holds makes its whole batch wait, up to db_lock_timeout");
         }
-        Ok(Sql::render(
-            &store.timer,
-            decimal,
-            skip_locked,
-            version.to_ascii_lowercase().contains("mariadb"),
-        ))
+        let mariadb = version.to_ascii_lowercase().contains("mariadb");
+        Ok(Sql::render(&store.timer, decimal, skip_locked, mariadb))
     }
 
-    /// With one id, the flip binds cancelled, the id, unpaid.
-    fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
-        vec![Check {
-            key: timer.key(TimerKey::Flip),
-            sql: sql.update.replace("{ids}", "?"),
-            binds: 3,
-        }]
+    /// Nothing beyond the shared statements.
+    fn to_check(_: &Timer, _: &Sql) -> Vec<Check> {
+        Vec::new()
     }
 
     async fn parameters(store: &MySqlStore, statement: &str) -> Result<usize, sqlx::Error> {
@@ -420,37 +393,74 @@ impl SqlDialect for MySql {
         Ok(same == Some(1))
     }
 
-    /// The cancel transaction (see the module docs).
+    fn skips_locked(sql: &Sql) -> bool {
+        sql.skip_locked
+    }
+
+    /// Each statement bound the id once per `?`, in the id column's type;
+    /// on MariaDB with its own lock wait (`Sql::also`).
+    async fn also(
+        conn: &mut sqlx::MySqlConnection,
+        store: &MySqlStore,
+        prepared: &Prepared<Self>,
+        id: &str,
+    ) -> Result<(), StoreError> {
+        let (timer, sql) = (&store.timer, &prepared.sql);
+        let id = prepared.id_value(id)?;
+        let id_args = |n: usize| args(std::iter::repeat_n(id_arg(&id, Some(&sql.decimal)), n));
+        if let Some(params) = prepared.also_keys {
+            let query = sqlx::query_with(AssertSqlSafe(timer.also_keys.clone()), id_args(params)?);
+            let rows = query.fetch_all(&mut *conn).await?;
+            let keys = (rows.iter())
+                .filter_map(|row| key_text(row).transpose())
+                .collect::<Result<Vec<String>, String>>()
+                .map_err(|problem| StoreError::Schema {
+                    key: timer.key(TimerKey::AlsoKeys),
+                    problem,
+                })?;
+            let slots = outbox::also_lock_slots(&keys);
+            if !slots.is_empty() {
+                let values = [("slots", Value::Nums(&slots))];
+                let lock = outbox::render::<MySql>(outbox::ALSO_LOCKS, &values);
+                let values = lock.values.iter().flat_map(|v| arg(v, None));
+                run!(format!("{}{}", sql.also_wait, lock.sql), values, &mut *conn).await?;
+            }
+        }
+        for (statement, params) in sql.also.iter().zip(&prepared.also_params) {
+            let query = sqlx::query_with(AssertSqlSafe(statement.clone()), id_args(*params)?);
+            query.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+
     async fn cancel(
         store: &MySqlStore,
         prepared: &Prepared<Self>,
         ids: &[&str],
         lease: Duration,
     ) -> Result<Vec<StateRow>, StoreError> {
-        let mut tx = store.pool.begin().await?;
-        let result = cancel_in(&mut tx, store, prepared, ids, lease).await;
-        commit_or_roll_back(tx, result).await
+        crate::store::cancel::cancel(store, prepared, ids, lease).await
     }
 
     async fn execute(
-        pool: &MySqlPool,
+        conn: &mut sqlx::MySqlConnection,
         sql: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
         let decimal = sql.map(|sql| &sql.decimal);
         let values = statement.values.iter().flat_map(|v| arg(v, decimal));
-        Ok(run!(statement.sql, values, pool).await?.rows_affected())
+        Ok(run!(statement.sql, values, conn).await?.rows_affected())
     }
 
     async fn fetch<T: OwnRow>(
-        pool: &MySqlPool,
+        conn: &mut sqlx::MySqlConnection,
         sql: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<Vec<T>, StoreError> {
         let decimal = sql.map(|sql| &sql.decimal);
         let values = statement.values.iter().flat_map(|v| arg(v, decimal));
         let query = sqlx::query_as_with(AssertSqlSafe(statement.sql), args(values)?);
-        Ok(query.fetch_all(pool).await?)
+        Ok(query.fetch_all(conn).await?)
     }
 }
 
@@ -458,6 +468,7 @@ impl SqlDialect for MySql {
 impl Vocabulary for MySql {
     const DIALECT: Dialect = Dialect::MySql;
     const NOW: &'static str = "UTC_TIMESTAMP(6)";
+    const CLOCK: &'static str = "UTC_TIMESTAMP(6)";
     /// The column is `VARBINARY` (ids compare byte for byte).
     const ORDER_ID: &'static str = "CAST(order_id AS CHAR)";
     /// `sweep_at` is a generated column, set only while the row's work is
@@ -555,6 +566,35 @@ fn arg<'a>(value: &Value<'a>, decimal: Option<&'a MySqlTypeInfo>) -> Vec<Arg<'a>
         Value::MaybeText(None) => vec![Arg::Null],
         Value::Bytes(b) => vec![Arg::Bytes(b)],
         Value::Nums(nums) => nums.iter().map(|n| Arg::Int(*n)).collect(),
+        Value::NewOutboxRows(_, rows) => (rows.iter())
+            .flat_map(|r| {
+                [
+                    Arg::Text(r.order_id),
+                    Arg::Time(r.created_at),
+                    Arg::Time(r.claimed_until),
+                    r.stock_released_at.map_or(Arg::Null, Arg::Time),
+                ]
+            })
+            .collect(),
+    }
+}
+
+/// The first column of a row of the `also_keys` query as text (NULL:
+/// none), whatever text or integer type it has.
+fn key_text(row: &sqlx::mysql::MySqlRow) -> Result<Option<String>, String> {
+    use sqlx::Row;
+    if let Ok(text) = row.try_get::<Option<String>, _>(0) {
+        return Ok(text);
+    }
+    if let Ok(n) = row.try_get::<Option<i64>, _>(0) {
+        return Ok(n.map(|n| n.to_string()));
+    }
+    match row.try_get::<Option<u64>, _>(0) {
+        Ok(n) => Ok(n.map(|n| n.to_string())),
+        Err(e) => Err(format!(
+            "a key it returned is neither text nor an integer ({e}): return the keys as text \
+             or integers (CAST(… AS CHAR))"
+        )),
     }
 }
 

@@ -1,41 +1,28 @@
 //! MySQL's statements, rendered from the mapping ([`Sql`]), and how a
 //! value becomes a parameter ([`Arg`], [`args`]).
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::encode::{Encode, IsNull};
 use sqlx::error::BoxDynError;
 use sqlx::mysql::{MySqlArguments, MySqlTypeInfo};
 
-use super::{MySql, MySqlStore};
+use super::MySqlStore;
 use crate::settings::{StatusValue, Timer};
+use crate::store::StoreError;
 use crate::store::ids::{IdValue, uuid_text};
-use crate::store::outbox::Vocabulary;
-use crate::store::shape;
-use crate::store::{Dialect, StoreError};
 
 /// The most placeholders one MySQL statement can have.
 pub(super) const PLACEHOLDERS: usize = 65_535;
 
 /// Placeholders per order id in the cancel transaction's statement with
-/// the most (the outbox insert: id, created, lease end, released).
+/// the most (the outbox insert: id, created, lease end, released:
+/// [`crate::store::outbox::Value::NewOutboxRows`]).
 pub(super) const PLACEHOLDERS_PER_ID: usize = 4;
 
 /// `?, ?, …` for `n` values.
 pub(super) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")
-}
-
-/// Microseconds since the epoch as a UTC instant.
-pub(super) fn from_micros(us: Option<i64>) -> Option<DateTime<Utc>> {
-    us.and_then(DateTime::from_timestamp_micros)
-}
-
-/// A duration in microseconds, for `INTERVAL ? MICROSECOND`.
-pub(super) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// A value bound to a statement.
@@ -161,16 +148,9 @@ pub(super) async fn decimal_type(store: &MySqlStore) -> Result<MySqlTypeInfo, St
     Ok(sqlx::Column::type_info(&row.columns()[0]).clone())
 }
 
-/// Statement parts rendered from the mapping; the `{ids}` place is filled
-/// with one `?` per id.
+/// What the dialect's own statements need of the server and the mapping.
 #[derive(Debug)]
 pub(crate) struct Sql {
-    /// Binds cancelled, paid, unpaid, then the ids. `SKIP LOCKED` when
-    /// `skip_locked`.
-    pub(super) lock_orders: String,
-    /// The same read without a lock (the last committed versions): the
-    /// rows `lock_orders` skipped. Binds as `lock_orders`.
-    pub(super) read_orders: String,
     /// The server skips locked rows (`FOR UPDATE SKIP LOCKED`).
     pub(super) skip_locked: bool,
     /// The timer's `also` statements as they run: on MariaDB each with a
@@ -181,29 +161,8 @@ pub(crate) struct Sql {
     /// What goes before a statement of the `also` path to give it that
     /// lock wait (the locks of `also_keys` too): empty on MySQL.
     pub(super) also_wait: &'static str,
-    /// Binds cancelled, the ids, then unpaid.
-    pub(super) update: String,
     /// The server's `DECIMAL`, for decimal ids.
     pub(super) decimal: MySqlTypeInfo,
-}
-
-/// [`Sql::also_wait`].
-fn also_wait(mariadb: bool) -> &'static str {
-    if mariadb {
-        "SET STATEMENT innodb_lock_wait_timeout = 1 FOR "
-    } else {
-        ""
-    }
-}
-
-/// The timer's `also` statements as they run ([`Sql::also`]).
-fn also_statements(timer: &Timer, mariadb: bool) -> Vec<String> {
-    let prefix = also_wait(mariadb);
-    timer
-        .also
-        .iter()
-        .map(|statement| format!("{prefix}{statement}"))
-        .collect()
 }
 
 impl Sql {
@@ -213,40 +172,16 @@ impl Sql {
         skip_locked: bool,
         mariadb: bool,
     ) -> Self {
-        let o = timer;
-        let q = |s: &str| shape::quote(Dialect::MySql, s);
-        let (table, id, status) = (q(&o.table), q(&o.id), q(&o.status));
-        let deadline = shape::deadline_sql(Dialect::MySql, o);
-        let guard = shape::guard_sql(o);
-        let deadline_us = MySql::epoch_micros(&deadline, &shape::usable_deadline_sql(&deadline));
-        // Due: a usable time (`shape::usable_deadline_sql`), and passed.
-        let due = format!(
-            "({deadline} <= NOW(6) AND {})",
-            shape::usable_deadline_sql(&deadline)
-        );
-        let set: String = o
-            .set
-            .iter()
-            .map(|(column, value)| format!(", {} = {value}", q(column)))
-            .collect();
-        let read_orders = format!(
-            "SELECT CAST({id} AS CHAR) AS id, {status} = ? AS is_cancelled, \
-                    {status} = ? AS is_paid, {status} = ? AS is_unpaid, \
-                    {deadline_us} AS expires_us, COALESCE({guard}, FALSE) AS guard_ok, \
-                    {due} AS due \
-               FROM {table} WHERE {id} IN ({{ids}})"
-        );
-        let skip = if skip_locked { " SKIP LOCKED" } else { "" };
+        let also_wait = match mariadb {
+            true => "SET STATEMENT innodb_lock_wait_timeout = 1 FOR ",
+            false => "",
+        };
         Self {
-            lock_orders: format!("{read_orders} FOR UPDATE{skip}"),
-            read_orders,
             skip_locked,
-            also: also_statements(o, mariadb),
-            also_wait: also_wait(mariadb),
-            update: format!(
-                "UPDATE {table} SET {status} = ?{set} \
-                  WHERE {id} IN ({{ids}}) AND {status} = ? AND {due} AND {guard}"
-            ),
+            also: (timer.also.iter())
+                .map(|statement| format!("{also_wait}{statement}"))
+                .collect(),
+            also_wait,
             decimal,
         }
     }

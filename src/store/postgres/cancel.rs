@@ -63,26 +63,36 @@ pub(super) async fn cancel_with_also(
     prepared: &Prepared<Postgres>,
     query: sqlx::query::QueryAs<'_, sqlx::Postgres, StateRow, sqlx::postgres::PgArguments>,
 ) -> Result<Vec<StateRow>, StoreError> {
-    let o = &store.timer;
     let rows = query.fetch_all(&mut **tx).await?;
-    if rows.iter().any(|r| r.just_cancelled) {
-        // A row the shop holds delays only this order, and briefly.
-        let wait = format!("SET LOCAL lock_timeout = {}", ALSO_LOCK_WAIT.as_millis());
-        sqlx::query(AssertSqlSafe(wait)).execute(&mut **tx).await?;
-    }
     for row in rows.iter().filter(|r| r.just_cancelled) {
-        if let Some(params) = &prepared.also_keys {
-            lock_also_keys(tx, o, params, &row.id).await?;
-        }
-        for (statement, params) in o.also.iter().zip(&prepared.also_params) {
-            let mut also = sqlx::query(AssertSqlSafe(statement.clone()));
-            for value in id_values(params, &row.id, o.key(TimerKey::Also))? {
-                also = also.bind(value);
-            }
-            also.execute(&mut **tx).await?;
-        }
+        also(tx, store, prepared, &row.id).await?;
     }
     Ok(rows)
+}
+
+/// The timer's `also` statements for the order `id` just flipped on
+/// `conn`, each waiting at most [`ALSO_LOCK_WAIT`] for a row the shop
+/// holds: a held row delays only this order, and briefly.
+pub(super) async fn also(
+    conn: &mut sqlx::PgConnection,
+    store: &PgStore,
+    prepared: &Prepared<Postgres>,
+    id: &str,
+) -> Result<(), StoreError> {
+    let o = &store.timer;
+    let wait = format!("SET LOCAL lock_timeout = {}", ALSO_LOCK_WAIT.as_millis());
+    sqlx::query(AssertSqlSafe(wait)).execute(&mut *conn).await?;
+    if let Some(params) = &prepared.also_keys {
+        lock_also_keys(conn, o, params, id).await?;
+    }
+    for (statement, params) in o.also.iter().zip(&prepared.also_params) {
+        let mut also = sqlx::query(AssertSqlSafe(statement.clone()));
+        for value in id_values(params, id, o.key(TimerKey::Also))? {
+            also = also.bind(value);
+        }
+        also.execute(&mut *conn).await?;
+    }
+    Ok(())
 }
 
 /// The order `id` as the value of each of `params` (an `also` statement's
@@ -105,7 +115,7 @@ fn id_values<'a>(
 /// its `also` statements run only once no other order's writing the same
 /// keys hold them.
 async fn lock_also_keys(
-    tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+    conn: &mut sqlx::PgConnection,
     timer: &Timer,
     params: &[AlsoParam],
     id: &str,
@@ -117,7 +127,7 @@ async fn lock_also_keys(
         keys = keys.bind(value);
     }
     let keys: Vec<String> = keys
-        .fetch_all(&mut **tx)
+        .fetch_all(&mut *conn)
         .await?
         .into_iter()
         .flatten()
@@ -126,7 +136,7 @@ async fn lock_also_keys(
     if !slots.is_empty() {
         let lock =
             outbox::render::<Postgres>(outbox::ALSO_LOCKS, &[("slots", Value::Nums(&slots))]);
-        super::run(lock)?.execute(&mut **tx).await?;
+        super::run(lock)?.execute(&mut *conn).await?;
     }
     Ok(())
 }

@@ -330,6 +330,21 @@ impl SqlDialect for Postgres {
             .await?)
     }
 
+    fn skips_locked(_: &Sql) -> bool {
+        true
+    }
+
+    /// Each statement bound the id as the types PostgreSQL inferred for
+    /// its parameters ([`AlsoParam`]), after `SET LOCAL lock_timeout`.
+    async fn also(
+        conn: &mut sqlx::PgConnection,
+        store: &PgStore,
+        prepared: &Prepared<Self>,
+        id: &str,
+    ) -> Result<(), StoreError> {
+        cancel::also(conn, store, prepared, id).await
+    }
+
     /// The cancel statement, in a transaction with the `also` statements
     /// when there are any ([`cancel::cancel`]).
     async fn cancel(
@@ -342,21 +357,21 @@ impl SqlDialect for Postgres {
     }
 
     async fn execute(
-        pool: &PgPool,
+        conn: &mut sqlx::PgConnection,
         _: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
-        Ok(run(statement)?.execute(pool).await?.rows_affected())
+        Ok(run(statement)?.execute(conn).await?.rows_affected())
     }
 
     async fn fetch<T: OwnRow>(
-        pool: &PgPool,
+        conn: &mut sqlx::PgConnection,
         _: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<Vec<T>, StoreError> {
         let query =
             sqlx::query_as_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
-        Ok(query.fetch_all(pool).await?)
+        Ok(query.fetch_all(conn).await?)
     }
 }
 
@@ -364,6 +379,7 @@ impl SqlDialect for Postgres {
 impl Vocabulary for Postgres {
     const DIALECT: Dialect = Dialect::Postgres;
     const NOW: &'static str = "now()";
+    const CLOCK: &'static str = "clock_timestamp()";
     const ORDER_ID: &'static str = "order_id";
     /// The predicate of the partial index `order_timeout_cancel_outbox_due`
     /// (which the planner uses only when the query repeats it), then its
@@ -469,6 +485,12 @@ fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreE
                 out.add(ids.iter().map(IdValue::text).collect::<Vec<_>>())
             }
             Value::ShopTime(t) => out.add(t),
+            Value::NewOutboxRows(_, rows) => rows.iter().try_for_each(|r| {
+                out.add(r.order_id)?;
+                out.add(r.created_at)?;
+                out.add(r.claimed_until)?;
+                out.add(r.stock_released_at)
+            }),
         }
         .map_err(|e| StoreError::Sql(sqlx::Error::Encode(e)))?;
     }
