@@ -32,10 +32,9 @@
 //!   store is built once per timer (`store::Stores`), and every step below
 //!   works on one timer's rows; `pipeline/watch.rs` schedules the rows of a
 //!   timer nobody publishes for;
-//! - **the cancel transaction**, per dialect: `store/postgres/cancel.rs`
-//!   (one CTE) and `store/mysql/cancel.rs` (`SELECT … FOR UPDATE`,
-//!   conditional `UPDATE`),
-//!   behind `store/mod.rs`'s `OrderStore`; what a row means in either:
+//! - **the cancel transaction**, written once for both dialects:
+//!   `store/cancel.rs` (`SELECT … FOR UPDATE SKIP LOCKED`, conditional
+//!   `UPDATE`, the rows it flipped read back, their effects), behind `store/mod.rs`'s `OrderStore`; what a row means in either:
 //!   `store/state.rs`; the steps around it: `pipeline/cancel.rs` and
 //!   `pipeline/finish.rs` (outbox: release stock, publish, mark, ack);
 //! - **the SQL of the outbox** (and of the watch marks), written once for

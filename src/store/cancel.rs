@@ -95,6 +95,11 @@ pub(super) const TEMPLATES: [(&str, &str); 8] = templates![
     TAKE_OVER
 ];
 
+/// How many order ids one cancel transaction can carry: a statement has at
+/// most 65,535 placeholders on either dialect, and the outbox insert binds
+/// four per order ([`NEW_OUTBOX_ROWS`]): 16,383 ids.
+pub(crate) const MAX_BATCH_IDS: usize = 65_535 / 4;
+
 /// A transaction on the dialect's database.
 type Tx<D> = sqlx::Transaction<'static, <D as SqlDialect>::Db>;
 

@@ -48,7 +48,7 @@ impl<D: SqlDialect> SqlStore<D> {
         let mapped = shop::mapped::<D>(t, &orders, items_base);
         // The statements first: a placeholder in the guard would make the
         // count fail with a less helpful error.
-        let also_params = self.check_statements(&sql, &mapped).await?;
+        let also_params = self.check_statements(&mapped).await?;
         let also_keys = self.check_also_keys().await?;
         let unpaid = self.count_waiting(&sql, &mapped).await?;
         let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
@@ -174,11 +174,7 @@ impl<D: SqlDialect> SqlStore<D> {
     /// statement is bound the order id. A rendered statement must take
     /// exactly the parameters the service binds. A failure waiting can fix
     /// (the connection) stays transient.
-    async fn check_statements(
-        &self,
-        sql: &D::Statements,
-        mapped: &Mapped,
-    ) -> Result<Vec<D::AlsoParams>, StoreError> {
+    async fn check_statements(&self, mapped: &Mapped) -> Result<Vec<D::AlsoParams>, StoreError> {
         let prepare = async |check: &Check| {
             let found = D::parameters(self, &check.sql)
                 .await
@@ -198,7 +194,8 @@ impl<D: SqlDialect> SqlStore<D> {
         };
         let items = self.timer.release == Release::Grpc;
         let shop = shop::checks::<D>(&self.timer, mapped, items);
-        let mut checks = D::to_check(&self.timer, sql).into_iter().chain(shop);
+        // The flip first: a placeholder in the guard is named by its key.
+        let mut checks = shop.into_iter();
         if let Some(check) = checks.next() {
             prepare(&check).await?;
         }

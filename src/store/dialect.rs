@@ -3,20 +3,14 @@
 //! of each can carry.
 
 use super::StoreError;
-use super::sql::SqlDialect;
-use super::{mysql, postgres};
 use crate::settings::{ConfigError, SecretUrl, Settings};
 
 /// How many order ids one cancel transaction of `dialect` can carry, so
-/// that the settings can refuse a batch size over it: MySQL's statements
-/// have at most 65,535 placeholders and the cancel transaction's outbox
-/// insert binds four per order (16,383 ids); PostgreSQL binds the ids as
-/// one array, with no such limit (`usize::MAX`).
-pub fn max_batch_ids(dialect: Dialect) -> usize {
-    match dialect {
-        Dialect::Postgres => postgres::Postgres::MAX_BATCH_IDS,
-        Dialect::MySql => mysql::MySql::MAX_BATCH_IDS,
-    }
+/// that the settings can refuse a batch size over it: a statement has at
+/// most 65,535 placeholders on either dialect, and the cancel
+/// transaction's outbox insert binds four per order (16,383 ids).
+pub fn max_batch_ids(_dialect: Dialect) -> usize {
+    super::cancel::MAX_BATCH_IDS
 }
 
 /// Refuses, naming the key, a batch size that one cancel transaction of

@@ -3,8 +3,7 @@
 //! release or event is still due, failed attempts and their backoff, marks
 //! of work done, leases, retention) and the watch marks
 //! (`order_timeout_watch`). The cancel transaction that writes outbox rows
-//! is the dialects' own (`postgres/cancel.rs`, `mysql/cancel.rs`): it is where they truly
-//! differ.
+//! is in `cancel.rs`, written the same way.
 //!
 //! Each statement is a template in plain SQL with `{slots}`. A slot is
 //! either a word of the dialect's [`Vocabulary`] (`{now}`, the pending rows

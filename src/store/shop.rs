@@ -1,9 +1,8 @@
 //! **The SQL of the shop's tables**, written once for both dialects: the
 //! count of waiting rows, the sweeper's page of overdue rows, a watch's
 //! scan, the console's page of waiting rows, one row's facts (`explain`),
-//! the items of orders, and the rows set aside. The cancel transaction is
-//! the dialects' own (`postgres/cancel.rs`, `mysql/cancel.rs`): it is where
-//! they truly differ.
+//! the items of orders, and the rows set aside. The cancel transaction's
+//! statements are in `cancel.rs`, written the same way.
 //!
 //! A template is plain SQL with `{slots}`, as in `outbox.rs`: the words of
 //! the timer's mapping (`{table}`, `{row_id}`, `{status}`, `{deadline}`,

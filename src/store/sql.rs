@@ -1,10 +1,11 @@
 //! The store's flow, written once for every SQL dialect: [`SqlStore`]
 //! implements [`OrderStore`] over a [`SqlDialect`], and a dialect module
 //! (`postgres/`, `mysql/`) holds only what differs: its connection
-//! options, reading a table's columns, the cancel transaction, its error
-//! numbers, and the words of the vocabulary every other statement is
-//! written in once (`shop.rs` on the shop's tables, `outbox.rs` on the
-//! service's own).
+//! options, reading a table's columns, how it binds values and runs the
+//! timer's `also` statements, its error numbers, and the words of the
+//! vocabulary every statement is written in once (`shop.rs` on the shop's
+//! tables, `outbox.rs` on the service's own, `cancel.rs` the cancel
+//! transaction).
 //!
 //! Shared here: canonical ids (an id no row can have is never sent), the
 //! id order and deadlock retries of the cancel transaction and the mapping
@@ -25,7 +26,6 @@ use super::outbox::{self, Mapped, OwnRow, OwnTables, Statement, Vocabulary};
 use super::parked::{self, NewParked, ParkedFilter, ParkedRow};
 use super::releases::{Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
-use super::state::StateRow;
 use super::{
     Dialect, HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem,
     OrderState, OrderStore, OutboxFailure, Page, PoolSettings, RowCursor, SetAsideRow, StoreError,
@@ -39,9 +39,6 @@ use crate::settings::{SecretUrl, StatusValue, Timer};
 pub(crate) trait SqlDialect:
     Vocabulary + fmt::Debug + Send + Sync + Sized + 'static
 {
-    /// How many order ids one cancel transaction can carry
-    /// ([`super::max_batch_ids`]).
-    const MAX_BATCH_IDS: usize;
     /// The columns of the outbox table this version's statements use (the
     /// last migration's among them).
     const OUTBOX_COLUMNS: &'static [&'static str];
@@ -90,10 +87,6 @@ pub(crate) trait SqlDialect:
         store: &SqlStore<Self>,
         orders: &OrdersColumns,
     ) -> impl Future<Output = Result<Self::Statements, StoreError>> + Send;
-
-    /// The rendered statements to prepare during the check, each with the
-    /// config keys (of `timer`) a failure names.
-    fn to_check(timer: &Timer, sql: &Self::Statements) -> Vec<Check>;
 
     /// Prepares `statement`, returning how many parameters it takes.
     fn parameters(
@@ -157,15 +150,6 @@ pub(crate) trait SqlDialect:
         prepared: &Prepared<Self>,
         id: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// **The cancel transaction** for canonical `ids` in id order (see
-    /// [`OrderStore::cancel_due`]): one row per id that it reports on.
-    fn cancel(
-        store: &SqlStore<Self>,
-        prepared: &Prepared<Self>,
-        ids: &[&str],
-        lease: Duration,
-    ) -> impl Future<Output = Result<Vec<StateRow>, StoreError>> + Send;
 
     /// Runs a rendered statement ([`super::outbox`], [`super::shop`],
     /// [`super::cancel`]) on `conn` (of a pool, or a transaction's); the
@@ -530,8 +514,8 @@ impl<D: SqlDialect> SqlStore<D> {
         lease: Duration,
     ) -> Result<HashMap<String, OrderState>, StoreError> {
         let mut states = HashMap::with_capacity(ids.len());
-        for chunk in ids.chunks(D::MAX_BATCH_IDS) {
-            let cancel = || D::cancel(self, prepared, chunk, lease);
+        for chunk in ids.chunks(super::cancel::MAX_BATCH_IDS) {
+            let cancel = || super::cancel::cancel(self, prepared, chunk, lease);
             match super::retry_deadlocks(cancel).await {
                 Ok(rows) => states.extend(rows.into_iter().map(|r| {
                     let state = r.state();
@@ -589,7 +573,7 @@ impl<D: SqlDialect> SqlStore<D> {
         lease: Duration,
     ) -> Option<(String, OrderState)> {
         let one = [id.as_str()];
-        let cancel = || D::cancel(self, prepared, &one, lease);
+        let cancel = || super::cancel::cancel(self, prepared, &one, lease);
         let mut result = super::retry_deadlocks(cancel).await;
         if D::DIALECT == Dialect::Postgres
             && result.as_ref().is_err_and(StoreError::is_lock_timeout)
@@ -784,7 +768,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         }
         keys.sort_unstable();
         let mut rows = Vec::new();
-        for chunk in keys.chunks(D::MAX_BATCH_IDS) {
+        for chunk in keys.chunks(super::cancel::MAX_BATCH_IDS) {
             let result = self.item_rows(&prepared, chunk).await;
             rows.extend(self.after(result).await?);
         }

@@ -1,15 +1,14 @@
-//! The row → order-state mapping every SQL dialect shares: a dialect's
-//! cancel transaction reports, per order asked about, the same facts
-//! ([`StateRow`]), and one function turns them into an [`OrderState`], so
-//! the dialects cannot disagree about what a row means.
+//! The row → order-state mapping: the cancel transaction (`cancel.rs`)
+//! reports, per order asked about, the facts ([`StateRow`]), and one
+//! function turns them into an [`OrderState`].
 
 use chrono::{DateTime, Utc};
 
 use super::{Cancellation, OrderState};
 
-/// What a dialect's cancel transaction reports about one order it was
-/// asked about, after its UPDATE ran.
-#[derive(Debug, Default, sqlx::FromRow)]
+/// What the cancel transaction reports about one order it was asked
+/// about, after its UPDATE ran.
+#[derive(Debug, Default)]
 pub(crate) struct StateRow {
     /// The order id asked about (canonical), as text.
     pub(crate) id: String,

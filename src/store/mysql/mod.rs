@@ -18,14 +18,13 @@ use std::time::Duration;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlTypeInfo};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
-use crate::settings::{SecretUrl, StatusValue, Timer, TimerKey};
+use crate::settings::{SecretUrl, StatusValue, TimerKey};
 use crate::store::catalog::{self, Column, Columns};
 use crate::store::ids::IdValue;
 use crate::store::outbox::{self, OwnRow, Statement, Value, Vocabulary};
 use crate::store::releases::{Expansion, KEPT_FOR_0_1_0_MARKER, KEPT_FOR_0_1_0_MYSQL, Migrated};
 use crate::store::shape::{self, OrdersColumns};
-use crate::store::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore};
-use crate::store::state::StateRow;
+use crate::store::sql::{AlsoCheckError, Prepared, SqlDialect, SqlStore};
 use crate::store::{Dialect, PoolSettings, StoreError};
 
 /// Runs `sql` with `values` bound, in `tx` or on the pool.
@@ -37,9 +36,7 @@ macro_rules! run {
 
 mod statements;
 
-use statements::{
-    Arg, PLACEHOLDERS, PLACEHOLDERS_PER_ID, Sql, args, decimal_type, id_arg, marks, skips_locked,
-};
+use statements::{Arg, Sql, args, decimal_type, id_arg, marks, skips_locked};
 
 /// MySQL and MariaDB, as a [`SqlDialect`].
 #[derive(Debug)]
@@ -178,8 +175,6 @@ async fn set_timeouts(conn: &mut sqlx::MySqlConnection, pool: PoolSettings) -> s
 impl SqlDialect for MySql {
     type Db = sqlx::MySql;
     type Statements = Sql;
-    /// Its statements bind one placeholder per id, the outbox insert four.
-    const MAX_BATCH_IDS: usize = PLACEHOLDERS / PLACEHOLDERS_PER_ID;
     const OUTBOX_COLUMNS: &'static [&'static str] = &[
         "timer",
         "order_id",
@@ -320,11 +315,6 @@ impl SqlDialect for MySql {
         Ok(Sql::render(&store.timer, decimal, skip_locked, mariadb))
     }
 
-    /// Nothing beyond the shared statements.
-    fn to_check(_: &Timer, _: &Sql) -> Vec<Check> {
-        Vec::new()
-    }
-
     async fn parameters(store: &MySqlStore, statement: &str) -> Result<usize, sqlx::Error> {
         let mut conn = store.pool.acquire().await?;
         let prepared = conn
@@ -431,15 +421,6 @@ impl SqlDialect for MySql {
             query.execute(&mut *conn).await?;
         }
         Ok(())
-    }
-
-    async fn cancel(
-        store: &MySqlStore,
-        prepared: &Prepared<Self>,
-        ids: &[&str],
-        lease: Duration,
-    ) -> Result<Vec<StateRow>, StoreError> {
-        crate::store::cancel::cancel(store, prepared, ids, lease).await
     }
 
     async fn execute(

@@ -12,14 +12,6 @@ use crate::settings::{StatusValue, Timer};
 use crate::store::StoreError;
 use crate::store::ids::{IdValue, uuid_text};
 
-/// The most placeholders one MySQL statement can have.
-pub(super) const PLACEHOLDERS: usize = 65_535;
-
-/// Placeholders per order id in the cancel transaction's statement with
-/// the most (the outbox insert: id, created, lease end, released:
-/// [`crate::store::outbox::Value::NewOutboxRows`]).
-pub(super) const PLACEHOLDERS_PER_ID: usize = 4;
-
 /// `?, ?, …` for `n` values.
 pub(super) fn marks(n: usize) -> String {
     vec!["?"; n].join(", ")

@@ -1,43 +1,30 @@
-//! PostgreSQL: the cancel transaction as one statement (CTEs with
-//! `UPDATE … RETURNING` over `unnest($1::text[])`), so a batch costs one
-//! round trip and one commit; with `also` statements, that statement and
-//! the statements for each order it cancelled in one transaction.
-//!
-//! The cancel transaction is in `cancel.rs`, the statements rendered from
-//! the mapping in `statements.rs`, how an id is bound to a parameter of
-//! the type PostgreSQL inferred in `binding.rs`.
-//!
-//! Every statement is rendered once from the mapping ([`Sql::render`]) after
-//! the shop's table was read: ids and status codes are bound as text and
-//! cast to the columns' own types, so integer, uuid and text columns (and
-//! enums) all work with their indexes. Ids are cast to the id column's type
-//! without its length or precision (`character varying`, not
-//! `character varying(8)`, which would truncate), only after the shared
-//! flow checked that the column can hold them, and a row matches only if
-//! its id reads back as exactly the id asked about. The `also` statements
-//! are bound the id in the column's own type ([`IdValue`]).
+//! PostgreSQL: ids and status codes are bound as text and cast to the
+//! columns' own types ([`Vocabulary::cast`]), so integer, uuid and text
+//! columns (and enums) all work with their indexes; ids are cast to the id
+//! column's type without its length or precision (`character varying`,
+//! not `character varying(8)`, which would truncate), only after the
+//! shared flow checked that the column can hold them. The `also`
+//! statements are bound the id as the types PostgreSQL inferred for their
+//! parameters (`also.rs`, `binding.rs`).
 
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor};
 
-use crate::settings::{SecretUrl, StatusValue, Timer, TimerKey};
+use crate::settings::{SecretUrl, StatusValue};
 use crate::store::catalog::{self, Column, Columns};
 use crate::store::ids::IdValue;
 use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
 use crate::store::releases::{self, Expansion, Migrated};
 use crate::store::shape::{self, OrdersColumns};
-use crate::store::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore};
-use crate::store::state::StateRow;
+use crate::store::sql::{AlsoCheckError, Prepared, SqlDialect, SqlStore};
 use crate::store::{Dialect, PoolSettings, StoreError};
 
+mod also;
 mod binding;
-mod cancel;
 
 use binding::{AlsoParam, parameter_types};
-use cancel::Parts;
-use cancel::cancel_statement;
 
 /// PostgreSQL, as a [`SqlDialect`].
 #[derive(Debug)]
@@ -133,9 +120,8 @@ fn text(value: &StatusValue) -> String {
 
 impl SqlDialect for Postgres {
     type Db = sqlx::Postgres;
-    type Statements = Sql;
-    /// The ids travel as one array parameter: no placeholder limit.
-    const MAX_BATCH_IDS: usize = usize::MAX;
+    /// Nothing beyond the shared statements.
+    type Statements = ();
     const OUTBOX_COLUMNS: &'static [&'static str] = &[
         "timer",
         "order_id",
@@ -240,19 +226,8 @@ impl SqlDialect for Postgres {
         Ok(catalog::by_name(columns))
     }
 
-    async fn statements(store: &PgStore, orders: &OrdersColumns) -> Result<Sql, StoreError> {
-        let parts = Parts::of(&store.timer, orders);
-        Ok(Sql {
-            cancel: cancel_statement(&parts, &store.timer),
-        })
-    }
-
-    fn to_check(timer: &Timer, sql: &Sql) -> Vec<Check> {
-        vec![Check {
-            key: timer.key(TimerKey::Flip),
-            sql: sql.cancel.clone(),
-            binds: 7,
-        }]
+    async fn statements(_: &PgStore, _: &OrdersColumns) -> Result<(), StoreError> {
+        Ok(())
     }
 
     async fn parameters(store: &PgStore, statement: &str) -> Result<usize, sqlx::Error> {
@@ -330,7 +305,7 @@ impl SqlDialect for Postgres {
             .await?)
     }
 
-    fn skips_locked(_: &Sql) -> bool {
+    fn skips_locked(_: &()) -> bool {
         true
     }
 
@@ -342,23 +317,12 @@ impl SqlDialect for Postgres {
         prepared: &Prepared<Self>,
         id: &str,
     ) -> Result<(), StoreError> {
-        cancel::also(conn, store, prepared, id).await
-    }
-
-    /// The cancel statement, in a transaction with the `also` statements
-    /// when there are any ([`cancel::cancel`]).
-    async fn cancel(
-        store: &PgStore,
-        prepared: &Prepared<Self>,
-        ids: &[&str],
-        lease: Duration,
-    ) -> Result<Vec<StateRow>, StoreError> {
-        cancel::cancel(store, prepared, ids, lease).await
+        also::also(conn, store, prepared, id).await
     }
 
     async fn execute(
         conn: &mut sqlx::PgConnection,
-        _: Option<&Sql>,
+        _: Option<&()>,
         statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
         Ok(run(statement)?.execute(conn).await?.rows_affected())
@@ -366,7 +330,7 @@ impl SqlDialect for Postgres {
 
     async fn fetch<T: OwnRow>(
         conn: &mut sqlx::PgConnection,
-        _: Option<&Sql>,
+        _: Option<&()>,
         statement: Statement<'_>,
     ) -> Result<Vec<T>, StoreError> {
         let query =
@@ -495,13 +459,4 @@ fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreE
         .map_err(|e| StoreError::Sql(sqlx::Error::Encode(e)))?;
     }
     Ok(out)
-}
-
-/// The statements, rendered from the mapping.
-#[derive(Debug)]
-pub(crate) struct Sql {
-    /// `$1` ids (text[]), `$2` to (cancelled), `$3` from (unpaid), `$4`
-    /// paid (text, nullable), `$5` lease (interval), `$6` nothing to
-    /// release (bool), `$7` the timer's name (its outbox rows).
-    pub(super) cancel: String,
 }

@@ -353,7 +353,7 @@ async fn check(f: &Fixture, n: usize, ty: &IdType) -> Result<(), String> {
 /// bound after it), and an `also` parameter of a type no order id is.
 pub(super) async fn a_misplaced_or_unbindable_parameter_is_refused_at_the_check(f: &Fixture) {
     let (mark, date) = match f.dialect() {
-        Dialect::Postgres => ("$8", "SELECT $1::date"),
+        Dialect::Postgres => ("$4", "SELECT $1::date"),
         Dialect::MySql => ("?", "SELECT ?"),
     };
     let guard = ShopSchema {
