@@ -87,9 +87,13 @@ mod tests {
         settings.sweeper.batch = 20_000;
         let err = check_batch_sizes(&settings).unwrap_err().to_string();
         assert!(err.starts_with("config [sweeper].batch: 20000"), "{err}");
-        // PostgreSQL binds one array: no such limit.
+        // PostgreSQL's statements have the same limit.
         settings.database_url = SecretUrl::new("postgres://postgres@127.0.0.1/shop");
-        settings.batch_max = 1_000_000;
+        settings.sweeper.batch = 200;
+        settings.batch_max = 16_384;
+        let err = check_batch_sizes(&settings).unwrap_err().to_string();
+        assert!(err.starts_with("config batch_max: 16384 orders"), "{err}");
+        settings.batch_max = 16_383;
         assert!(check_batch_sizes(&settings).is_ok());
     }
 }
