@@ -105,9 +105,10 @@ fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<PgConnectOptions,
 }
 
 /// A timeout as PostgreSQL's milliseconds, at least 1 (0 would mean no
-/// timeout at all).
+/// timeout at all) and at most the largest it takes (`INT_MAX`, 24.8 days:
+/// a larger one refuses the connection).
 fn millis(d: Duration) -> String {
-    d.as_millis().max(1).to_string()
+    d.as_millis().clamp(1, i32::MAX as u128).to_string()
 }
 
 /// A status code as the text bound for it (cast to the column's type).
@@ -138,11 +139,20 @@ impl SqlDialect for Postgres {
 
     /// The timeouts are session settings given at connection start-up, so
     /// every statement of the pool has them (and `migrate`'s own
-    /// connections do not).
+    /// connections do not). A transaction idle for the client's own bound
+    /// (`[liveness].database_timeout`) was abandoned by the client, its
+    /// answer lost to a silent network (`bounded.rs`): the server ends it
+    /// then, releasing its row locks, rather than when the client's close
+    /// finally reaches it (tens of seconds after the network heals). The
+    /// service never leaves a transaction idle between its statements.
     fn pool(url: &SecretUrl, pool: PoolSettings, time_zone: &str) -> Result<PgPool, StoreError> {
         let options = connect_options(url, time_zone)?.options([
             ("lock_timeout", millis(pool.lock_timeout)),
             ("statement_timeout", millis(pool.statement_timeout)),
+            (
+                "idle_in_transaction_session_timeout",
+                millis(pool.client_timeout),
+            ),
         ]);
         Ok(PgPoolOptions::new()
             .max_connections(pool.max_connections)
