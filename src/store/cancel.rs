@@ -249,11 +249,11 @@ async fn cancel_in<D: SqlDialect>(
     if !skipped.is_empty() {
         held = read_orders(tx, store, prepared, &skipped, READ_ROWS).await?;
     }
-    let outbox = lock_outbox(tx, store, prepared, ids).await?;
+    let outbox = lock_outbox(tx, store, ids).await?;
     relock_cancelled_meanwhile(tx, store, prepared, &mut held, &outbox, &mut orders).await?;
     // After the locks: a cancel that waited for a row the shop held is
     // timed when it happened, not when it began waiting.
-    let clock: Vec<(DateTime<Utc>,)> = fetch(tx, prepared, render::<D>(CLOCK, &[])).await?;
+    let clock: Vec<(DateTime<Utc>,)> = D::fetch(&mut **tx, render::<D>(CLOCK, &[])).await?;
     let db_now = clock.first().map_or_else(Utc::now, |(t,)| *t);
     let eligible: Vec<&str> = (ids.iter().copied())
         .filter(|id| orders.get(*id).is_some_and(LockedOrder::cancellable))
@@ -282,7 +282,7 @@ async fn cancel_in<D: SqlDialect>(
         record_effects(tx, store, prepared, &flipped, lease).await?;
     }
     findings.cancelled = flipped.into_iter().collect();
-    findings.taken = take_over(tx, store, prepared, ids, &findings.outbox, lease).await?;
+    findings.taken = take_over(tx, store, ids, &findings.outbox, lease).await?;
     let none = store.timer.release == Release::None;
     Ok(ids.iter().map(|id| findings.state_row(id, none)).collect())
 }
@@ -294,24 +294,6 @@ fn lock<D: SqlDialect>(prepared: &Prepared<D>) -> &'static str {
         true => LOCK_ROWS,
         false => LOCK_ROWS_WAITING,
     }
-}
-
-/// Runs a rendered query on the transaction.
-async fn fetch<D: SqlDialect, T: super::outbox::OwnRow>(
-    tx: &mut Tx<D>,
-    prepared: &Prepared<D>,
-    statement: super::outbox::Statement<'_>,
-) -> Result<Vec<T>, StoreError> {
-    D::fetch(&mut **tx, Some(&prepared.sql), statement).await
-}
-
-/// Runs a rendered statement on the transaction; the rows it changed.
-async fn execute<D: SqlDialect>(
-    tx: &mut Tx<D>,
-    prepared: &Prepared<D>,
-    statement: super::outbox::Statement<'_>,
-) -> Result<u64, StoreError> {
-    D::execute(&mut **tx, Some(&prepared.sql), statement).await
 }
 
 /// A skipped row with an outbox row was, most likely, being cancelled by
@@ -361,7 +343,7 @@ async fn read_orders<D: SqlDialect>(
         ("ids", Value::RowIds(&row_ids)),
     ];
     let statement = render_mapped::<D>(template, &prepared.mapped, &values);
-    let rows: Vec<LockedOrder> = fetch(tx, prepared, statement).await?;
+    let rows: Vec<LockedOrder> = D::fetch(&mut **tx, statement).await?;
     // Exactly the rows asked about: a case-insensitive or space-padding
     // collation also finds `abc` for `ABC` or `abc `.
     Ok(rows
@@ -383,14 +365,13 @@ fn id_values<D: SqlDialect>(
 async fn lock_outbox<D: SqlDialect>(
     tx: &mut Tx<D>,
     store: &SqlStore<D>,
-    prepared: &Prepared<D>,
     ids: &[&str],
 ) -> Result<HashMap<String, LockedOutbox>, StoreError> {
     let values = [
         ("timer", Value::Text(store.timer.name.as_str())),
         ("ids", Value::Ids(ids)),
     ];
-    let rows: Vec<LockedOutbox> = fetch(tx, prepared, render::<D>(LOCK_OUTBOX, &values)).await?;
+    let rows: Vec<LockedOutbox> = D::fetch(&mut **tx, render::<D>(LOCK_OUTBOX, &values)).await?;
     Ok(rows.into_iter().map(|r| (r.order_id.clone(), r)).collect())
 }
 
@@ -415,9 +396,8 @@ async fn flip<D: SqlDialect>(
         ("ids", Value::RowIds(&row_ids)),
         ("from", Value::Status(&o.from)),
     ];
-    execute(
-        tx,
-        prepared,
+    D::execute(
+        &mut **tx,
         render_mapped::<D>(FLIP, &prepared.mapped, &values),
     )
     .await?;
@@ -462,7 +442,7 @@ async fn record_effects<D: SqlDialect>(
         })
         .collect();
     let values = [("rows", Value::NewOutboxRows(o.name.as_str(), &rows))];
-    execute(tx, prepared, render::<D>(NEW_OUTBOX_ROWS, &values)).await?;
+    D::execute(&mut **tx, render::<D>(NEW_OUTBOX_ROWS, &values)).await?;
     Ok(())
 }
 
@@ -481,7 +461,6 @@ fn lease_end(at: DateTime<Utc>, lease: Duration) -> DateTime<Utc> {
 async fn take_over<D: SqlDialect>(
     tx: &mut Tx<D>,
     store: &SqlStore<D>,
-    prepared: &Prepared<D>,
     ids: &[&str],
     outbox: &HashMap<String, LockedOutbox>,
     lease: Duration,
@@ -495,7 +474,7 @@ async fn take_over<D: SqlDialect>(
             ("timer", Value::Text(store.timer.name.as_str())),
             ("ids", Value::Ids(&taken)),
         ];
-        execute(tx, prepared, render::<D>(TAKE_OVER, &values)).await?;
+        D::execute(&mut **tx, render::<D>(TAKE_OVER, &values)).await?;
     }
     Ok(taken.into_iter().map(str::to_owned).collect())
 }

@@ -9,7 +9,7 @@ use super::catalog::Columns;
 use super::ids::IdColumn;
 use super::outbox::Mapped;
 use super::shape::{self, OrdersColumns, SchemaReport};
-use super::sql::{AlsoCheckError, Check, Prepared, SqlDialect, SqlStore, tables_shape};
+use super::sql::{Check, Prepared, SqlDialect, SqlStore, tables_shape};
 use super::{Dialect, StoreError, releases, shop};
 use crate::settings::{Release, TimerKey};
 
@@ -24,7 +24,7 @@ impl<D: SqlDialect> SqlStore<D> {
         shape::check_outbox_columns(&outbox, D::OUTBOX_COLUMNS)?;
         shape::check_set_aside(&D::columns(self, shape::SET_ASIDE).await?)?;
         if !t.is_default()
-            && let Some(problem) = releases::refuse_timers(&D::expansions(self).await?)
+            && let Some(problem) = releases::refuse_timers(&self.expansions().await?)
         {
             return Err(StoreError::Schema {
                 key: "[[timers]]",
@@ -50,7 +50,7 @@ impl<D: SqlDialect> SqlStore<D> {
         // count fail with a less helpful error.
         let also_params = self.check_statements(&mapped).await?;
         let also_keys = self.check_also_keys().await?;
-        let unpaid = self.count_waiting(&sql, &mapped).await?;
+        let unpaid = self.count_waiting(&mapped).await?;
         let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
         let shape = tables_shape(t, &orders_columns, items_columns.as_ref());
         Ok(Prepared {
@@ -76,16 +76,16 @@ impl<D: SqlDialect> SqlStore<D> {
             shape::raw_deadline_sql(D::DIALECT, t),
             shape::quote(D::DIALECT, &t.table)
         );
-        let type_name =
-            D::result_type(self, query)
-                .await
-                .map_err(|e| match StoreError::Sql(e) {
-                    error if !error.is_permanent() => error,
-                    error => StoreError::Schema {
-                        key: t.key(TimerKey::Deadline),
-                        problem: t.problem(format!("{:?} does not evaluate: {error}", t.deadline)),
-                    },
-                })?;
+        let type_name = self
+            .result_type(query)
+            .await
+            .map_err(|e| match StoreError::Sql(e) {
+                error if !error.is_permanent() => error,
+                error => StoreError::Schema {
+                    key: t.key(TimerKey::Deadline),
+                    problem: t.problem(format!("{:?} does not evaluate: {error}", t.deadline)),
+                },
+            })?;
         shape::check_deadline_type(t, &type_name).map_err(|e| match e {
             StoreError::Schema { key, problem } => StoreError::Schema {
                 key,
@@ -150,12 +150,8 @@ impl<D: SqlDialect> SqlStore<D> {
     /// first order due. A failure waiting can fix (the connection, a lock
     /// or statement timeout) is not a mistake in the mapping and stays
     /// transient.
-    async fn count_waiting(
-        &self,
-        sql: &D::Statements,
-        mapped: &Mapped,
-    ) -> Result<(i64, i64), StoreError> {
-        self.count_rows(sql, mapped).await.map_err(|error| {
+    async fn count_waiting(&self, mapped: &Mapped) -> Result<(i64, i64), StoreError> {
+        self.count_rows(mapped).await.map_err(|error| {
             if !error.is_permanent() {
                 return error;
             }
@@ -176,8 +172,7 @@ impl<D: SqlDialect> SqlStore<D> {
     /// (the connection) stays transient.
     async fn check_statements(&self, mapped: &Mapped) -> Result<Vec<D::AlsoParams>, StoreError> {
         let prepare = async |check: &Check| {
-            let found = D::parameters(self, &check.sql)
-                .await
+            let found = (self.parameters(&check.sql).await)
                 .map_err(|e| statement_error(check.key, &check.sql, e))?;
             if found != check.binds {
                 return Err(StoreError::Schema {
@@ -218,15 +213,12 @@ impl<D: SqlDialect> SqlStore<D> {
         key: &'static str,
         statement: &str,
     ) -> Result<D::AlsoParams, StoreError> {
-        D::also_parameters(self, statement)
-            .await
-            .map_err(|e| match e {
-                AlsoCheckError::Sql(e) => statement_error(key, statement, e),
-                AlsoCheckError::Unbindable(problem) => StoreError::Schema {
-                    key,
-                    problem: format!("{problem}: {statement}"),
-                },
-            })
+        let prepared = (D::prepare(self, statement.to_owned()).await)
+            .map_err(|e| statement_error(key, statement, e))?;
+        D::also_parameters(&prepared).map_err(|problem| StoreError::Schema {
+            key,
+            problem: format!("{problem}: {statement}"),
+        })
     }
 
     /// The `also_keys` query, when there is one: it takes the order id and
@@ -239,7 +231,7 @@ impl<D: SqlDialect> SqlStore<D> {
         }
         let key = self.timer.key(TimerKey::AlsoKeys);
         let params = self.check_takes_the_id(key, query).await?;
-        let ty = D::result_type(self, query.to_owned()).await?;
+        let ty = self.result_type(query.to_owned()).await?;
         let readable = ["CHAR", "TEXT", "INT", "ENUM"]
             .iter()
             .any(|kind| ty.to_ascii_uppercase().contains(kind));

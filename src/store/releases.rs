@@ -17,6 +17,15 @@ pub struct Expansion {
     pub kept_for: &'static str,
     /// What waits for its contraction.
     pub blocks: &'static str,
+    /// A query of one boolean: whether it is in place.
+    pub present: &'static str,
+    /// The statement that drops it (`migrate --contract`).
+    pub drop: &'static str,
+    /// Where no migration keeps it: the first migration of the release
+    /// after `kept_for`, and the statement `migrate` runs, after the
+    /// migrations, on a database that had the service's tables and none
+    /// of the migrations from that one on (one `kept_for` ran on).
+    pub keep: Option<(i64, &'static str)>,
 }
 
 /// The outbox's order ids unique on their own (PostgreSQL, migration
@@ -26,10 +35,15 @@ pub(crate) const OUTBOX_ORDER_ID_UNIQUE: Expansion = Expansion {
     object: "order_timeout_cancel_outbox_order_id",
     kept_for: "0.1.0",
     blocks: "a timer other than cancel_unpaid ([[timers]])",
+    present: "SELECT to_regclass('order_timeout_cancel_outbox_order_id') IS NOT NULL",
+    // A short lock on the service's own table, none on the shop's.
+    drop: "DROP INDEX IF EXISTS order_timeout_cancel_outbox_order_id",
+    keep: None,
 };
 
-/// MySQL/MariaDB: a marker row of `order_timeout_watch` (a timer name no
-/// timer can have), written by `migrate` on a database 0.1.0 ran on.
+/// MySQL/MariaDB: a marker row of `order_timeout_watch` (`kept_for:0.1.0`,
+/// a timer name no timer can have: `:` and `.`), written by `migrate` on a
+/// database 0.1.0 ran on.
 /// 0.1.0's outbox statements name no timer, so a 0.1.0 sweeper would take
 /// over another timer's pending outbox row of the same id (coupons 1..N
 /// beside orders 1..N), publish a second `order.cancelled` and mark that
@@ -42,11 +56,14 @@ pub(crate) const KEPT_FOR_0_1_0_MYSQL: Expansion = Expansion {
     object: "order_timeout_watch row kept_for:0.1.0",
     kept_for: "0.1.0",
     blocks: "a timer other than cancel_unpaid ([[timers]])",
+    present: "SELECT EXISTS (SELECT 1 FROM order_timeout_watch WHERE timer = 'kept_for:0.1.0')",
+    drop: "DELETE FROM order_timeout_watch WHERE timer = 'kept_for:0.1.0'",
+    keep: Some((
+        20261201000001,
+        "INSERT INTO order_timeout_watch (timer, scanned_until) \
+         VALUES ('kept_for:0.1.0', UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE timer = timer",
+    )),
 };
-
-/// The marker row's timer name: not a valid timer name (`:` and `.`), so
-/// no timer reads or writes it.
-pub(crate) const KEPT_FOR_0_1_0_MARKER: &str = "kept_for:0.1.0";
 
 /// What `migrate` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -340,7 +340,7 @@ pub(crate) fn check_items_columns(
 /// The outbox table's columns this version's statements use (older
 /// versions' tables lack some): checked before anything else, so that a
 /// database nobody migrated says what to do.
-pub(crate) fn check_outbox_columns(columns: &Columns, needed: &[&str]) -> Result<(), StoreError> {
+pub(crate) fn check_outbox_columns(columns: &Columns, own: &[&str]) -> Result<(), StoreError> {
     const RUN_MIGRATE: &str = "run `order-timeout migrate` against this database first";
     if columns.is_empty() {
         return Err(StoreError::Schema {
@@ -350,7 +350,8 @@ pub(crate) fn check_outbox_columns(columns: &Columns, needed: &[&str]) -> Result
             ),
         });
     }
-    match needed.iter().find(|c| !columns.contains_key(**c)) {
+    let mut needed = OUTBOX_COLUMNS.iter().chain(own);
+    match needed.find(|c| !columns.contains_key(**c)) {
         Some(missing) => Err(StoreError::Schema {
             key: "DATABASE_URL",
             problem: format!(
@@ -364,6 +365,22 @@ pub(crate) fn check_outbox_columns(columns: &Columns, needed: &[&str]) -> Result
 
 /// The service's own outbox table.
 pub(crate) const OUTBOX: &str = "order_timeout_cancel_outbox";
+
+/// The columns of the outbox table this version's statements use on every
+/// dialect (the last migration's among them).
+const OUTBOX_COLUMNS: &[&str] = &[
+    "timer",
+    "order_id",
+    "created_at",
+    "stock_released_at",
+    "event_published_at",
+    "claimed_until",
+    "attempts",
+    "next_attempt_at",
+    "last_error",
+    "gave_up_at",
+    "gave_up_reason",
+];
 
 /// The service's table of rows set aside (a flip that failed for good).
 pub(crate) const SET_ASIDE: &str = "order_timeout_set_aside";

@@ -248,43 +248,31 @@ impl<D: SqlDialect> SqlStore<D> {
         template: &str,
         values: &[(&str, Value<'_>)],
     ) -> Result<Vec<T>, StoreError> {
-        self.rows_with(&prepared.sql, &prepared.mapped, template, values)
-            .await
+        self.rows_with(&prepared.mapped, template, values).await
     }
 
-    /// [`SqlStore::shop_rows`] with statements and words not yet kept
-    /// (during the check).
+    /// [`SqlStore::shop_rows`] with words not yet kept (during the check).
     async fn rows_with<T: outbox::OwnRow>(
         &self,
-        sql: &D::Statements,
         mapped: &Mapped,
         template: &str,
         values: &[(&str, Value<'_>)],
     ) -> Result<Vec<T>, StoreError> {
         let statement = render_mapped::<D>(template, mapped, values);
-        D::fetch(&mut *self.pool.acquire().await?, Some(sql), statement).await
+        D::fetch(&mut *self.pool.acquire().await?, statement).await
     }
 
     /// Runs `statement` (of the service's own tables, with values bound in
     /// the shop's column types) on the shop's pool.
-    async fn shop_execute(
-        &self,
-        prepared: &Prepared<D>,
-        statement: Statement<'_>,
-    ) -> Result<u64, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        D::execute(&mut conn, Some(&prepared.sql), statement).await
+    async fn shop_execute(&self, statement: Statement<'_>) -> Result<u64, StoreError> {
+        D::execute(&mut *self.pool.acquire().await?, statement).await
     }
 
     /// Rows in the `from` status passing the guard, and how many of them
     /// are overdue.
-    pub(super) async fn count_rows(
-        &self,
-        sql: &D::Statements,
-        mapped: &Mapped,
-    ) -> Result<(i64, i64), StoreError> {
+    pub(super) async fn count_rows(&self, mapped: &Mapped) -> Result<(i64, i64), StoreError> {
         let values = [("from", Value::Status(&self.timer.from))];
-        let rows = self.rows_with(sql, mapped, COUNT, &values).await?;
+        let rows = self.rows_with(mapped, COUNT, &values).await?;
         Ok(rows.into_iter().next().unwrap_or((0, 0)))
     }
 
@@ -429,13 +417,13 @@ impl<D: SqlDialect> SqlStore<D> {
         let again = || outbox::render::<D>(MARK_AGAIN, &values);
         // Marked before, or now; a first mark another replica wrote in
         // between is marked again.
-        if self.shop_execute(prepared, again()).await? == 0
+        if self.shop_execute(again()).await? == 0
             && self
-                .shop_execute(prepared, outbox::render::<D>(MARK_NEW, &values))
+                .shop_execute(outbox::render::<D>(MARK_NEW, &values))
                 .await?
                 == 0
         {
-            self.shop_execute(prepared, again()).await?;
+            self.shop_execute(again()).await?;
         }
         let attempts: Vec<(i32,)> = self.shop_rows(prepared, MARK_ATTEMPTS, &values).await?;
         Ok(attempts.first().map(|(n,)| u32::try_from(*n).unwrap_or(1)))
@@ -484,7 +472,7 @@ impl<D: SqlDialect> SqlStore<D> {
         if !gone.is_empty() {
             let values = [timer, ("ids", Value::Ids(&gone))];
             let forget = outbox::render::<D>(FORGET_MARKS, &values);
-            pruned = self.shop_execute(prepared, forget).await?;
+            pruned = self.shop_execute(forget).await?;
         }
         let full = i64::try_from(marked.len()).is_ok_and(|n| n == PRUNE_PAGE);
         let next = match marked.last() {
@@ -523,9 +511,8 @@ impl<D: SqlDialect> SqlStore<D> {
                 key: name,
                 problem: format!("{problem}: {}", statement.sql),
             };
-            let found = D::parameters(self, &statement.sql)
-                .await
-                .map_err(|e| problem(e.to_string()))?;
+            let found =
+                (self.parameters(&statement.sql).await).map_err(|e| problem(e.to_string()))?;
             if found != statement.placeholders {
                 let binds = statement.placeholders;
                 return Err(problem(format!("{found} parameters, {binds} bound")));

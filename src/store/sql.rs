@@ -9,7 +9,8 @@
 //!
 //! Shared here: canonical ids (an id no row can have is never sent), the
 //! id order and deadlock retries of the cancel transaction and the mapping
-//! of its rows to order states, the items by order, ping and migrate.
+//! of its rows to order states, the items by order, the pools' common
+//! settings, ping, `migrate` and `migrate --contract`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,7 +23,7 @@ use sqlx::{Connection, Pool};
 
 use super::catalog::Columns;
 use super::ids::{IdColumn, IdRejected, IdValue};
-use super::outbox::{self, Mapped, OwnRow, OwnTables, Statement, Vocabulary};
+use super::outbox::{self, Mapped, OwnRow, OwnTables, Statement, Value, Vocabulary};
 use super::parked::{self, NewParked, ParkedFilter, ParkedRow};
 use super::releases::{Expansion, Migrated};
 use super::shape::{self, OrdersColumns, SchemaReport};
@@ -39,9 +40,9 @@ use crate::settings::{SecretUrl, StatusValue, Timer};
 pub(crate) trait SqlDialect:
     Vocabulary + fmt::Debug + Send + Sync + Sized + 'static
 {
-    /// The columns of the outbox table this version's statements use (the
-    /// last migration's among them).
-    const OUTBOX_COLUMNS: &'static [&'static str];
+    /// The columns of the outbox table this version's statements use on
+    /// this dialect alone, beside the shared ones (`shape::OUTBOX_COLUMNS`).
+    const OUTBOX_COLUMNS: &'static [&'static str] = &[];
     /// The sqlx database.
     type Db: sqlx::Database;
     /// The statements rendered from the mapping.
@@ -56,23 +57,30 @@ pub(crate) trait SqlDialect:
         time_zone: &str,
     ) -> Result<Pool<Self::Db>, StoreError>;
 
+    /// How to connect to `url`, with sessions that read zone-less times in
+    /// `time_zone`.
+    fn connect_options(
+        url: &SecretUrl,
+        time_zone: &str,
+    ) -> Result<<Conn<Self> as sqlx::Connection>::Options, StoreError>;
+
     /// Creates the database `url` names if it does not exist.
     fn create_database(url: &SecretUrl) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Applies the service's own migrations to `url`'s database, and
-    /// contracts at once when it had none of the service's tables
-    /// ([`super::releases`]). (Not `Send`: sqlx's migrator cannot prove it
-    /// for a borrowed connection.)
-    fn run_migrations(url: &SecretUrl) -> impl Future<Output = Result<Migrated, StoreError>>;
+    /// A query of one boolean: whether the database has none of the
+    /// service's tables yet.
+    const FRESH: &'static str;
 
-    /// Drops what the migrations keep for the previous release
-    /// ([`super::releases`]) and returns what was there.
-    fn contract(url: &SecretUrl) -> impl Future<Output = Result<Vec<Expansion>, StoreError>>;
+    /// Applies the service's own migrations (`migrations/<dialect>/`),
+    /// recorded in their own table, `order_timeout_migrations`, so they
+    /// never mix with the shop's own sqlx migrations in a shared database.
+    /// (Not `Send`: sqlx's migrator cannot prove it for a borrowed
+    /// connection.)
+    fn run_migrations(conn: &mut Conn<Self>) -> impl Future<Output = Result<(), StoreError>>;
 
-    /// What the migrations keep for the previous release, still in place.
-    fn expansions(
-        store: &SqlStore<Self>,
-    ) -> impl Future<Output = Result<Vec<Expansion>, StoreError>> + Send;
+    /// What the migrations keep for the previous release
+    /// ([`super::releases`]).
+    const EXPANSIONS: &'static [Expansion];
 
     /// A table's columns; empty when there is no such table.
     fn columns(
@@ -88,23 +96,22 @@ pub(crate) trait SqlDialect:
         orders: &OrdersColumns,
     ) -> impl Future<Output = Result<Self::Statements, StoreError>> + Send;
 
-    /// Prepares `statement`, returning how many parameters it takes.
-    fn parameters(
+    /// Prepares `statement` on a connection of the pool (nothing is run):
+    /// its parameters and columns as the server describes them.
+    fn prepare(
         store: &SqlStore<Self>,
-        statement: &str,
-    ) -> impl Future<Output = Result<usize, sqlx::Error>> + Send;
+        statement: String,
+    ) -> impl Future<Output = Result<<Self::Db as sqlx::Database>::Statement, sqlx::Error>> + Send;
 
     /// How the order id is bound to every parameter of one `also`
     /// statement.
     type AlsoParams: fmt::Debug + Send + Sync;
 
-    /// Prepares the `also` statement `statement`, returning how the order
-    /// id is bound to each of its parameters, or why it cannot be (a
-    /// parameter of a type no id is).
+    /// How the order id is bound to each parameter of the prepared `also`
+    /// statement, or why it cannot be (a parameter of a type no id is).
     fn also_parameters(
-        store: &SqlStore<Self>,
-        statement: &str,
-    ) -> impl Future<Output = Result<Self::AlsoParams, AlsoCheckError>> + Send;
+        statement: &<Self::Db as sqlx::Database>::Statement,
+    ) -> Result<Self::AlsoParams, String>;
 
     /// Whether the status codes `a` and `b` compare equal in the timer's
     /// status column (its type and collation: letter case and trailing
@@ -116,13 +123,6 @@ pub(crate) trait SqlDialect:
         b: &StatusValue,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// The type name of the one column `query` returns, as the server
-    /// describes it when preparing it (nothing is run).
-    fn result_type(
-        store: &SqlStore<Self>,
-        query: String,
-    ) -> impl Future<Output = Result<String, sqlx::Error>> + Send;
-
     /// Which of `tables` nothing vacuums: on PostgreSQL all of them when
     /// the server runs with `autovacuum = off`, else those whose own
     /// `autovacuum_enabled` is off; none on MySQL (InnoDB purges old row
@@ -132,12 +132,18 @@ pub(crate) trait SqlDialect:
     fn unvacuumed(
         store: &SqlStore<Self>,
         tables: &[&str],
-    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send {
+        let _ = (store, tables);
+        async { Ok(Vec::new()) }
+    }
 
     /// Whether the server skips rows another transaction holds (`FOR
     /// UPDATE SKIP LOCKED`: MySQL from 8.0.1, MariaDB from 10.6,
     /// PostgreSQL).
-    fn skips_locked(sql: &Self::Statements) -> bool;
+    fn skips_locked(sql: &Self::Statements) -> bool {
+        let _ = sql;
+        true
+    }
 
     /// The timer's `also` statements for the order `id`, which the cancel
     /// transaction on `conn` has just flipped ([`super::cancel`]): the
@@ -145,7 +151,7 @@ pub(crate) trait SqlDialect:
     /// ascending order ([`super::outbox::ALSO_LOCKS`]), and each statement
     /// waiting at most [`ALSO_LOCK_WAIT`] for a row the shop holds.
     fn also(
-        conn: &mut <Self::Db as sqlx::Database>::Connection,
+        conn: &mut Conn<Self>,
         store: &SqlStore<Self>,
         prepared: &Prepared<Self>,
         id: &str,
@@ -153,21 +159,73 @@ pub(crate) trait SqlDialect:
 
     /// Runs a rendered statement ([`super::outbox`], [`super::shop`],
     /// [`super::cancel`]) on `conn` (of a pool, or a transaction's); the
-    /// rows it changed. `sql`: the timer's statements, whose
-    /// values bind ids in the column's type (the shop's tables only).
+    /// rows it changed.
     fn execute(
-        conn: &mut <Self::Db as sqlx::Database>::Connection,
-        sql: Option<&Self::Statements>,
+        conn: &mut Conn<Self>,
         statement: Statement<'_>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Runs a rendered query on `conn`; its rows (see
     /// [`SqlDialect::execute`]).
     fn fetch<T: OwnRow>(
-        conn: &mut <Self::Db as sqlx::Database>::Connection,
-        sql: Option<&Self::Statements>,
+        conn: &mut Conn<Self>,
         statement: Statement<'_>,
     ) -> impl Future<Output = Result<Vec<T>, StoreError>> + Send;
+}
+
+/// A dialect's connection.
+pub(crate) type Conn<D> = <<D as SqlDialect>::Db as sqlx::Database>::Connection;
+
+/// A connection of its own to `url` (to migrate and contract).
+async fn connect<D: SqlDialect>(url: &SecretUrl) -> Result<Conn<D>, StoreError> {
+    Ok(Conn::<D>::connect_with(&D::connect_options(url, "UTC")?).await?)
+}
+
+/// Whether the one boolean `query` returns is true.
+async fn holds<D: SqlDialect>(
+    conn: &mut Conn<D>,
+    query: &str,
+    values: &[(&str, Value<'_>)],
+) -> Result<bool, StoreError> {
+    let rows: Vec<(bool,)> = D::fetch(conn, outbox::render::<D>(query, values)).await?;
+    Ok(rows.first().is_some_and(|(yes,)| *yes))
+}
+
+/// The dialect's [`SqlDialect::EXPANSIONS`] in place.
+async fn expansions_on<D: SqlDialect>(conn: &mut Conn<D>) -> Result<Vec<Expansion>, StoreError> {
+    let mut present = Vec::new();
+    for e in D::EXPANSIONS {
+        if holds::<D>(conn, e.present, &[]).await? {
+            present.push(*e);
+        }
+    }
+    Ok(present)
+}
+
+/// Drops the [`SqlDialect::EXPANSIONS`] in place; returns them.
+async fn contract_on<D: SqlDialect>(conn: &mut Conn<D>) -> Result<Vec<Expansion>, StoreError> {
+    let present = expansions_on::<D>(conn).await?;
+    for e in &present {
+        D::execute(conn, outbox::render::<D>(e.drop, &[])).await?;
+        tracing::info!(dropped = e.object, kept_for = e.kept_for, "contracted");
+    }
+    Ok(present)
+}
+
+/// What every pool of `pool`'s size does, whatever its dialect: waits at
+/// most 5 s for a free connection, and closes a released connection whose
+/// operation was abandoned unanswered (`store/bounded.rs`) rather than
+/// reusing it.
+pub(crate) fn pool_options<D: SqlDialect>(pool: PoolSettings) -> sqlx::pool::PoolOptions<D::Db> {
+    sqlx::pool::PoolOptions::new()
+        .max_connections(pool.max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .after_release(|conn, _| Box::pin(super::bounded::release_check(conn)))
+}
+
+/// How many parameters a prepared statement takes.
+pub(crate) fn parameter_count(statement: &impl sqlx::Statement) -> usize {
+    sqlx::Statement::parameters(statement).map_or(0, |p| p.either(|t| t.len(), |n| n))
 }
 
 /// A rendered statement the check prepares: the config key a failure
@@ -182,21 +240,6 @@ pub(crate) struct Check {
     pub(crate) sql: String,
     /// Its parameters, as the service binds them.
     pub(crate) binds: usize,
-}
-
-/// Why an `also` statement cannot take the order id.
-#[derive(Debug)]
-pub(crate) enum AlsoCheckError {
-    /// Preparing it failed.
-    Sql(sqlx::Error),
-    /// It prepared, but a parameter cannot be bound an order id.
-    Unbindable(String),
-}
-
-impl From<sqlx::Error> for AlsoCheckError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Sql(e)
-    }
 }
 
 /// A waiting row's id and deadline (NULL: none), as a page of
@@ -332,17 +375,59 @@ impl<D: SqlDialect> SqlStore<D> {
     }
 
     /// Creates the database if it does not exist, then applies the
-    /// service's own migrations.
+    /// service's own migrations. On a database the previous release ran
+    /// on, it keeps what that release needs where no migration does
+    /// ([`Expansion::keep`]); on one that had none of the service's
+    /// tables, it contracts at once ([`super::releases`]).
     #[tracing::instrument(skip_all, fields(url = %url))]
     pub(crate) async fn migrate(url: &SecretUrl) -> Result<Migrated, StoreError> {
         D::create_database(url).await?;
-        D::run_migrations(url).await
+        let mut conn = connect::<D>(url).await?;
+        let fresh = holds::<D>(&mut conn, D::FRESH, &[]).await?;
+        let mut keep = Vec::new();
+        for (first, statement) in D::EXPANSIONS.iter().filter_map(|e| e.keep) {
+            let before = "SELECT COALESCE(MAX(version), 0) < {first} FROM order_timeout_migrations";
+            if !fresh && holds::<D>(&mut conn, before, &[("first", Value::Int(first))]).await? {
+                keep.push(statement);
+            }
+        }
+        D::run_migrations(&mut conn).await?;
+        for statement in keep {
+            D::execute(&mut conn, outbox::render::<D>(statement, &[])).await?;
+        }
+        if fresh {
+            contract_on::<D>(&mut conn).await?;
+        }
+        let kept = expansions_on::<D>(&mut conn).await?;
+        Ok(Migrated { fresh, kept })
     }
 
-    /// Drops what the migrations keep for the previous release.
+    /// Drops what the migrations keep for the previous release, and
+    /// returns what was there.
     #[tracing::instrument(skip_all, fields(url = %url))]
     pub(crate) async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
-        D::contract(url).await
+        contract_on::<D>(&mut connect::<D>(url).await?).await
+    }
+
+    /// What the migrations keep for the previous release, still in place.
+    pub(super) async fn expansions(&self) -> Result<Vec<Expansion>, StoreError> {
+        expansions_on::<D>(&mut *self.pool.acquire().await?).await
+    }
+
+    /// Prepares `statement` (nothing is run): how many parameters it takes.
+    pub(super) async fn parameters(&self, statement: &str) -> Result<usize, sqlx::Error> {
+        let prepared = D::prepare(self, statement.to_owned()).await?;
+        Ok(parameter_count(&prepared))
+    }
+
+    /// The type name of the one column `query` returns, as the server
+    /// describes it when preparing it (nothing is run).
+    pub(super) async fn result_type(&self, query: String) -> Result<String, sqlx::Error> {
+        let prepared = D::prepare(self, query).await?;
+        let first = sqlx::Statement::columns(&prepared).first();
+        Ok(first.map_or_else(String::new, |column| {
+            sqlx::TypeInfo::name(sqlx::Column::type_info(column)).to_owned()
+        }))
     }
 
     /// The statements and shape of the last check, checking first if
@@ -663,11 +748,11 @@ impl<D: SqlDialect> OwnTables for SqlStore<D> {
     }
 
     async fn execute(&self, statement: Statement<'_>) -> Result<u64, StoreError> {
-        D::execute(&mut *self.own.acquire().await?, None, statement).await
+        D::execute(&mut *self.own.acquire().await?, statement).await
     }
 
     async fn fetch<T: OwnRow>(&self, statement: Statement<'_>) -> Result<Vec<T>, StoreError> {
-        D::fetch(&mut *self.own.acquire().await?, None, statement).await
+        D::fetch(&mut *self.own.acquire().await?, statement).await
     }
 }
 

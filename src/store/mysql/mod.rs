@@ -8,35 +8,23 @@
 //! them; deadlines are read as UTC microseconds (`CONVERT_TZ`), and the
 //! service's own outbox keeps UTC (`UTC_TIMESTAMP(6)`).
 //!
-//! Every value is bound through [`args`], from a small enum of the values
-//! the statements take ([`Arg`]); order ids in the id column's own type
-//! (`BIGINT UNSIGNED` as `u64`, `DECIMAL` as a decimal, never a string a
-//! comparison would turn into a double).
+//! Every value is bound through [`arguments`]: order ids in the id
+//! column's own type.
 
-use std::time::Duration;
-
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlTypeInfo};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlStatement};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
 use crate::settings::{SecretUrl, StatusValue, TimerKey};
 use crate::store::catalog::{self, Column, Columns};
-use crate::store::ids::IdValue;
 use crate::store::outbox::{self, OwnRow, Statement, Value, Vocabulary};
-use crate::store::releases::{Expansion, KEPT_FOR_0_1_0_MARKER, KEPT_FOR_0_1_0_MYSQL, Migrated};
+use crate::store::releases::{self, Expansion};
 use crate::store::shape::{self, OrdersColumns};
-use crate::store::sql::{AlsoCheckError, Prepared, SqlDialect, SqlStore};
+use crate::store::sql::{Prepared, SqlDialect, SqlStore, parameter_count, pool_options};
 use crate::store::{Dialect, PoolSettings, StoreError};
-
-/// Runs `sql` with `values` bound, in `tx` or on the pool.
-macro_rules! run {
-    ($sql:expr, $values:expr, $on:expr) => {
-        sqlx::query_with(AssertSqlSafe($sql), args($values)?).execute($on)
-    };
-}
 
 mod statements;
 
-use statements::{Arg, Sql, args, decimal_type, id_arg, marks, skips_locked};
+use statements::{Sql, arguments, marks, skips_locked};
 
 /// MySQL and MariaDB, as a [`SqlDialect`].
 #[derive(Debug)]
@@ -44,29 +32,6 @@ pub(crate) struct MySql;
 
 /// The store on MySQL or MariaDB.
 pub(crate) type MySqlStore = SqlStore<MySql>;
-
-/// The service's own migrations for MySQL (`migrations/mysql/`), recorded in
-/// `order_timeout_migrations`.
-fn migrator() -> sqlx::migrate::Migrator {
-    let mut migrator = sqlx::migrate!("./migrations/mysql");
-    migrator.dangerous_set_table_name("order_timeout_migrations");
-    migrator
-}
-
-/// The expansions kept for the previous release present in the database:
-/// the marker row of [`KEPT_FOR_0_1_0_MYSQL`].
-async fn expansions_on(conn: &mut sqlx::MySqlConnection) -> Result<Vec<Expansion>, StoreError> {
-    let there: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM order_timeout_watch WHERE timer = ?)")
-            .bind(KEPT_FOR_0_1_0_MARKER)
-            .fetch_one(&mut *conn)
-            .await?;
-    Ok(if there {
-        vec![KEPT_FOR_0_1_0_MYSQL]
-    } else {
-        Vec::new()
-    })
-}
 
 /// What a MySQL error number means to the store, where the generic SQLSTATE
 /// `HY000` hides it ([`StoreError::is_permanent`],
@@ -137,13 +102,6 @@ fn mysql_time_zone(time_zone: &str) -> String {
     }
 }
 
-fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<MySqlConnectOptions, StoreError> {
-    super::mysql_options(url).map(|o| {
-        o.log_statements(tracing::log::LevelFilter::Trace)
-            .timezone(Some(mysql_time_zone(time_zone)))
-    })
-}
-
 /// Sets the session's lock wait timeout (`innodb_lock_wait_timeout`, whole
 /// seconds, rounded up) and statement timeout (MariaDB's
 /// `max_statement_time`; MySQL's `max_execution_time`, which bounds only
@@ -175,26 +133,25 @@ async fn set_timeouts(conn: &mut sqlx::MySqlConnection, pool: PoolSettings) -> s
 impl SqlDialect for MySql {
     type Db = sqlx::MySql;
     type Statements = Sql;
-    const OUTBOX_COLUMNS: &'static [&'static str] = &[
-        "timer",
-        "order_id",
-        "created_at",
-        "stock_released_at",
-        "event_published_at",
-        "claimed_until",
-        "pending",
-        "attempts",
-        "next_attempt_at",
-        "last_error",
-        "gave_up_at",
-        "gave_up_reason",
-        "sweep_at",
-    ];
+    /// The generated columns of the sweep's indexes (MySQL has no partial
+    /// or expression index).
+    const OUTBOX_COLUMNS: &'static [&'static str] = &["pending", "sweep_at"];
+    const FRESH: &'static str = "SELECT NOT EXISTS (SELECT 1 FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name = 'order_timeout_cancel_outbox')";
+    const EXPANSIONS: &'static [Expansion] = &[releases::KEPT_FOR_0_1_0_MYSQL];
+
+    fn connect_options(
+        url: &SecretUrl,
+        time_zone: &str,
+    ) -> Result<MySqlConnectOptions, StoreError> {
+        super::mysql_options(url).map(|o| {
+            o.log_statements(tracing::log::LevelFilter::Trace)
+                .timezone(Some(mysql_time_zone(time_zone)))
+        })
+    }
 
     fn pool(url: &SecretUrl, pool: PoolSettings, time_zone: &str) -> Result<MySqlPool, StoreError> {
-        Ok(MySqlPoolOptions::new()
-            .max_connections(pool.max_connections)
-            .acquire_timeout(Duration::from_secs(5))
+        Ok(pool_options::<Self>(pool)
             // READ COMMITTED: the cancel transaction's locking read of outbox
             // rows that do not exist yet takes no gap locks, so two batches
             // inserting outbox rows do not deadlock each other (measured with
@@ -208,14 +165,11 @@ impl SqlDialect for MySql {
                     set_timeouts(conn, pool).await
                 })
             })
-            // A connection whose operation was abandoned unanswered
-            // (store/bounded.rs) is closed, not reused.
-            .after_release(|conn, _| Box::pin(crate::store::bounded::release_check(conn)))
-            .connect_lazy_with(connect_options(url, time_zone)?))
+            .connect_lazy_with(Self::connect_options(url, time_zone)?))
     }
 
     async fn create_database(url: &SecretUrl) -> Result<(), StoreError> {
-        let options = connect_options(url, "UTC")?;
+        let options = Self::connect_options(url, "UTC")?;
         let Some(name) = options.get_database().map(str::to_owned) else {
             return Ok(());
         };
@@ -229,58 +183,10 @@ impl SqlDialect for MySql {
         Ok(())
     }
 
-    async fn run_migrations(url: &SecretUrl) -> Result<Migrated, StoreError> {
-        let mut conn = sqlx::MySqlConnection::connect_with(&connect_options(url, "UTC")?).await?;
-        let fresh: bool = sqlx::query_scalar(
-            "SELECT NOT EXISTS (SELECT 1 FROM information_schema.tables \
-              WHERE table_schema = DATABASE() AND table_name = ?)",
-        )
-        .bind(shape::OUTBOX)
-        .fetch_one(&mut conn)
-        .await?;
-        // A database 0.1.0 ran on (none of 0.2.0's migrations applied
-        // yet): 0.1.0 replicas may still run beside this release.
-        let from_0_1_0: bool = !fresh
-            && sqlx::query_scalar(
-                "SELECT COALESCE(MAX(version), 0) < 20261201000001 FROM order_timeout_migrations",
-            )
-            .fetch_one(&mut conn)
-            .await?;
-        migrator().run(&mut conn).await?;
-        if from_0_1_0 {
-            sqlx::query(
-                "INSERT INTO order_timeout_watch (timer, scanned_until) \
-                 VALUES (?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE timer = timer",
-            )
-            .bind(KEPT_FOR_0_1_0_MARKER)
-            .execute(&mut conn)
-            .await?;
-        }
-        let kept = expansions_on(&mut conn).await?;
-        Ok(Migrated { fresh, kept })
-    }
-
-    /// Deletes the marker that keeps `[[timers]]` refused for 0.1.0
-    /// replicas ([`KEPT_FOR_0_1_0_MYSQL`]): MySQL's `ON DUPLICATE KEY` of
-    /// 0.1.0 works with the outbox's new key as it is, so nothing else.
-    async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
-        let mut conn = sqlx::MySqlConnection::connect_with(&connect_options(url, "UTC")?).await?;
-        let present = expansions_on(&mut conn).await?;
-        if !present.is_empty() {
-            sqlx::query("DELETE FROM order_timeout_watch WHERE timer = ?")
-                .bind(KEPT_FOR_0_1_0_MARKER)
-                .execute(&mut conn)
-                .await?;
-        }
-        for e in &present {
-            tracing::info!(dropped = e.object, kept_for = e.kept_for, "contracted");
-        }
-        Ok(present)
-    }
-
-    async fn expansions(store: &MySqlStore) -> Result<Vec<Expansion>, StoreError> {
-        let mut conn = store.pool.acquire().await?;
-        expansions_on(&mut conn).await
+    async fn run_migrations(conn: &mut sqlx::MySqlConnection) -> Result<(), StoreError> {
+        let mut migrator = sqlx::migrate!("./migrations/mysql");
+        migrator.dangerous_set_table_name("order_timeout_migrations");
+        Ok(migrator.run(conn).await?)
     }
 
     async fn columns(store: &MySqlStore, table: &str) -> Result<Columns, StoreError> {
@@ -303,7 +209,6 @@ impl SqlDialect for MySql {
     }
 
     async fn statements(store: &MySqlStore, _: &OrdersColumns) -> Result<Sql, StoreError> {
-        let decimal = decimal_type(store).await?;
         let version: String = sqlx::query_scalar("SELECT CAST(VERSION() AS CHAR)")
             .fetch_one(&store.pool)
             .await?;
@@ -312,15 +217,12 @@ impl SqlDialect for MySql {
             tracing::warn!(%version, "this server has no FOR UPDATE SKIP LOCKED (MySQL 8, MariaDB 10.6 have): a row the shop holds makes its whole batch wait, up to db_lock_timeout");
         }
         let mariadb = version.to_ascii_lowercase().contains("mariadb");
-        Ok(Sql::render(&store.timer, decimal, skip_locked, mariadb))
+        Ok(Sql::render(&store.timer, skip_locked, mariadb))
     }
 
-    async fn parameters(store: &MySqlStore, statement: &str) -> Result<usize, sqlx::Error> {
+    async fn prepare(store: &MySqlStore, statement: String) -> sqlx::Result<MySqlStatement> {
         let mut conn = store.pool.acquire().await?;
-        let prepared = conn
-            .prepare(AssertSqlSafe(statement.to_owned()).into_sql_str())
-            .await?;
-        Ok(sqlx::Statement::parameters(&prepared).map_or(0, |p| p.either(|t| t.len(), |n| n)))
+        conn.prepare(AssertSqlSafe(statement).into_sql_str()).await
     }
 
     /// How many `?` the statement has: MySQL gives its parameters no
@@ -328,21 +230,8 @@ impl SqlDialect for MySql {
     /// server converts it as the statement needs.
     type AlsoParams = usize;
 
-    async fn also_parameters(store: &MySqlStore, statement: &str) -> Result<usize, AlsoCheckError> {
-        Ok(Self::parameters(store, statement).await?)
-    }
-
-    async fn result_type(store: &MySqlStore, query: String) -> Result<String, sqlx::Error> {
-        let mut conn = store.pool.acquire().await?;
-        let prepared = conn.prepare(AssertSqlSafe(query).into_sql_str()).await?;
-        Ok(sqlx::Statement::columns(&prepared)
-            .first()
-            .map(|column| sqlx::TypeInfo::name(sqlx::Column::type_info(column)).to_owned())
-            .unwrap_or_default())
-    }
-
-    async fn unvacuumed(_: &MySqlStore, _: &[&str]) -> Result<Vec<String>, sqlx::Error> {
-        Ok(Vec::new())
+    fn also_parameters(statement: &MySqlStatement) -> Result<usize, String> {
+        Ok(parameter_count(statement))
     }
 
     /// Compared in the status column's character set and collation (a
@@ -374,12 +263,11 @@ impl SqlDialect for MySql {
         }
         let value = format!("CONVERT(? USING {charset}) COLLATE {collation}");
         let sql = format!("SELECT {value} = {value}");
-        let same: Option<i64> = sqlx::query_scalar_with(
-            AssertSqlSafe(sql),
-            args([Arg::Text(&a.as_text()), Arg::Text(&b.as_text())])?,
-        )
-        .fetch_one(&store.pool)
-        .await?;
+        let same: Option<i64> = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(a.as_text())
+            .bind(b.as_text())
+            .fetch_one(&store.pool)
+            .await?;
         Ok(same == Some(1))
     }
 
@@ -397,7 +285,7 @@ impl SqlDialect for MySql {
     ) -> Result<(), StoreError> {
         let (timer, sql) = (&store.timer, &prepared.sql);
         let id = prepared.id_value(id)?;
-        let id_args = |n: usize| args(std::iter::repeat_n(id_arg(&id, Some(&sql.decimal)), n));
+        let id_args = |n: usize| arguments(&vec![Value::RowId(Some(&id)); n]);
         if let Some(params) = prepared.also_keys {
             let query = sqlx::query_with(AssertSqlSafe(timer.also_keys.clone()), id_args(params)?);
             let rows = query.fetch_all(&mut *conn).await?;
@@ -411,9 +299,9 @@ impl SqlDialect for MySql {
             let slots = outbox::also_lock_slots(&keys);
             if !slots.is_empty() {
                 let values = [("slots", Value::Nums(&slots))];
-                let lock = outbox::render::<MySql>(outbox::ALSO_LOCKS, &values);
-                let values = lock.values.iter().flat_map(|v| arg(v, None));
-                run!(format!("{}{}", sql.also_wait, lock.sql), values, &mut *conn).await?;
+                let mut lock = outbox::render::<MySql>(outbox::ALSO_LOCKS, &values);
+                lock.sql.insert_str(0, sql.also_wait);
+                Self::execute(conn, lock).await?;
             }
         }
         for (statement, params) in sql.also.iter().zip(&prepared.also_params) {
@@ -425,22 +313,18 @@ impl SqlDialect for MySql {
 
     async fn execute(
         conn: &mut sqlx::MySqlConnection,
-        sql: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
-        let decimal = sql.map(|sql| &sql.decimal);
-        let values = statement.values.iter().flat_map(|v| arg(v, decimal));
-        Ok(run!(statement.sql, values, conn).await?.rows_affected())
+        let query = sqlx::query_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
+        Ok(query.execute(conn).await?.rows_affected())
     }
 
     async fn fetch<T: OwnRow>(
         conn: &mut sqlx::MySqlConnection,
-        sql: Option<&Sql>,
         statement: Statement<'_>,
     ) -> Result<Vec<T>, StoreError> {
-        let decimal = sql.map(|sql| &sql.decimal);
-        let values = statement.values.iter().flat_map(|v| arg(v, decimal));
-        let query = sqlx::query_as_with(AssertSqlSafe(statement.sql), args(values)?);
+        let query =
+            sqlx::query_as_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
         Ok(query.fetch_all(conn).await?)
     }
 }
@@ -525,38 +409,6 @@ impl Vocabulary for MySql {
             .map(|c| format!("QUOTE(o.{})", shape::quote(Dialect::MySql, c)))
             .collect();
         format!("MD5(CONCAT_WS(',', {}))", quoted.join(", "))
-    }
-}
-
-/// A value of a rendered statement as MySQL binds it: an id list as one
-/// value per id, an id in its column's type (`decimal`: the server's
-/// `DECIMAL`, for decimal ids).
-fn arg<'a>(value: &Value<'a>, decimal: Option<&'a MySqlTypeInfo>) -> Vec<Arg<'a>> {
-    let id = |v: &'a IdValue| id_arg(v, decimal);
-    match *value {
-        Value::Status(code) => vec![Arg::Status(code)],
-        Value::MaybeStatus(code) => vec![Arg::MaybeStatus(code)],
-        Value::RowId(v) => vec![v.map_or(Arg::Null, id)],
-        Value::RowIds(ids) | Value::ItemIds(ids) => ids.iter().map(id).collect(),
-        Value::ShopTime(t) => vec![t.map_or(Arg::Null, Arg::Time)],
-        Value::Text(s) => vec![Arg::Text(s)],
-        Value::Int(n) | Value::Micros(n) => vec![Arg::Int(n)],
-        Value::Time(t) => vec![Arg::Time(t)],
-        Value::Ids(ids) => ids.iter().map(|id| Arg::Text(id)).collect(),
-        Value::MaybeText(Some(s)) => vec![Arg::Text(s)],
-        Value::MaybeText(None) => vec![Arg::Null],
-        Value::Bytes(b) => vec![Arg::Bytes(b)],
-        Value::Nums(nums) => nums.iter().map(|n| Arg::Int(*n)).collect(),
-        Value::NewOutboxRows(_, rows) => (rows.iter())
-            .flat_map(|r| {
-                [
-                    Arg::Text(r.order_id),
-                    Arg::Time(r.created_at),
-                    Arg::Time(r.claimed_until),
-                    r.stock_released_at.map_or(Arg::Null, Arg::Time),
-                ]
-            })
-            .collect(),
     }
 }
 

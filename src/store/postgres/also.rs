@@ -8,7 +8,7 @@ use super::{PgStore, Postgres};
 use crate::settings::{Timer, TimerKey};
 use crate::store::StoreError;
 use crate::store::outbox::{self, Value};
-use crate::store::sql::{ALSO_LOCK_WAIT, Prepared};
+use crate::store::sql::{ALSO_LOCK_WAIT, Prepared, SqlDialect};
 
 /// The timer's `also` statements for the order `id` just flipped on
 /// `conn`, each waiting at most [`ALSO_LOCK_WAIT`] for a row the shop
@@ -76,7 +76,7 @@ async fn lock_also_keys(
     if !slots.is_empty() {
         let lock =
             outbox::render::<Postgres>(outbox::ALSO_LOCKS, &[("slots", Value::Nums(&slots))]);
-        super::run(lock)?.execute(&mut *conn).await?;
+        Postgres::execute(conn, lock).await?;
     }
     Ok(())
 }

@@ -2,37 +2,18 @@
 //! inferred for it ([`AlsoParam`], [`BoundId`]), and an id in its column's
 //! own type ([`IdValue`]'s encoding).
 
+use std::str::FromStr;
+
 use sqlx::encode::{Encode, IsNull};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgTypeKind};
-use sqlx::{AssertSqlSafe, Executor, SqlSafeStr};
+use sqlx::types::BigDecimal;
 
-use super::PgStore;
 use crate::store::ids::{IdColumn, IdValue};
-use crate::store::sql::AlsoCheckError;
 
-/// `numeric`, `uuid` (no sqlx feature names them here).
-pub(super) const NUMERIC: Oid = Oid(1700);
-pub(super) const UUID: Oid = Oid(2950);
-
-/// Prepares `statement` on a connection of the pool, returning the types
-/// PostgreSQL inferred for its parameters. The statement stays in that
-/// connection's statement cache with those types, which is why every
-/// value later bound to it must be encoded as them ([`AlsoParam`]).
-pub(super) async fn parameter_types(
-    store: &PgStore,
-    statement: &str,
-) -> Result<Vec<PgTypeInfo>, sqlx::Error> {
-    let mut conn = store.pool.acquire().await?;
-    let prepared = conn
-        .prepare(AssertSqlSafe(statement.to_owned()).into_sql_str())
-        .await?;
-    Ok(sqlx::Statement::parameters(&prepared)
-        .and_then(|p| p.left())
-        .map(<[PgTypeInfo]>::to_vec)
-        .unwrap_or_default())
-}
+/// `uuid` (no sqlx feature names it here).
+const UUID: Oid = Oid(2950);
 
 /// How the order id is bound to one parameter of an `also` statement: as
 /// the type PostgreSQL inferred for the parameter when the check prepared
@@ -59,14 +40,14 @@ pub(crate) struct AlsoParam {
 
 impl AlsoParam {
     /// Parameter `$n` of type `ty`, if an order id can be bound as it.
-    pub(super) fn new(n: usize, ty: PgTypeInfo) -> Result<Self, AlsoCheckError> {
+    pub(super) fn new(n: usize, ty: PgTypeInfo) -> Result<Self, String> {
         let name = base_type_name(&ty);
         match IdColumn::of_parameter(&name) {
             Some(base) => Ok(Self { n, ty, base }),
-            None => Err(AlsoCheckError::Unbindable(format!(
+            None => Err(format!(
                 "parameter ${n} is of type {name} in this statement: the order id is bound as \
                  text, an integer, numeric or uuid; cast it (${n}::text, ${n}::bigint)"
-            ))),
+            )),
         }
     }
 
@@ -140,7 +121,7 @@ impl sqlx::Type<sqlx::Postgres> for IdValue {
 }
 
 /// An order id in the id column's own type: `int2`/`int4`/`int8`,
-/// `numeric` (binary: base-10000 digits), `uuid` (16 bytes) or text.
+/// `numeric`, `uuid` (16 bytes) or text.
 impl Encode<'_, sqlx::Postgres> for IdValue {
     fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
         match self {
@@ -148,13 +129,9 @@ impl Encode<'_, sqlx::Postgres> for IdValue {
             Self::I16(n) => <i16 as Encode<sqlx::Postgres>>::encode_by_ref(n, buf),
             Self::I32(n) => <i32 as Encode<sqlx::Postgres>>::encode_by_ref(n, buf),
             Self::I64(n) => <i64 as Encode<sqlx::Postgres>>::encode_by_ref(n, buf),
-            Self::U64(n) => {
-                buf.extend(numeric(&n.to_string()));
-                Ok(IsNull::No)
-            }
-            Self::Decimal(digits) => {
-                buf.extend(numeric(digits));
-                Ok(IsNull::No)
+            Self::U64(_) | Self::Decimal(_) => {
+                let decimal = BigDecimal::from_str(&self.text())?;
+                <BigDecimal as Encode<sqlx::Postgres>>::encode_by_ref(&decimal, buf)
             }
             Self::Uuid(bytes) => {
                 buf.extend_from_slice(bytes);
@@ -169,69 +146,10 @@ impl Encode<'_, sqlx::Postgres> for IdValue {
             Self::I16(_) => <i16 as sqlx::Type<sqlx::Postgres>>::type_info(),
             Self::I32(_) => <i32 as sqlx::Type<sqlx::Postgres>>::type_info(),
             Self::I64(_) => <i64 as sqlx::Type<sqlx::Postgres>>::type_info(),
-            Self::U64(_) | Self::Decimal(_) => PgTypeInfo::with_oid(NUMERIC),
+            Self::U64(_) | Self::Decimal(_) => {
+                <BigDecimal as sqlx::Type<sqlx::Postgres>>::type_info()
+            }
             Self::Uuid(_) => PgTypeInfo::with_oid(UUID),
         })
-    }
-}
-
-/// A whole number (an optional `-`, then digits without leading zeros) in
-/// `numeric`'s binary form: digit count, weight, sign, display scale, then
-/// base-10000 digits, most significant first.
-pub(super) fn numeric(number: &str) -> Vec<u8> {
-    let (sign, digits) = match number.strip_prefix('-') {
-        Some(digits) => (0x4000u16, digits),
-        None => (0x0000u16, number),
-    };
-    let digits = digits.trim_start_matches('0');
-    // Groups of four decimal digits from the right.
-    let first = match digits.len() % 4 {
-        0 => 4,
-        n => n,
-    };
-    let mut groups: Vec<i16> = Vec::new();
-    let mut rest = digits;
-    let mut take = first;
-    while !rest.is_empty() {
-        let (group, tail) = rest.split_at(take);
-        groups.push(group.parse().unwrap_or(0));
-        rest = tail;
-        take = 4;
-    }
-    let count = groups.len() as i16;
-    let mut out = Vec::with_capacity(8 + 2 * groups.len());
-    out.extend(count.to_be_bytes());
-    out.extend((count - 1).max(0).to_be_bytes());
-    out.extend(if groups.is_empty() { 0 } else { sign }.to_be_bytes());
-    out.extend(0i16.to_be_bytes());
-    for group in groups {
-        out.extend(group.to_be_bytes());
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::numeric;
-
-    #[test]
-    fn numerics_are_base_10000_digits() {
-        let header = |n: i16, weight: i16, sign: u16| {
-            let mut h = Vec::new();
-            h.extend(n.to_be_bytes());
-            h.extend(weight.to_be_bytes());
-            h.extend(sign.to_be_bytes());
-            h.extend(0i16.to_be_bytes());
-            h
-        };
-        assert_eq!(numeric("0"), header(0, 0, 0));
-        let mut seven = header(1, 0, 0);
-        seven.extend(7i16.to_be_bytes());
-        assert_eq!(numeric("7"), seven);
-        let mut big = header(3, 2, 0x4000);
-        for g in [12i16, 3456, 7890] {
-            big.extend(g.to_be_bytes());
-        }
-        assert_eq!(numeric("-1234567890"), big);
     }
 }

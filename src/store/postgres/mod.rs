@@ -9,22 +9,22 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgStatement};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
 use crate::settings::{SecretUrl, StatusValue};
 use crate::store::catalog::{self, Column, Columns};
 use crate::store::ids::IdValue;
 use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
-use crate::store::releases::{self, Expansion, Migrated};
+use crate::store::releases::{self, Expansion};
 use crate::store::shape::{self, OrdersColumns};
-use crate::store::sql::{AlsoCheckError, Prepared, SqlDialect, SqlStore};
+use crate::store::sql::{Prepared, SqlDialect, SqlStore, pool_options};
 use crate::store::{Dialect, PoolSettings, StoreError};
 
 mod also;
 mod binding;
 
-use binding::{AlsoParam, parameter_types};
+use binding::AlsoParam;
 
 /// PostgreSQL, as a [`SqlDialect`].
 #[derive(Debug)]
@@ -32,45 +32,6 @@ pub(crate) struct Postgres;
 
 /// The store on PostgreSQL.
 pub(crate) type PgStore = SqlStore<Postgres>;
-
-/// The service's own migrations for PostgreSQL (`migrations/postgres/`),
-/// recorded in their own table, `order_timeout_migrations`, so they never
-/// mix with the shop's own sqlx migrations in a shared database.
-fn migrator() -> sqlx::migrate::Migrator {
-    let mut migrator = sqlx::migrate!("./migrations/postgres");
-    migrator.dangerous_set_table_name("order_timeout_migrations");
-    migrator
-}
-
-/// What the migrations keep for the previous release ([`super::releases`]).
-const EXPANSIONS: [Expansion; 1] = [releases::OUTBOX_ORDER_ID_UNIQUE];
-
-/// The [`EXPANSIONS`] present in the database.
-async fn expansions_on(conn: &mut sqlx::PgConnection) -> Result<Vec<Expansion>, StoreError> {
-    let mut present = Vec::new();
-    for e in EXPANSIONS {
-        let there: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(e.object)
-            .fetch_one(&mut *conn)
-            .await?;
-        if there {
-            present.push(e);
-        }
-    }
-    Ok(present)
-}
-
-/// Drops the [`EXPANSIONS`] present (indexes of the service's own tables:
-/// a short lock on them, none on the shop's).
-async fn contract_on(conn: &mut sqlx::PgConnection) -> Result<Vec<Expansion>, StoreError> {
-    let present = expansions_on(conn).await?;
-    for e in &present {
-        let drop = format!("DROP INDEX IF EXISTS \"{}\"", e.object);
-        conn.execute(AssertSqlSafe(drop)).await?;
-        tracing::info!(dropped = e.object, kept_for = e.kept_for, "contracted");
-    }
-    Ok(present)
-}
 
 /// `time_zone` as PostgreSQL's `TimeZone` setting: names as they are; an
 /// ISO offset (`+08:00`) in POSIX form (`<+08:00>-08:00`), whose sign is
@@ -86,24 +47,6 @@ fn pg_time_zone(time_zone: &str) -> String {
     }
 }
 
-fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<PgConnectOptions, StoreError> {
-    super::pg_options(url).map(|o| {
-        o.log_statements(tracing::log::LevelFilter::Trace)
-            // Plan every execution with its real parameters. With cached
-            // generic plans, a connection that prepared the cancel
-            // statement while `orders`/the outbox were nearly empty
-            // kept seq-scanning them as they grew (measured with `bench`
-            // on a fresh database: one seq scan of each table per batch,
-            // cancellations capped near 700/s). Planning costs well under
-            // a millisecond per statement.
-            .options([
-                ("plan_cache_mode", "force_custom_plan"),
-                // Zone-less `timestamp` columns are read in this zone.
-                ("TimeZone", &pg_time_zone(time_zone)),
-            ])
-    })
-}
-
 /// A timeout as PostgreSQL's milliseconds, at least 1 (0 would mean no
 /// timeout at all) and at most the largest it takes (`INT_MAX`, 24.8 days:
 /// a larger one refuses the connection).
@@ -111,31 +54,30 @@ fn millis(d: Duration) -> String {
     d.as_millis().clamp(1, i32::MAX as u128).to_string()
 }
 
-/// A status code as the text bound for it (cast to the column's type).
-fn text(value: &StatusValue) -> String {
-    match value {
-        StatusValue::Int(n) => n.to_string(),
-        StatusValue::Text(s) => s.clone(),
-    }
-}
-
 impl SqlDialect for Postgres {
     type Db = sqlx::Postgres;
     /// Nothing beyond the shared statements.
     type Statements = ();
-    const OUTBOX_COLUMNS: &'static [&'static str] = &[
-        "timer",
-        "order_id",
-        "created_at",
-        "stock_released_at",
-        "event_published_at",
-        "claimed_until",
-        "attempts",
-        "next_attempt_at",
-        "last_error",
-        "gave_up_at",
-        "gave_up_reason",
-    ];
+    const FRESH: &'static str = "SELECT to_regclass('order_timeout_cancel_outbox') IS NULL";
+    const EXPANSIONS: &'static [Expansion] = &[releases::OUTBOX_ORDER_ID_UNIQUE];
+
+    fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<PgConnectOptions, StoreError> {
+        super::pg_options(url).map(|o| {
+            o.log_statements(tracing::log::LevelFilter::Trace)
+                // Plan every execution with its real parameters. With cached
+                // generic plans, a connection that prepared the cancel
+                // statement while `orders`/the outbox were nearly empty
+                // kept seq-scanning them as they grew (measured with `bench`
+                // on a fresh database: one seq scan of each table per batch,
+                // cancellations capped near 700/s). Planning costs well under
+                // a millisecond per statement.
+                .options([
+                    ("plan_cache_mode", "force_custom_plan"),
+                    // Zone-less `timestamp` columns are read in this zone.
+                    ("TimeZone", &pg_time_zone(time_zone)),
+                ])
+        })
+    }
 
     /// The timeouts are session settings given at connection start-up, so
     /// every statement of the pool has them (and `migrate`'s own
@@ -146,7 +88,7 @@ impl SqlDialect for Postgres {
     /// finally reaches it (tens of seconds after the network heals). The
     /// service never leaves a transaction idle between its statements.
     fn pool(url: &SecretUrl, pool: PoolSettings, time_zone: &str) -> Result<PgPool, StoreError> {
-        let options = connect_options(url, time_zone)?.options([
+        let options = Self::connect_options(url, time_zone)?.options([
             ("lock_timeout", millis(pool.lock_timeout)),
             ("statement_timeout", millis(pool.statement_timeout)),
             (
@@ -154,17 +96,11 @@ impl SqlDialect for Postgres {
                 millis(pool.client_timeout),
             ),
         ]);
-        Ok(PgPoolOptions::new()
-            .max_connections(pool.max_connections)
-            .acquire_timeout(Duration::from_secs(5))
-            // A connection whose operation was abandoned unanswered
-            // (store/bounded.rs) is closed, not reused.
-            .after_release(|conn, _| Box::pin(crate::store::bounded::release_check(conn)))
-            .connect_lazy_with(options))
+        Ok(pool_options::<Self>(pool).connect_lazy_with(options))
     }
 
     async fn create_database(url: &SecretUrl) -> Result<(), StoreError> {
-        let options = connect_options(url, "UTC")?;
+        let options = Self::connect_options(url, "UTC")?;
         let name = options.get_database().unwrap_or("postgres").to_owned();
         let admin = options.database("postgres");
         let mut conn = sqlx::PgConnection::connect_with(&admin).await?;
@@ -186,28 +122,10 @@ impl SqlDialect for Postgres {
         Ok(())
     }
 
-    async fn run_migrations(url: &SecretUrl) -> Result<Migrated, StoreError> {
-        let mut conn = sqlx::PgConnection::connect_with(&connect_options(url, "UTC")?).await?;
-        let fresh: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NULL")
-            .bind(shape::OUTBOX)
-            .fetch_one(&mut conn)
-            .await?;
-        migrator().run(&mut conn).await?;
-        if fresh {
-            contract_on(&mut conn).await?;
-        }
-        let kept = expansions_on(&mut conn).await?;
-        Ok(Migrated { fresh, kept })
-    }
-
-    async fn contract(url: &SecretUrl) -> Result<Vec<Expansion>, StoreError> {
-        let mut conn = sqlx::PgConnection::connect_with(&connect_options(url, "UTC")?).await?;
-        contract_on(&mut conn).await
-    }
-
-    async fn expansions(store: &PgStore) -> Result<Vec<Expansion>, StoreError> {
-        let mut conn = store.pool.acquire().await?;
-        expansions_on(&mut conn).await
+    async fn run_migrations(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+        let mut migrator = sqlx::migrate!("./migrations/postgres");
+        migrator.dangerous_set_table_name("order_timeout_migrations");
+        Ok(migrator.run(conn).await?)
     }
 
     async fn columns(store: &PgStore, table: &str) -> Result<Columns, StoreError> {
@@ -240,35 +158,22 @@ impl SqlDialect for Postgres {
         Ok(())
     }
 
-    async fn parameters(store: &PgStore, statement: &str) -> Result<usize, sqlx::Error> {
-        Ok(parameter_types(store, statement).await?.len())
+    async fn prepare(store: &PgStore, statement: String) -> sqlx::Result<PgStatement> {
+        let mut conn = store.pool.acquire().await?;
+        conn.prepare(AssertSqlSafe(statement).into_sql_str()).await
     }
 
     type AlsoParams = Vec<AlsoParam>;
 
-    /// The types PostgreSQL infers for the statement's parameters, each
-    /// the order id is then bound as ([`AlsoParam`]).
-    async fn also_parameters(
-        store: &PgStore,
-        statement: &str,
-    ) -> Result<Vec<AlsoParam>, AlsoCheckError> {
-        let types = parameter_types(store, statement).await?;
-        let params = types
-            .into_iter()
-            .enumerate()
-            .map(|(n, ty)| AlsoParam::new(n + 1, ty))
-            .collect::<Result<_, _>>()?;
-        Ok(params)
-    }
-
-    async fn result_type(store: &PgStore, query: String) -> Result<String, sqlx::Error> {
-        use sqlx::SqlSafeStr as _;
-        let mut conn = store.pool.acquire().await?;
-        let prepared = conn.prepare(AssertSqlSafe(query).into_sql_str()).await?;
-        Ok(sqlx::Statement::columns(&prepared)
-            .first()
-            .map(|column| sqlx::TypeInfo::name(sqlx::Column::type_info(column)).to_owned())
-            .unwrap_or_default())
+    /// The types PostgreSQL inferred for the statement's parameters, each
+    /// the order id is then bound as ([`AlsoParam`]). The statement stays
+    /// in that connection's statement cache with those types, which is why
+    /// every id later bound to it must be encoded as them.
+    fn also_parameters(statement: &PgStatement) -> Result<Vec<AlsoParam>, String> {
+        let types = sqlx::Statement::parameters(statement).and_then(|p| p.left());
+        (types.unwrap_or_default().iter().enumerate())
+            .map(|(n, ty)| AlsoParam::new(n + 1, ty.clone()))
+            .collect()
     }
 
     async fn unvacuumed(store: &PgStore, tables: &[&str]) -> Result<Vec<String>, sqlx::Error> {
@@ -309,14 +214,10 @@ impl SqlDialect for Postgres {
         let ty = &orders.status_type;
         let sql = format!("SELECT CAST($1::text AS {ty}) = CAST($2::text AS {ty})");
         Ok(sqlx::query_scalar(AssertSqlSafe(sql))
-            .bind(text(a))
-            .bind(text(b))
+            .bind(a.as_text())
+            .bind(b.as_text())
             .fetch_one(&store.pool)
             .await?)
-    }
-
-    fn skips_locked(_: &()) -> bool {
-        true
     }
 
     /// Each statement bound the id as the types PostgreSQL inferred for
@@ -332,15 +233,14 @@ impl SqlDialect for Postgres {
 
     async fn execute(
         conn: &mut sqlx::PgConnection,
-        _: Option<&()>,
         statement: Statement<'_>,
     ) -> Result<u64, StoreError> {
-        Ok(run(statement)?.execute(conn).await?.rows_affected())
+        let query = sqlx::query_with(AssertSqlSafe(statement.sql), arguments(&statement.values)?);
+        Ok(query.execute(conn).await?.rows_affected())
     }
 
     async fn fetch<T: OwnRow>(
         conn: &mut sqlx::PgConnection,
-        _: Option<&()>,
         statement: Statement<'_>,
     ) -> Result<Vec<T>, StoreError> {
         let query =
@@ -428,17 +328,6 @@ impl Vocabulary for Postgres {
     }
 }
 
-/// A rendered statement of the service's own tables as a query, on any
-/// connection (the cancel transaction's too).
-fn run(
-    statement: Statement<'_>,
-) -> Result<sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError> {
-    Ok(sqlx::query_with(
-        AssertSqlSafe(statement.sql),
-        arguments(&statement.values)?,
-    ))
-}
-
 /// Binds `values` in order; an id list as one `text[]`.
 fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreError> {
     use sqlx::Arguments;
@@ -452,8 +341,8 @@ fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreE
             Value::MaybeText(s) => out.add(s),
             Value::Bytes(b) => out.add(b),
             Value::Nums(nums) => out.add(nums),
-            Value::Status(code) => out.add(text(code)),
-            Value::MaybeStatus(code) => out.add(code.map(text)),
+            Value::Status(code) => out.add(code.as_text()),
+            Value::MaybeStatus(code) => out.add(code.map(StatusValue::as_text)),
             Value::RowId(id) => out.add(id.map(IdValue::text)),
             Value::RowIds(ids) | Value::ItemIds(ids) => {
                 out.add(ids.iter().map(IdValue::text).collect::<Vec<_>>())
