@@ -41,6 +41,7 @@ mod connect;
 mod dialect;
 mod error;
 mod ids;
+mod migrate;
 mod mysql;
 #[macro_use]
 mod outbox;
