@@ -76,7 +76,7 @@ const CLOCK: &str = "SELECT {clock}";
 const NEW_OUTBOX_ROWS: &str = "\
 INSERT INTO order_timeout_cancel_outbox \
        (timer, order_id, created_at, claimed_until, stock_released_at) \
-VALUES {rows} {keep_existing:order_id}";
+{rows} {keep_existing:order_id}";
 
 /// Expired leases of earlier cancellations with work pending, taken over.
 const TAKE_OVER: &str = "\
@@ -94,11 +94,6 @@ pub(super) const TEMPLATES: [(&str, &str); 8] = templates![
     NEW_OUTBOX_ROWS,
     TAKE_OVER
 ];
-
-/// How many order ids one cancel transaction can carry: a statement has at
-/// most 65,535 placeholders on either dialect, and the outbox insert binds
-/// four per order ([`NEW_OUTBOX_ROWS`]): 16,383 ids.
-pub(crate) const MAX_BATCH_IDS: usize = 65_535 / 4;
 
 /// A transaction on the dialect's database.
 type Tx<D> = sqlx::Transaction<'static, <D as SqlDialect>::Db>;

@@ -88,6 +88,23 @@ pub(crate) trait Vocabulary {
     /// A digest of the whole row `o` (whose columns are `columns`): what
     /// tells a row set aside from the same row changed since.
     fn row_digest(columns: &[String]) -> String;
+
+    /// The rows of an insert into the outbox, `len` of them for the timer
+    /// `timer` (its name, quoted), whose placeholders start at `first`;
+    /// and how many placeholders they take: a `VALUES` list of four a row.
+    fn outbox_rows(timer: &str, first: usize, len: usize) -> (String, usize) {
+        let row = |i: usize| {
+            let p = |k: usize| Self::placeholder(first + 4 * i + k);
+            format!("('{timer}', {}, {}, {}, {})", p(0), p(1), p(2), p(3))
+        };
+        let list: Vec<String> = (0..len).map(row).collect();
+        (format!("VALUES {}", list.join(", ")), 4 * len)
+    }
+
+    /// How many order ids one cancel transaction can carry: a statement
+    /// has at most 65,535 placeholders, and [`Vocabulary::outbox_rows`]
+    /// takes four per order (16,383 ids).
+    const MAX_BATCH_IDS: usize = 65_535 / 4;
 }
 
 /// A row of the service's own tables, as either dialect decodes it.
@@ -161,8 +178,8 @@ pub(crate) enum Value<'a> {
     /// An instant (or NULL) compared with the shop's deadlines, which are
     /// written in the session's zone.
     ShopTime(Option<DateTime<Utc>>),
-    /// New outbox rows of a timer (its name, written in: `[a-z0-9_]`), as
-    /// the rows of a `VALUES` list: four placeholders each.
+    /// New outbox rows of a timer (its name, written in: `[a-z0-9_]`)
+    /// ([`Vocabulary::outbox_rows`]).
     NewOutboxRows(&'a str, &'a [NewOutboxRow<'a>]),
 }
 
@@ -294,13 +311,7 @@ fn placeholders<V: Vocabulary>(value: &Value<'_>, next: usize, mapped: &Mapped) 
         Value::RowId(_) => (V::cast(next, &mapped.id_base), 1),
         Value::ShopTime(_) => (V::shop_time(next), 1),
         Value::NewOutboxRows(timer, rows) => {
-            let timer = timer.replace('\'', "''");
-            let row = |i: usize| {
-                let p = |k: usize| V::placeholder(next + 4 * i + k);
-                format!("('{timer}', {}, {}, {}, {})", p(0), p(1), p(2), p(3))
-            };
-            let list: Vec<String> = (0..rows.len()).map(row).collect();
-            (list.join(", "), 4 * rows.len())
+            V::outbox_rows(&timer.replace('\'', "''"), next, rows.len())
         }
         Value::Micros(_) => (V::micros(next), 1),
         Value::Text(_) | Value::Int(_) | Value::Time(_) | Value::MaybeText(_) | Value::Bytes(_) => {

@@ -523,7 +523,7 @@ impl<D: SqlDialect> SqlStore<D> {
         lease: Duration,
     ) -> Result<HashMap<String, OrderState>, StoreError> {
         let mut states = HashMap::with_capacity(ids.len());
-        for chunk in ids.chunks(super::cancel::MAX_BATCH_IDS) {
+        for chunk in ids.chunks(D::MAX_BATCH_IDS) {
             let cancel = || super::cancel::cancel(self, prepared, chunk, lease);
             match super::retry_deadlocks(cancel).await {
                 Ok(rows) => states.extend(rows.into_iter().map(|r| {
@@ -777,7 +777,7 @@ impl<D: SqlDialect> OrderStore for SqlStore<D> {
         }
         keys.sort_unstable();
         let mut rows = Vec::new();
-        for chunk in keys.chunks(super::cancel::MAX_BATCH_IDS) {
+        for chunk in keys.chunks(D::MAX_BATCH_IDS) {
             let result = self.item_rows(&prepared, chunk).await;
             rows.extend(self.after(result).await?);
         }

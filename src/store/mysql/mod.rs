@@ -416,19 +416,18 @@ impl Vocabulary for MySql {
 /// none), whatever text or integer type it has.
 fn key_text(row: &sqlx::mysql::MySqlRow) -> Result<Option<String>, String> {
     use sqlx::Row;
-    if let Ok(text) = row.try_get::<Option<String>, _>(0) {
-        return Ok(text);
+    fn text(n: Option<impl ToString>) -> Option<String> {
+        n.map(|n| n.to_string())
     }
-    if let Ok(n) = row.try_get::<Option<i64>, _>(0) {
-        return Ok(n.map(|n| n.to_string()));
-    }
-    match row.try_get::<Option<u64>, _>(0) {
-        Ok(n) => Ok(n.map(|n| n.to_string())),
-        Err(e) => Err(format!(
-            "a key it returned is neither text nor an integer ({e}): return the keys as text \
-             or integers (CAST(… AS CHAR))"
-        )),
-    }
+    (row.try_get::<Option<String>, _>(0))
+        .or_else(|_| row.try_get::<Option<i64>, _>(0).map(text))
+        .or_else(|_| row.try_get::<Option<u64>, _>(0).map(text))
+        .map_err(|e| {
+            format!(
+                "a key it returned is neither text nor an integer ({e}): return the keys as \
+                 text or integers (CAST(… AS CHAR))"
+            )
+        })
 }
 
 #[cfg(test)]

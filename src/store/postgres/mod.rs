@@ -9,13 +9,14 @@
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgStatement};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgStatement};
+use sqlx::{Arguments, AssertSqlSafe, ConnectOptions, Connection, Executor, SqlSafeStr};
 
 use crate::settings::{SecretUrl, StatusValue};
 use crate::store::catalog::{self, Column, Columns};
 use crate::store::ids::IdValue;
-use crate::store::outbox::{OwnRow, Statement, Value, Vocabulary};
+use crate::store::outbox::{NewOutboxRow, OwnRow, Statement, Value, Vocabulary};
 use crate::store::releases::{self, Expansion};
 use crate::store::shape::{self, OrdersColumns};
 use crate::store::sql::{Prepared, SqlDialect, SqlStore, pool_options};
@@ -177,30 +178,23 @@ impl SqlDialect for Postgres {
     }
 
     async fn unvacuumed(store: &PgStore, tables: &[&str]) -> Result<Vec<String>, sqlx::Error> {
-        let quoted: Vec<String> = tables
-            .iter()
-            .map(|t| shape::quote(Dialect::Postgres, t))
-            .collect();
-        let off: Vec<i64> = sqlx::query_scalar(
-            r#"
-            SELECT t.i
-              FROM unnest($1::text[]) WITH ORDINALITY AS t(name, i)
-              JOIN pg_class c ON c.oid = to_regclass(t.name)
-             WHERE NOT current_setting('autovacuum')::bool
-                OR EXISTS (SELECT 1 FROM unnest(c.reloptions) AS o(option)
-                            WHERE split_part(o.option, '=', 1) = 'autovacuum_enabled'
-                              AND NOT split_part(o.option, '=', 2)::bool)
-             ORDER BY t.i
-            "#,
-        )
-        .bind(&quoted)
-        .fetch_all(&store.pool)
-        .await?;
-        Ok(off
-            .into_iter()
-            .filter_map(|i| tables.get(usize::try_from(i - 1).ok()?))
-            .map(|t| t.to_string())
-            .collect())
+        let mut off = Vec::new();
+        for table in tables {
+            let unvacuumed: bool = sqlx::query_scalar(
+                "SELECT to_regclass($1) IS NOT NULL AND (NOT current_setting('autovacuum')::bool \
+                     OR EXISTS (SELECT 1 FROM pg_class c, unnest(c.reloptions) AS o(option) \
+                                 WHERE c.oid = to_regclass($1) \
+                                   AND split_part(o.option, '=', 1) = 'autovacuum_enabled' \
+                                   AND NOT split_part(o.option, '=', 2)::bool))",
+            )
+            .bind(shape::quote(Dialect::Postgres, table))
+            .fetch_one(&store.pool)
+            .await?;
+            if unvacuumed {
+                off.push(table.to_string());
+            }
+        }
+        Ok(off)
     }
 
     /// Compared as values of the status column's type (`citext`, `char(n)`,
@@ -326,12 +320,24 @@ impl Vocabulary for Postgres {
     fn row_digest(_columns: &[String]) -> String {
         "md5(o::text)".into()
     }
+
+    /// Four arrays, however many rows.
+    fn outbox_rows(timer: &str, n: usize, _len: usize) -> (String, usize) {
+        let (a, b, c) = (n + 1, n + 2, n + 3);
+        let rows = format!(
+            "SELECT '{timer}', * FROM unnest(${n}::text[], ${a}::timestamptz[], \
+             ${b}::timestamptz[], ${c}::timestamptz[])"
+        );
+        (rows, 4)
+    }
+
+    /// The ids are bound as one array, and the outbox rows as four.
+    const MAX_BATCH_IDS: usize = usize::MAX;
 }
 
 /// Binds `values` in order; an id list as one `text[]`.
-fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreError> {
-    use sqlx::Arguments;
-    let mut out = sqlx::postgres::PgArguments::default();
+fn arguments(values: &[Value<'_>]) -> Result<PgArguments, StoreError> {
+    let mut out = PgArguments::default();
     for value in values {
         match *value {
             Value::Text(s) => out.add(s),
@@ -348,14 +354,17 @@ fn arguments(values: &[Value<'_>]) -> Result<sqlx::postgres::PgArguments, StoreE
                 out.add(ids.iter().map(IdValue::text).collect::<Vec<_>>())
             }
             Value::ShopTime(t) => out.add(t),
-            Value::NewOutboxRows(_, rows) => rows.iter().try_for_each(|r| {
-                out.add(r.order_id)?;
-                out.add(r.created_at)?;
-                out.add(r.claimed_until)?;
-                out.add(r.stock_released_at)
-            }),
+            Value::NewOutboxRows(_, rows) => add_outbox_rows(&mut out, rows),
         }
         .map_err(|e| StoreError::Sql(sqlx::Error::Encode(e)))?;
     }
     Ok(out)
+}
+
+/// New outbox rows as four arrays, one a column.
+fn add_outbox_rows(out: &mut PgArguments, rows: &[NewOutboxRow<'_>]) -> Result<(), BoxDynError> {
+    out.add(rows.iter().map(|r| r.order_id).collect::<Vec<_>>())?;
+    out.add(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())?;
+    out.add(rows.iter().map(|r| r.claimed_until).collect::<Vec<_>>())?;
+    out.add(rows.iter().map(|r| r.stock_released_at).collect::<Vec<_>>())
 }
