@@ -9,7 +9,7 @@ use super::catalog::Columns;
 use super::ids::IdColumn;
 use super::outbox::Mapped;
 use super::shape::{self, OrdersColumns, SchemaReport};
-use super::sql::{Check, Prepared, SqlDialect, SqlStore, tables_shape};
+use super::sql::{Check, Prepared, SqlDialect, SqlStore, first_column_type, tables_shape};
 use super::{Dialect, StoreError, releases, shop};
 use crate::settings::{Release, TimerKey};
 
@@ -197,7 +197,7 @@ impl<D: SqlDialect> SqlStore<D> {
         let key = self.timer.key(TimerKey::Also);
         let mut also_params = Vec::new();
         for statement in &self.timer.also {
-            also_params.push(self.check_takes_the_id(key, statement).await?);
+            also_params.push(self.check_takes_the_id(key, statement).await?.0);
         }
         for check in checks {
             prepare(&check).await?;
@@ -207,18 +207,22 @@ impl<D: SqlDialect> SqlStore<D> {
 
     /// Prepares a statement the operator wrote (an `also` statement, the
     /// `also_keys` query) whose only parameter is the order id, returning
-    /// how the id is bound to it; a mistake names `key`.
+    /// how the id is bound to it, and the statement as the server described
+    /// it; a mistake names `key`.
     async fn check_takes_the_id(
         &self,
         key: &'static str,
         statement: &str,
-    ) -> Result<D::AlsoParams, StoreError> {
+    ) -> Result<(D::AlsoParams, <D::Db as sqlx::Database>::Statement), StoreError> {
         let prepared = (D::prepare(self, statement.to_owned()).await)
             .map_err(|e| statement_error(key, statement, e))?;
-        D::also_parameters(&prepared).map_err(|problem| StoreError::Schema {
-            key,
-            problem: format!("{problem}: {statement}"),
-        })
+        match D::also_parameters(&prepared) {
+            Ok(params) => Ok((params, prepared)),
+            Err(problem) => Err(StoreError::Schema {
+                key,
+                problem: format!("{problem}: {statement}"),
+            }),
+        }
     }
 
     /// The `also_keys` query, when there is one: it takes the order id and
@@ -230,8 +234,8 @@ impl<D: SqlDialect> SqlStore<D> {
             return Ok(None);
         }
         let key = self.timer.key(TimerKey::AlsoKeys);
-        let params = self.check_takes_the_id(key, query).await?;
-        let ty = self.result_type(query.to_owned()).await?;
+        let (params, prepared) = self.check_takes_the_id(key, query).await?;
+        let ty = first_column_type(&prepared);
         let readable = ["CHAR", "TEXT", "INT", "ENUM"]
             .iter()
             .any(|kind| ty.to_ascii_uppercase().contains(kind));

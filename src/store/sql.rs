@@ -10,7 +10,8 @@
 //! Shared here: canonical ids (an id no row can have is never sent), the
 //! id order and deadlock retries of the cancel transaction and the mapping
 //! of its rows to order states, the items by order, the pools' common
-//! settings, ping (`migrate.rs`: `migrate` and `migrate --contract`).
+//! settings and ping. `migrate` and `migrate --contract` are in
+//! `migrate.rs`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -130,18 +131,16 @@ pub(crate) trait SqlDialect:
     /// the orders table and the outbox: unvacuumed, they slow every
     /// statement on those tables down over hours.
     fn unvacuumed(
-        store: &SqlStore<Self>,
-        tables: &[&str],
+        _store: &SqlStore<Self>,
+        _tables: &[&str],
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send {
-        let _ = (store, tables);
         async { Ok(Vec::new()) }
     }
 
     /// Whether the server skips rows another transaction holds (`FOR
     /// UPDATE SKIP LOCKED`: MySQL from 8.0.1, MariaDB from 10.6,
     /// PostgreSQL).
-    fn skips_locked(sql: &Self::Statements) -> bool {
-        let _ = sql;
+    fn skips_locked(_sql: &Self::Statements) -> bool {
         true
     }
 
@@ -185,6 +184,15 @@ pub(crate) fn pool_options<D: SqlDialect>(pool: PoolSettings) -> sqlx::pool::Poo
         .max_connections(pool.max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .after_release(|conn, _| Box::pin(super::bounded::release_check(conn)))
+}
+
+/// The type name of a prepared statement's first column, as the server
+/// describes it; empty when it returns none.
+pub(crate) fn first_column_type(statement: &impl sqlx::Statement) -> String {
+    let first = sqlx::Statement::columns(statement).first();
+    first.map_or_else(String::new, |column| {
+        sqlx::TypeInfo::name(sqlx::Column::type_info(column)).to_owned()
+    })
 }
 
 /// How many parameters a prepared statement takes.
@@ -347,11 +355,7 @@ impl<D: SqlDialect> SqlStore<D> {
     /// The type name of the one column `query` returns, as the server
     /// describes it when preparing it (nothing is run).
     pub(super) async fn result_type(&self, query: String) -> Result<String, sqlx::Error> {
-        let prepared = D::prepare(self, query).await?;
-        let first = sqlx::Statement::columns(&prepared).first();
-        Ok(first.map_or_else(String::new, |column| {
-            sqlx::TypeInfo::name(sqlx::Column::type_info(column)).to_owned()
-        }))
+        Ok(first_column_type(&D::prepare(self, query).await?))
     }
 
     /// The statements and shape of the last check, checking first if
