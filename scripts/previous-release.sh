@@ -12,11 +12,14 @@
 # is not this checkout's HEAD: on a checkout with changes after the newest
 # release (an Unreleased section), that newest release; on a release's own
 # commit, the one before it. The source is taken from git (the checkout's
-# history), exactly the named commit (git archive), built in
-# target/previous-release/<VERSION>/ with its own Cargo.lock, and the binary
-# is cached there with the commit it was built from (<VERSION>/commit): a
-# second run prints its path at once. Prints the binary's path on the last
-# line of its output.
+# history), exactly the named commit (git archive), built with its own
+# Cargo.lock, and the binary is cached once per machine, outside the
+# checkout, with the commit it was built from:
+# $ORDER_TIMEOUT_CACHE/previous-release/<VERSION>-<COMMIT>/{order-timeout,commit}
+# (ORDER_TIMEOUT_CACHE: /var/cache/order-timeout when writable, else
+# ~/.cache/order-timeout). A second run, from this checkout or any other
+# clone, prints its path at once; two runs building at once take turns.
+# Prints the binary's path on the last line of its output.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -72,10 +75,22 @@ if $which; then
     exit 0
 fi
 
-out=target/previous-release/$version
+# shellcheck source=scripts/cache-dir.sh
+source scripts/cache-dir.sh
+cache=$(cache_dir)/previous-release
+out=$cache/$version-$commit
 bin=$out/order-timeout
-if [[ -x $bin && -f $out/commit && $(cat "$out/commit") == "$commit" ]]; then
-    echo "$PWD/$bin"
+cached() { [[ -x $bin && -f $out/commit && $(cat "$out/commit") == "$commit" ]]; }
+if cached; then
+    echo "$bin"
+    exit 0
+fi
+mkdir -p "$cache"
+# One build at a time on this machine (another clone's run may be building it now).
+exec 9>"$cache/lock"
+flock 9
+if cached; then
+    echo "$bin"
     exit 0
 fi
 if ! git cat-file -e "$commit^{commit}" 2>/dev/null \
@@ -95,10 +110,11 @@ git archive "$commit" | tar -x -C "$out/src"
 # The release's own lock file and package layout: only its service binary.
 manifest=$out/src/Cargo.toml
 package=order-timeout
-CARGO_TARGET_DIR=$PWD/target/previous-release/target \
+CARGO_TARGET_DIR=$cache/target \
     cargo build --locked --manifest-path "$manifest" -p "$package" --bin order-timeout >&2
-cp "target/previous-release/target/debug/order-timeout" "$bin.tmp"
+cp "$cache/target/debug/order-timeout" "$bin.tmp"
 mv "$bin.tmp" "$bin"
 echo "$commit" >"$out/commit"
+rm -rf "$out/src"
 "$bin" --version >&2
-echo "$PWD/$bin"
+echo "$bin"

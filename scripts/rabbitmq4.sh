@@ -18,6 +18,9 @@
 #   status           the test node's status line (scripts/rabbitmq-cluster.sh status); exit 0
 #                    only when it runs.
 #   url              the test node's AMQP URL (default vhost, guest/guest from 127.0.0.1).
+#   admin            what joining the test node as an Erlang node takes, one KEY=VALUE a line:
+#                    url, node, cookie_home (the HOME whose .erlang.cookie is its cookie) and
+#                    epmd_port (the tests make their vhosts through it: tools/src/broker_admin.rs).
 #   ctl ARGS...      rabbitmqctl ARGS against the test node, run from the root (e.g.
 #                    `scripts/rabbitmq4.sh ctl list_vhosts`).
 #   cluster ARGS...  scripts/rabbitmq-cluster.sh ARGS with nodes of the root (CLUSTER_* as
@@ -177,6 +180,9 @@ node() {
 }
 
 url() { printf 'amqp://guest:guest@127.0.0.1:%s/%%2f\n' "$PORT"; }
+admin() {
+    printf 'url=%s\nnode=%s\ncookie_home=%s\nepmd_port=%s\n' "$(url)" "$NODE" "$DIR/home" "$EPMD_PORT"
+}
 
 # turn_on_khepri DIR: Khepri (in RabbitMQ 4.0 an opt-in feature flag) on for the cluster of
 # CLUSTER_DIR DIR (through its node 1), and checked.
@@ -273,6 +279,7 @@ status)
     node status
     ;;
 url) url ;;
+admin) admin ;;
 ctl)
     need_root
     root_complete || die "no complete RabbitMQ 4.x root in $ROOT (run: $0 start)"

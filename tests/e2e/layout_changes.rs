@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::common::{RESTARTS, TestEnv, ready};
+use crate::common::{TestEnv, ready, restart_turn};
 use order_timeout::settings::{Lane, Shards};
 use order_timeout::testing::metrics::Outcome;
 use order_timeout::testing::topology::{lane_name, shard_for, shard_level_name};
@@ -35,7 +35,7 @@ fn ids(prefix: &str, n: usize, of: u32, pick: impl Fn(u32) -> bool) -> Vec<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layout_change_strands_no_timeout_and_topology_check_lists_what_is_left() {
     // The first service stops with timeouts in flight and a second starts.
-    let _turn = RESTARTS.lock().await;
+    let _turn = restart_turn().await;
     let mut env = TestEnv::new().await;
     env.stock_skus(1).await;
     let removed = Lane::try_from("12s".to_string()).unwrap();

@@ -64,7 +64,7 @@ fn temp_log(name: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_work_and_a_restart_loses_nothing() {
-    let _turn = crate::common::RESTARTS.lock().await;
+    let _turn = crate::common::restart_turn().await;
     let env = TestEnv::new().await;
     env.stock_skus(5).await;
     let log = temp_log("sigterm");
@@ -161,7 +161,7 @@ async fn sigterm_finishes_in_flight_work_and_a_restart_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_never_appear_in_logs() {
-    let _turn = crate::common::RESTARTS.lock().await;
+    let _turn = crate::common::restart_turn().await;
     let env = TestEnv::new().await;
     env.stock_skus(1).await;
     // A broker user of our own with a password we can look for.

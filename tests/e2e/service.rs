@@ -276,7 +276,7 @@ async fn a_redelivery_after_a_crash_finishes_the_pending_release_once(dialect: D
 }
 
 async fn a_killed_service_loses_nothing_and_releases_once(dialect: Dialect) {
-    let _turn = crate::common::RESTARTS.lock().await;
+    let _turn = crate::common::restart_turn().await;
     let env = TestEnv::on(dialect).await;
     env.stock_skus(5).await;
     let spawn = || {

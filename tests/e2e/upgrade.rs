@@ -39,7 +39,7 @@ use order_timeout_tools::shop::{self, NewOrder, ShopDb};
 use tonic::Status;
 
 use crate::bounds::{KillOnDrop, output_within, step};
-use crate::common::{RESTARTS, TestEnv};
+use crate::common::{TestEnv, restart_turn};
 
 mod contraction;
 mod releases;

@@ -6,7 +6,8 @@
 //!   client of it;
 //! - [`demo`]: the product end to end on local servers;
 //! - [`bench`](mod@bench): load generation and measurement (docs/BENCHMARKS.md);
-//! - [`scratch`]: a fresh vhost and database per bench or test run;
+//! - [`scratch`]: a fresh vhost and database per bench or test run, the
+//!   vhosts made through [`broker_admin`];
 //! - [`private_broker`]: private RabbitMQ nodes and clusters for the
 //!   broker-fault tests;
 //! - [`netns`]: network namespaces with links a test cuts (real silence),
@@ -25,6 +26,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod bench;
+pub mod broker_admin;
 pub mod cli;
 pub mod demo;
 pub mod inventory;

@@ -13,6 +13,9 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
+
+use crate::broker_admin::{AdminError, Node};
 
 use order_timeout::settings::SecretUrl;
 
@@ -20,6 +23,13 @@ use order_timeout::settings::SecretUrl;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ScratchError(String);
+
+impl ScratchError {
+    /// An error saying `what`.
+    pub fn new(what: impl Into<String>) -> Self {
+        Self(what.into())
+    }
+}
 
 /// `url` with its path replaced by `path` (the vhost of an AMQP URL, the
 /// database of a database URL).
@@ -100,14 +110,87 @@ pub fn create_vhost(amqp_base: &SecretUrl, name: &str) -> Result<SecretUrl, Scra
         .map(|u| u.username().to_owned())
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| "guest".into());
-    rabbitmqctl(&["add_vhost", name])?;
-    rabbitmqctl(&["set_permissions", "-p", name, &user, ".*", ".*", ".*"])?;
+    create_vhost_on(&Node::machine(), name, &user, rabbitmqctl)?;
     with_path(amqp_base, &format!("/{name}"))
 }
 
 /// Deletes vhost `name` with everything in it.
 pub fn delete_vhost(name: &str) -> Result<(), ScratchError> {
-    rabbitmqctl(&["delete_vhost", name]).map(drop)
+    delete_vhost_on(&Node::machine(), name, rabbitmqctl)
+}
+
+/// The names of the vhosts of the machine's broker.
+pub fn list_vhosts() -> Result<Vec<String>, ScratchError> {
+    list_vhosts_on(&Node::machine(), rabbitmqctl)
+}
+
+/// Creates vhost `name` on `node` with full permissions for `user`: in one
+/// short Erlang call ([`crate::broker_admin`]), or with `ctl` (the node's
+/// `rabbitmqctl -q ARGS`) where that cannot reach the node.
+pub fn create_vhost_on(
+    node: &Node,
+    name: &str,
+    user: &str,
+    ctl: impl Fn(&[&str]) -> Result<String, ScratchError>,
+) -> Result<(), ScratchError> {
+    via_erl(node, |n| n.create_vhost(name, user), "adding vhost").unwrap_or_else(|| {
+        ctl(&["add_vhost", name])?;
+        ctl(&["set_permissions", "-p", name, user, ".*", ".*", ".*"]).map(drop)
+    })
+}
+
+/// Deletes vhost `name` from `node`, reached as [`create_vhost_on`] does.
+pub fn delete_vhost_on(
+    node: &Node,
+    name: &str,
+    ctl: impl Fn(&[&str]) -> Result<String, ScratchError>,
+) -> Result<(), ScratchError> {
+    via_erl(node, |n| n.delete_vhost(name), "deleting vhost")
+        .unwrap_or_else(|| ctl(&["delete_vhost", name]).map(drop))
+}
+
+/// The names of `node`'s vhosts, reached as [`create_vhost_on`] does.
+pub fn list_vhosts_on(
+    node: &Node,
+    ctl: impl Fn(&[&str]) -> Result<String, ScratchError>,
+) -> Result<Vec<String>, ScratchError> {
+    via_erl(node, Node::list_vhosts, "listing vhosts").unwrap_or_else(|| {
+        Ok(ctl(&["list_vhosts", "name"])?
+            .lines()
+            .map(|l| l.trim().to_owned())
+            .collect())
+    })
+}
+
+/// `call` on `node` through `erl`, or `None` when `erl` cannot reach it
+/// (then, and for the rest of this process, the caller uses `rabbitmqctl`).
+fn via_erl<T>(
+    node: &Node,
+    call: impl FnOnce(&Node) -> Result<T, AdminError>,
+    doing: &str,
+) -> Option<Result<T, ScratchError>> {
+    static UNREACHABLE: Mutex<Vec<Node>> = Mutex::new(Vec::new());
+    let known = |n: &Node| {
+        UNREACHABLE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(n)
+    };
+    if known(node) {
+        return None;
+    }
+    match call(node) {
+        Ok(value) => Some(Ok(value)),
+        Err(AdminError::Refused(e)) => Some(Err(ScratchError(format!("{doing}: {e}")))),
+        Err(AdminError::Unreachable(e)) => {
+            eprintln!("note: {e}; using rabbitmqctl for {} instead", node.name);
+            UNREACHABLE
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(node.clone());
+            None
+        }
+    }
 }
 
 /// An administrative connection to the server of a database URL: its
@@ -270,9 +353,9 @@ pub struct Swept {
 /// reported in [`Swept::failed`].
 pub async fn sweep_abandoned(database_bases: &[SecretUrl]) -> Swept {
     let mut swept = Swept::default();
-    match rabbitmqctl(&["list_vhosts", "name"]) {
-        Ok(out) => {
-            for vhost in out.lines().map(str::trim).filter(|v| abandoned(v)) {
+    match list_vhosts() {
+        Ok(names) => {
+            for vhost in names.iter().filter(|v| abandoned(v)) {
                 match delete_vhost(vhost) {
                     Ok(()) => swept.removed.push(format!("vhost {vhost}")),
                     Err(e) => swept.failed.push(format!("vhost {vhost}: {e}")),

@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use order_timeout::settings::SecretUrl;
+use order_timeout_tools::broker_admin::Node;
 use order_timeout_tools::private_broker::{ClusterConfig, rabbitmq4_script};
 use order_timeout_tools::scratch;
 
@@ -94,14 +95,20 @@ impl Broker {
             .map(|u| u.username().to_owned())
             .filter(|u| !u.is_empty())
             .unwrap_or_else(|| "guest".into());
-        self.rabbitmqctl(&["add_vhost", name])?;
-        self.rabbitmqctl(&["set_permissions", "-p", name, &user, ".*", ".*", ".*"])?;
+        scratch::create_vhost_on(&rabbitmq4().node, name, &user, rabbitmq4_scratch_ctl)
+            .map_err(|e| e.to_string())?;
         scratch::with_path(&base, &format!("/{name}")).map_err(|e| e.to_string())
     }
 
     /// Deletes vhost `name` with everything in it.
     pub fn delete_vhost(self, name: &str) -> Result<(), String> {
-        self.rabbitmqctl(&["delete_vhost", name]).map(drop)
+        match self {
+            Broker::Rabbitmq3 => scratch::delete_vhost(name),
+            Broker::Rabbitmq4 => {
+                scratch::delete_vhost_on(&rabbitmq4().node, name, rabbitmq4_scratch_ctl)
+            }
+        }
+        .map_err(|e| e.to_string())
     }
 
     /// For a test on this broker: whether it can run. On 4.x, `false` (the
@@ -137,6 +144,8 @@ fn required() -> bool {
 struct Rabbitmq4 {
     /// Its AMQP URL (default vhost).
     url: String,
+    /// The node, for its vhosts ([`scratch::create_vhost_on`]).
+    node: Node,
     /// Why it cannot be used, if it cannot.
     missing: Option<String>,
 }
@@ -144,17 +153,37 @@ struct Rabbitmq4 {
 fn rabbitmq4_state() -> &'static Rabbitmq4 {
     static STATE: OnceLock<Rabbitmq4> = OnceLock::new();
     STATE.get_or_init(|| {
-        let url = run_script(&["url"], Duration::from_secs(10))
-            .map(|out| out.trim().to_owned())
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5673/%2f".into());
-        let missing = match run_script(&["status"], Duration::from_secs(60)) {
-            Ok(_) => None,
-            Err(e) => Some(format!("the RabbitMQ 4.x test node does not run ({e})")),
+        // `scripts/rabbitmq4.sh admin`: the URL and how to join the node.
+        let admin = run_script(&["admin"], Duration::from_secs(10)).unwrap_or_default();
+        let value = |key: &str| {
+            admin.lines().find_map(|l| {
+                l.strip_prefix(key)
+                    .and_then(|v| v.strip_prefix('='))
+                    .map(str::to_owned)
+            })
         };
-        if missing.is_none() {
-            sweep_abandoned();
+        let url = value("url").unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5673/%2f".into());
+        let node = Node {
+            name: value("node").unwrap_or_else(|| "ot-rabbitmq4-1@localhost".into()),
+            cookie_home: value("cookie_home")
+                .unwrap_or_else(|| "/var/lib/order-timeout/rabbitmq4/home".into())
+                .into(),
+            epmd_port: value("epmd_port").and_then(|p| p.parse().ok()),
+        };
+        // Whether it runs: the node answers (one short Erlang call), else
+        // what `scripts/rabbitmq4.sh status` says.
+        let missing = match node.ping() {
+            Ok(()) => None,
+            Err(_) => match run_script(&["status"], Duration::from_secs(60)) {
+                Ok(_) => None,
+                Err(e) => Some(format!("the RabbitMQ 4.x test node does not run ({e})")),
+            },
+        };
+        let state = Rabbitmq4 { url, node, missing };
+        if state.missing.is_none() {
+            sweep_abandoned(&state.node);
         }
-        Rabbitmq4 { url, missing }
+        state
     })
 }
 
@@ -204,21 +233,27 @@ fn rabbitmq4_ctl(args: &[&str]) -> Result<String, String> {
     )
 }
 
+/// [`rabbitmq4_ctl`] as the scratch functions take it.
+fn rabbitmq4_scratch_ctl(args: &[&str]) -> Result<String, scratch::ScratchError> {
+    rabbitmq4_ctl(args).map_err(scratch::ScratchError::new)
+}
+
 /// Removes the vhosts that ended test runs left on the 4.x node (names
 /// made by [`scratch::owned_name`] whose process is gone), once per
-/// process, as [`crate::common::sweep_abandoned`] does on the machine's.
-fn sweep_abandoned() {
-    let Ok(out) = rabbitmq4_ctl(&["list_vhosts", "name"]) else {
-        return;
-    };
-    for vhost in out.lines().map(str::trim) {
-        if scratch::abandoned(vhost) {
-            match rabbitmq4_ctl(&["delete_vhost", vhost]) {
-                Ok(_) => {
+/// test run ([`crate::common::once_per_run`]), as
+/// [`crate::common::sweep_abandoned`] does on the machine's.
+fn sweep_abandoned(node: &Node) {
+    crate::common::once_per_run("rabbitmq4-sweep", || {
+        let Ok(names) = scratch::list_vhosts_on(node, rabbitmq4_scratch_ctl) else {
+            return;
+        };
+        for vhost in names.iter().filter(|v| scratch::abandoned(v)) {
+            match scratch::delete_vhost_on(node, vhost, rabbitmq4_scratch_ctl) {
+                Ok(()) => {
                     eprintln!("removed a vhost an ended test run left on RabbitMQ 4.x: {vhost}")
                 }
                 Err(e) => eprintln!("warning: removing {vhost} from RabbitMQ 4.x: {e}"),
             }
         }
-    }
+    });
 }

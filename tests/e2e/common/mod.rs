@@ -75,15 +75,48 @@ pub(crate) use on_shop;
 /// were followed by a ~30 s stall of the whole broker (nothing accepted,
 /// nothing logged), three times in full runs of this binary; the restart
 /// then missed its deadline. One at a time, the restarts stay quick.
-pub static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+///
+/// The turn is a lock on a file (`flock`), so it holds between test
+/// processes (cargo-nextest runs each test in a process of its own, and
+/// another checkout's run may share the broker) as well as between the
+/// threads of one; it is released when the returned [`RestartTurn`] is
+/// dropped, also when the test fails. `.config/nextest.toml` puts these
+/// tests in one test group as well, so that the runner does not start them
+/// side by side only to have all but one wait here.
+pub async fn restart_turn() -> RestartTurn {
+    let path = std::env::temp_dir().join("order-timeout-tests-restarts.lock");
+    let file = tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+        file.lock()
+            .unwrap_or_else(|e| panic!("cannot lock {}: {e}", path.display()));
+        file
+    })
+    .await
+    .expect("the lock's thread");
+    RestartTurn(file)
+}
 
-/// Removes, once per test process, the vhosts and databases that earlier
+/// A test's turn to stop and restart a service ([`restart_turn`]).
+pub struct RestartTurn(#[allow(dead_code)] std::fs::File);
+
+/// Removes, once per test run, the vhosts and databases that earlier
 /// runs killed before their cleanup left behind ([`scratch::sweep_abandoned`]):
 /// a dozen left vhosts are enough to stall the shared broker.
 pub async fn sweep_abandoned() {
     static SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     SWEPT
         .get_or_init(|| async {
+            let Some(turn) = tokio::task::spawn_blocking(|| first_in_run("sweep"))
+                .await
+                .expect("the lock's thread")
+            else {
+                return;
+            };
             let swept =
                 scratch::sweep_abandoned(&[scratch::test_pg_server(), crate::store::mysql_base()])
                     .await;
@@ -96,8 +129,88 @@ pub async fn sweep_abandoned() {
             for failure in &swept.failed {
                 eprintln!("warning: sweeping what ended test runs left behind: {failure}");
             }
+            turn.done();
         })
         .await;
+}
+
+/// Runs `work` once per test run: in the first test process of a
+/// cargo-nextest run (which runs each test in a process of its own, and
+/// names the run in `NEXTEST_RUN_ID`) to get here, or once per process
+/// under `cargo test` (all of whose tests share one). The caller keeps it
+/// to once per process.
+pub fn once_per_run(what: &str, work: impl FnOnce()) {
+    if let Some(turn) = first_in_run(what) {
+        work();
+        turn.done();
+    }
+}
+
+/// Whether this process is the first of its test run to do `what`
+/// ([`once_per_run`]): `Some` turn, to be marked [`RunTurn::done`], or
+/// `None` when another process of the run has done it. Blocks while
+/// another process is doing it.
+pub fn first_in_run(what: &str) -> Option<RunTurn> {
+    let Ok(run) = std::env::var("NEXTEST_RUN_ID") else {
+        return Some(RunTurn(None));
+    };
+    let dir = std::env::temp_dir().join("order-timeout-test-runs");
+    let open = || -> std::io::Result<std::fs::File> {
+        std::fs::create_dir_all(&dir)?;
+        let lock = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(format!("{run}.lock")))?;
+        lock.lock()?;
+        Ok(lock)
+    };
+    let lock = match open() {
+        Ok(lock) => lock,
+        Err(e) => {
+            eprintln!(
+                "warning: no lock for {what} in {} ({e}): doing it",
+                dir.display()
+            );
+            return Some(RunTurn(None));
+        }
+    };
+    let marker = dir.join(format!("{run}.{what}"));
+    if marker.exists() {
+        return None;
+    }
+    Some(RunTurn(Some((lock, marker))))
+}
+
+/// The turn [`first_in_run`] gives: the run's lock, held until
+/// [`RunTurn::done`] marks the work done (or, if the work panics, released
+/// unmarked, so that the next process tries).
+pub struct RunTurn(Option<(std::fs::File, std::path::PathBuf)>);
+
+impl RunTurn {
+    /// Marks the work done for the rest of the run, and removes the marks
+    /// of runs older than a day.
+    pub fn done(self) {
+        let Some((_lock, marker)) = self.0 else {
+            return;
+        };
+        if let Err(e) = std::fs::write(&marker, b"") {
+            eprintln!("warning: cannot write {}: {e}", marker.display());
+        }
+        let day = Duration::from_secs(24 * 3600);
+        let old = |e: &std::fs::DirEntry| {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > day))
+        };
+        if let Some(dir) = marker.parent()
+            && let Ok(entries) = std::fs::read_dir(dir)
+        {
+            for entry in entries.flatten().filter(old) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
 }
 
 /// `[orders].set`'s `cancelled_at` in a MariaDB world: `NOW(6)`, as a

@@ -30,6 +30,31 @@ fn assert_filed(result: Result<impl std::fmt::Debug, sqlx::Error>, expected: Fil
     assert_eq!(filed, expected, "{what}: {error}");
 }
 
+/// A pool of one connection and that connection, held: the next acquire
+/// times out (in 500 ms). The connection is opened with as many tries as a
+/// loaded machine needs: one that takes longer than the pool's short
+/// acquire timeout to open is not what the tests check.
+async fn one_connection_held<DB: sqlx::Database>(
+    url: &str,
+) -> (sqlx::Pool<DB>, sqlx::pool::PoolConnection<DB>) {
+    let one = sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy(url)
+        .unwrap();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match one.acquire().await {
+            Ok(held) => return (one, held),
+            Err(e) if tries < 60 => {
+                eprintln!("opening the pool's one connection, try {tries}: {e}")
+            }
+            Err(e) => panic!("the pool's one connection did not open in {tries} tries: {e}"),
+        }
+    }
+}
+
 // PostgreSQL's errors; MariaDB's are `mysql_errors_are_filed_permanent_or_transient`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_errors_are_filed_permanent_or_transient() {
@@ -108,13 +133,8 @@ async fn postgres_errors_are_filed_permanent_or_transient() {
         .connect("postgres://postgres@127.0.0.1:1/none")
         .await;
     assert_filed(nowhere.map(|_| ()), Filed::Transient, "connection refused");
-    let one = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_millis(200))
-        .connect(env.settings.database_url.expose())
-        .await
-        .unwrap();
-    let held = one.acquire().await.unwrap();
+    let (one, held) =
+        one_connection_held::<sqlx::Postgres>(env.settings.database_url.expose()).await;
     assert_filed(
         sqlx::query("SELECT 1").execute(&one).await,
         Filed::Transient,
@@ -214,13 +234,7 @@ async fn mysql_cases(pool: &sqlx::MySqlPool, url: &SecretUrl) {
         .connect("mysql://root@127.0.0.1:1/none")
         .await;
     assert_filed(nowhere.map(|_| ()), Filed::Transient, "connection refused");
-    let one = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_millis(200))
-        .connect(url.expose())
-        .await
-        .unwrap();
-    let held = one.acquire().await.unwrap();
+    let (one, held) = one_connection_held::<sqlx::MySql>(url.expose()).await;
     assert_filed(
         sqlx::query("SELECT 1").execute(&one).await,
         Filed::Transient,

@@ -81,7 +81,7 @@ async fn on_mariadb_the_previous_release_runs_against_the_migrated_outbox() {
     step("building (or finding) 0.1.0");
     let previous = release_binary(Some("0.1.0"));
     let current = PathBuf::from(env!("CARGO_BIN_EXE_order-timeout"));
-    let _turn = RESTARTS.lock().await;
+    let _turn = restart_turn().await;
     let env = TestEnv::new().await;
     env.stock_skus(3).await;
     let name = scratch::owned_name("ot_upgrade");

@@ -11,7 +11,7 @@ async fn a_rolling_upgrade_from_the_previous_release_keeps_every_order_in_flight
     let previous = release_binary(None);
     let (old, _) = previous_version();
     let current = PathBuf::from(env!("CARGO_BIN_EXE_order-timeout"));
-    let _turn = RESTARTS.lock().await;
+    let _turn = restart_turn().await;
     let env = TestEnv::migrated_by(&previous).await;
     env.stock_skus(5).await;
     // Releases of held-* fail until the roll is over: their outbox rows
