@@ -18,7 +18,7 @@ use order_timeout::testing::metrics::Outcome;
 
 /// Generous bound on lateness for behaviour tests (the benchmark measures
 /// the real figure; see docs/BENCHMARKS.md).
-const LATE_OK: Duration = Duration::from_millis(1500);
+const LATE_OK: Duration = Duration::from_millis(3000);
 
 fn late_ok() -> chrono::Duration {
     chrono::Duration::from_std(LATE_OK).unwrap()
@@ -120,30 +120,33 @@ async fn an_extended_deadline_is_respected(dialect: Dialect) {
     let order = env
         .create_order("ext-1", Duration::from_millis(1000), &[(0, 1)])
         .await;
-    env.publish_timeout(&order).await;
-
-    // The order service extends the payment window before the first deadline,
-    // by more than the hold window (2 s) plus a loaded machine's delay: the
-    // message found not yet due goes back through the delay store (counted
-    // `rescheduled`) rather than being held in-process (counted only when
-    // it is finally processed).
+    // The order service extends the payment window by more than the hold
+    // window (2 s) plus a loaded machine's delay, before the first deadline
+    // comes: the row says the new deadline before the message for the old
+    // one is published, so however slowly this runs, the message finds it
+    // (one published first and read after a slow extension would find the
+    // old deadline due and rightly cancel). Found not yet due, the message
+    // goes back through the delay store (counted `rescheduled`) rather than
+    // being held in-process (counted only when it is finally processed).
     let new_deadline = order.expires_at + chrono::Duration::milliseconds(3500);
     env.set_deadline("ext-1", new_deadline).await;
+    env.publish_timeout(&order).await;
 
-    // Past the old deadline, well before the new one: still unpaid.
-    tokio::time::sleep(Duration::from_millis(2200)).await;
-    assert_eq!(env.order_state("ext-1").await.0, "UNPAID");
-    assert!(service.metrics.count(Outcome::Rescheduled) >= 1);
-
+    env.eventually(
+        Duration::from_secs(30),
+        "the message for the old deadline re-scheduled",
+        || async { service.metrics.count(Outcome::Rescheduled) >= 1 },
+    )
+    .await;
     let (status, expires_at, cancelled_at) =
-        env.wait_settled("ext-1", Duration::from_secs(10)).await;
+        env.wait_settled("ext-1", Duration::from_secs(30)).await;
     assert_eq!(status, "CANCELLED");
     // Both keep microseconds (timestamptz, DATETIME(6)).
     assert!((expires_at - new_deadline).abs() < chrono::Duration::milliseconds(1));
     let cancelled_at = cancelled_at.unwrap();
     assert!(
         cancelled_at >= expires_at,
-        "cancelled before the extended deadline"
+        "cancelled at {cancelled_at}, before the extended deadline {expires_at}"
     );
     assert!(cancelled_at - expires_at < late_ok());
     env.assert_stock_exact(1).await;

@@ -53,16 +53,23 @@ pub async fn ready(addr: std::net::SocketAddr) -> bool {
     http_get(addr, "/readyz").await.0 == 200
 }
 
-/// A bare-bones HTTP/1.1 GET: `(status, body)`.
+/// A bare-bones HTTP/1.1 GET: `(status, body)`; status 0 (and the error
+/// as the body) when the connection failed or was closed before an answer
+/// (a server at its connection cap closes new ones at once).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return (0, String::new());
+    let mut stream = match tokio::net::TcpStream::connect(addr).await {
+        Ok(stream) => stream,
+        Err(e) => return (0, format!("connect: {e}")),
     };
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
+    if let Err(e) = stream.write_all(request.as_bytes()).await {
+        return (0, format!("sending the request: {e}"));
+    }
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
+    if let Err(e) = stream.read_to_end(&mut raw).await {
+        return (0, format!("reading the answer: {e}"));
+    }
     let text = String::from_utf8_lossy(&raw).into_owned();
     let status = text
         .split(' ')
