@@ -657,7 +657,7 @@ async fn backfill_schedules_the_unpaid_orders_already_in_the_table() {
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.more_sweeps(&service, 2).await;
     assert_eq!(db.status(600).await, 0, "a deleted order is left alone");
     assert_eq!(db.status(700).await, 1, "a paid order is left alone");
     // 9 orders locked 2 units each; the 7 closed ones gave theirs back once.

@@ -356,7 +356,10 @@ async fn console_requests_past_the_concurrency_limit_are_refused_at_once() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.eventually(WAIT, "the slow login holding the slot", || async {
+        http_get(addr, "/console").await.0 == 503
+    })
+    .await;
     let started = Instant::now();
     let (status, _) = http_get(addr, "/console").await;
     assert_eq!(status, 503, "busy");

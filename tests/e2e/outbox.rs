@@ -323,8 +323,9 @@ async fn a_release_slower_than_the_lease_is_not_taken_over(mariadb: bool) {
         },
     )
     .await;
-    // Sweeps of both replicas go on meanwhile and after.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Sweeps of both replicas go on meanwhile and after: two more of each.
+    env.more_sweeps(&one, 2).await;
+    env.more_sweeps(&other, 2).await;
     for id in &ids {
         assert_eq!(inventory.calls(id), 1, "{id}: released by one worker, once");
         assert_eq!(env.release_calls(id).await, Some(1), "{id}");
@@ -371,7 +372,7 @@ async fn a_refused_release_is_given_up_parked_and_replayable(mariadb: bool) {
     })
     .await;
     // Many sweeps later: still one call.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.more_sweeps(&service, 3).await;
     assert_eq!(inventory.calls("frozen-1"), 1, "the sweeper calls no more");
     let got = parked(&env).await;
     assert_eq!(got.len(), 1, "{got:?}");
@@ -441,8 +442,8 @@ async fn retention_deletes_old_finished_rows_only(mariadb: bool) {
         settled
     })
     .await;
-    // A finished row's event is published too before it counts as finished.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Aged: a finished row (released, its event published) goes with the
+    // next sweep; one whose event is still on its way, with a later one.
     for id in old
         .iter()
         .map(String::as_str)
@@ -456,7 +457,7 @@ async fn retention_deletes_old_finished_rows_only(mariadb: bool) {
         || async { service.metrics.outbox_deleted_total() == old.len() as u64 },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.more_sweeps(&service, 2).await;
     assert_eq!(service.metrics.outbox_deleted_total(), old.len() as u64);
     for id in &old {
         assert_eq!(shop.outbox(id).await, None, "{id}");

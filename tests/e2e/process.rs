@@ -198,7 +198,15 @@ async fn passwords_never_appear_in_logs() {
     // 1. Wrong broker password: the service keeps retrying and logs why.
     let log_wrong = temp_log("secrets-wrong");
     let mut child = serve(&env, &amqp_wrong, &db, &log_wrong, &debug);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.eventually(
+        Duration::from_secs(60),
+        "the refused login logged, with the URL redacted",
+        || async {
+            let log = std::fs::read_to_string(&log_wrong).unwrap_or_default();
+            log.contains("reconnecting") && log.contains(":***@")
+        },
+    )
+    .await;
     signal(&child, "-TERM");
     wait_exit(&mut child, Duration::from_secs(20)).await;
 

@@ -453,6 +453,7 @@ async fn backfill_schedules_one_timer_at_a_time(dialect: Dialect) {
     // Rows written before the service knew of them: two unpaid orders, two
     // shipped ones, one of each long overdue; two unused coupons; and rows
     // no timer wants (paid, received, used).
+    let written = tokio::time::Instant::now();
     db.order(10, 0, 6_000, None).await;
     db.order(11, 0, -hour, None).await;
     db.order(12, 2, hour, Some(6_000)).await;
@@ -478,9 +479,11 @@ async fn backfill_schedules_one_timer_at_a_time(dialect: Dialect) {
         "{out}"
     );
     wait_count(&env, &metrics, "auto_receive", Outcome::Cancelled, 2).await;
-    // Past every deadline but the long overdue ones' by some seconds: the
-    // other timers' rows were not scheduled and nothing else flips them.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    // The other timers' rows were not scheduled and nothing else flips
+    // them (the sweeper sweeps once an hour): checked once the latest of
+    // their deadlines (6 s after they were written) is 3 s past, longer than
+    // a message scheduled for it would take to flip it.
+    tokio::time::sleep_until(written + Duration::from_secs(6 + 3)).await;
     assert_eq!(
         db.statuses("shop_order").await,
         vec![(10, 0), (11, 0), (12, 3), (13, 3), (14, 1), (15, 3)],

@@ -336,8 +336,11 @@ async fn run_worked_config(env: &TestEnv, shop: &Shop, run: WorkedConfig<'_>) ->
             assert_eq!(on_time, ids.len() as i64, "{name}: {condition}");
         }
     }
-    // Nothing else happens afterwards: no second flip, no further event.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Nothing else happens afterwards: no second flip, no further event,
+    // across two more sweeps of every timer (what would flip a row again).
+    for t in &timers {
+        env.more_sweeps_of(&service, t.name.as_str(), 2).await;
+    }
     let more = read_events(&mut events, 1, Duration::from_secs(1)).await;
     assert!(more.is_empty(), "no further events: {more:?}");
     Ran {

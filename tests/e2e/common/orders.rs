@@ -409,21 +409,27 @@ impl TestEnv {
         assert_eq!(service.metrics.count(outcome), n, "{outcome:?}");
     }
 
-    /// Waits (at most 20 s) until `service` has run `n` more successful
-    /// sweeps of the default timer than it had: what tests that something
-    /// stays as it is across sweeps wait for.
+    /// Waits (at most 60 s) until `service` has run `n` more sweeps of the
+    /// default timer through (settling what they found, or leaving some
+    /// for the next) than it had: what tests that something stays as it is
+    /// across sweeps wait for, instead of a guessed time.
     pub async fn more_sweeps(&self, service: &RunningService, n: u64) {
-        let ok = || {
-            service.metrics.sweeps_of(
-                order_timeout::settings::DEFAULT_TIMER,
-                order_timeout::testing::metrics::SweepResult::Ok,
-            )
+        self.more_sweeps_of(service, order_timeout::settings::DEFAULT_TIMER, n)
+            .await;
+    }
+
+    /// [`TestEnv::more_sweeps`] of `timer`.
+    pub async fn more_sweeps_of(&self, service: &RunningService, timer: &str, n: u64) {
+        use order_timeout::testing::metrics::SweepResult;
+        let ran = || {
+            service.metrics.sweeps_of(timer, SweepResult::Ok)
+                + service.metrics.sweeps_of(timer, SweepResult::LeftBehind)
         };
-        let after = ok();
+        let after = ran();
         self.eventually(
-            Duration::from_secs(20),
-            &format!("{n} more sweeps"),
-            || async { ok() >= after + n },
+            Duration::from_secs(60),
+            &format!("{n} more sweeps of {timer}"),
+            || async { ran() >= after + n },
         )
         .await;
     }

@@ -112,7 +112,7 @@ pub(super) async fn an_inventory_refusing_one_order_parks_it_after_one_attempt_a
     .await;
     assert_eq!(service.metrics.count(Outcome::Retried), 0);
     assert_eq!(service.metrics.outbox_given_up_total(), 1);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.more_sweeps(&service, 2).await;
     assert_eq!(
         refused.calls("frozen-1"),
         1,

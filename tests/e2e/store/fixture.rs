@@ -184,6 +184,58 @@ impl Fixture {
         .unwrap()
     }
 
+    /// Waits (at most 30 s) until a session of this database waits for a
+    /// lock another holds (on MariaDB: runs a statement for over 200 ms):
+    /// the event a test of a race between two sessions waits for before
+    /// letting the holder go.
+    pub(super) async fn a_session_waits_for_a_lock(&self) {
+        let end = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting: i64 = on_shop!(
+                self,
+                fetch_one,
+                query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity \
+                      WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    // A locking read blocked by another's row lock is not
+                    // always in `innodb_trx` as waiting yet (MariaDB 10.11
+                    // shows it in the processlist, in state `Statistics`):
+                    // a statement of another session still running after
+                    // 200 ms, where nothing else runs, is the one waiting.
+                    "SELECT COUNT(*) FROM information_schema.processlist \
+                      WHERE DB = DATABASE() AND ID <> CONNECTION_ID() \
+                        AND COMMAND IN ('Query', 'Execute') AND TIME_MS > 200"
+                )
+            )
+            .unwrap();
+            if waiting > 0 {
+                return;
+            }
+            if tokio::time::Instant::now() >= end {
+                let sessions = self
+                    .texts(match self.dialect {
+                        Dialect::Postgres => {
+                            "SELECT concat_ws(' | ', pid, state, wait_event_type, wait_event, query) \
+                               FROM pg_stat_activity WHERE datname = current_database()"
+                        }
+                        Dialect::MySql => {
+                            "SELECT CONCAT_WS(' | ', p.ID, p.DB, p.STATE, t.trx_state, p.INFO) \
+                               FROM information_schema.processlist p \
+                               LEFT JOIN information_schema.innodb_trx t \
+                                 ON p.ID = t.trx_mysql_thread_id"
+                        }
+                    })
+                    .await;
+                panic!(
+                    "no session of the test's database waited for a lock within 30 s; \
+                     the sessions:\n{}",
+                    sessions.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Pays the order in a transaction that holds the row while `during`
     /// runs, then commits: what a concurrent payment looks like to a cancel
     /// statement that runs meanwhile.
