@@ -37,6 +37,7 @@ use order_timeout::shutdown::Shutdown;
 use order_timeout::testing::broker::{connect_amqp, declare_topology};
 use order_timeout::testing::metrics::Outcome;
 use order_timeout::testing::store::OrderItem;
+use order_timeout::testing::topology::DUE_QUEUE;
 use order_timeout_tools::inventory::{ReferenceInventory, ShopInventory};
 use order_timeout_tools::scratch;
 use order_timeout_tools::shop::{self, NewOrder, ShopDb};
@@ -454,12 +455,50 @@ impl TestEnv {
         self.service_with(self.settings.clone()).await
     }
 
-    /// Starts an in-process service instance with other settings.
+    /// Starts an in-process service instance with other settings, and
+    /// waits (at most 60 s) until it consumes its queue when it runs on
+    /// this test's vhost: what a test publishes next is read at once, not
+    /// after however long a loaded broker takes to let the service in (a
+    /// test once published a 1.5 s order before the service had connected
+    /// to a busy RabbitMQ 4.x node, and read it 6.5 s late).
     pub async fn service_with(&self, settings: Settings) -> RunningService {
+        *self.service_database.lock().unwrap() = Some(settings.database_url.clone());
+        let here = settings.amqp_url == self.settings.amqp_url;
+        let before = if here { self.due_consumers().await } else { 0 };
+        let service = RunningService::start(settings)
+            .await
+            .expect("start the service");
+        if here {
+            self.eventually(
+                Duration::from_secs(60),
+                "the service consuming its queue",
+                || async { self.due_consumers().await > before },
+            )
+            .await;
+        }
+        service
+    }
+
+    /// [`TestEnv::service_with`] without waiting for it to consume: for a
+    /// service that is not meant to (its broker refuses it, say).
+    pub async fn service_unwaited(&self, settings: Settings) -> RunningService {
         *self.service_database.lock().unwrap() = Some(settings.database_url.clone());
         RunningService::start(settings)
             .await
             .expect("start the service")
+    }
+
+    /// Consumers of the service's queue on this test's vhost (0 when it
+    /// cannot be asked).
+    async fn due_consumers(&self) -> u32 {
+        let Ok(channel) = self.amqp.create_channel().await else {
+            return 0;
+        };
+        let consumers = order_timeout::testing::broker::peek_queue(&channel, DUE_QUEUE)
+            .await
+            .map_or(0, |q| q.consumer_count());
+        let _ = channel.close(200, "".into()).await;
+        consumers
     }
 
     /// Stops the inventory server (calls then fail with "unavailable").
