@@ -188,8 +188,19 @@ async fn prepare_store(store: &store::Store, shutdown: &Shutdown) -> anyhow::Res
                     unpaid = report.waiting.0,
                     overdue = report.waiting.1,
                     release = ?report.release,
+                    zone = %report.zone,
                     "shop schema checked"
                 );
+                if report.zone.differs_from_utc_default() {
+                    tracing::warn!(
+                        timer = %report.timer,
+                        zone = %report.zone.zone,
+                        "time_zone is not set: the deadlines (zone-less) are read in the database's default zone for new sessions, where its NOW() runs, not in UTC as before 0.3.0; set time_zone = \"UTC\" to keep the old reading"
+                    );
+                }
+                if let Some(warning) = &report.zone_warning {
+                    tracing::warn!(timer = %report.timer, "{warning}");
+                }
                 if !report.unvacuumed.is_empty() {
                     tracing::warn!(
                         timer = %report.timer,

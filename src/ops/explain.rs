@@ -18,6 +18,7 @@ use serde::Serialize;
 use super::parked::{self, ParkedMessage, Selection};
 use crate::message::OrderId;
 use crate::settings::SweeperSettings;
+use crate::store::zones::ZoneReport;
 use crate::store::{OrderFacts, OutboxFacts, Store, StoreError};
 
 /// Where an order stands for one timer, and what comes next.
@@ -113,6 +114,18 @@ pub struct TimerView {
     pub verdict: Verdict,
     /// The stock release and event.
     pub effects: Effects,
+    /// Which zone its deadline is read in, and why (a zone-less deadline
+    /// is the wall-clock time the shop wrote, in that zone).
+    #[serde(serialize_with = "as_text")]
+    pub zone: ZoneReport,
+}
+
+/// A value as its text (`serialize_with`).
+fn as_text<T: std::fmt::Display, S: serde::Serializer>(
+    value: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(value)
 }
 
 /// Everything known of one order.
@@ -167,6 +180,7 @@ pub async fn explain(
             facts,
             verdict,
             effects,
+            zone: report.zone.clone(),
         });
     }
     let page = parked::Page {
@@ -393,6 +407,7 @@ impl Explanation {
                 format!("{} (table {})", view.timer, view.table),
             ));
             out.push(("  row".into(), view.row_line()));
+            out.push(("  deadline zone".into(), view.zone.to_string()));
             out.push(("  next".into(), view.next_line()));
             out.push(("  stock and event".into(), view.effects_line()));
         }

@@ -68,7 +68,10 @@ const RETENTION_BATCHES: usize = 5;
 
 /// Sweeps until `stop` fires: every `catch_up_interval` during the
 /// session's first `catch_up_window` (the catch-up after a (re)connect),
-/// then every `interval`.
+/// then every `interval`; and every `catch_up_interval` after a sweep that
+/// failed for a reason waiting fixes (a lost connection, a timeout), so
+/// that the sweep, and readiness with it, follows the database's return
+/// within seconds instead of an `interval` later.
 pub(crate) async fn run(worker: Worker, stop: Shutdown) {
     let settings = worker.ctx.settings.sweeper.clone();
     if !settings.enabled {
@@ -90,17 +93,22 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
                 .sweep_succeeded(store.timer().name.as_str());
         }
     }
+    let mut retrying = false;
     loop {
         let catching_up = session_start.elapsed() < settings.catch_up_window;
-        let (pause, grace) = if catching_up {
+        let (mut pause, grace) = if catching_up {
             (settings.catch_up_interval, settings.catch_up_grace)
         } else {
             (settings.interval, settings.grace)
         };
+        if retrying {
+            pause = pause.min(settings.catch_up_interval);
+        }
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             _ = stop.wait() => return,
         }
+        retrying = false;
         for store in worker.ctx.stores.iter() {
             // A panic in a sweep (a value no one foresaw) ends that sweep,
             // not the safety net: it is logged and counted, and the next
@@ -110,7 +118,9 @@ pub(crate) async fn run(worker: Worker, stop: Shutdown) {
                 "timer {}'s next sweep runs in {pause:?}",
                 store.timer().name
             );
-            catch_panic(&worker.ctx.metrics, "sweeper", &then, sweep).await;
+            retrying |= catch_panic(&worker.ctx.metrics, "sweeper", &then, sweep)
+                .await
+                .unwrap_or(false);
         }
     }
 }
@@ -143,29 +153,37 @@ impl Swept {
 
 /// One sweep of one timer (see [`sweep_once`]), logged and counted, then
 /// its retention ([`delete_expired`]) and the marks of rows set aside that
-/// no longer need them.
+/// no longer need them. Whether it failed for a reason waiting fixes.
 async fn sweep_timer(
     worker: &Worker,
     store: &Store,
     grace: std::time::Duration,
     catching_up: bool,
     pause: std::time::Duration,
-) {
+) -> bool {
     let timer = &store.timer().name;
     let metrics = &worker.ctx.metrics;
-    match sweep_once(worker, store, grace).await {
+    let transient = match sweep_once(worker, store, grace).await {
         Ok(swept) => {
             metrics.sweep(timer.as_str(), swept.result());
             metrics.sweep_succeeded(timer.as_str());
             metrics.set_timer_failing(timer.as_str(), Statements::Sweep, false);
             log_sweep(&swept, timer.as_str(), catching_up);
+            false
         }
         Err(e) => {
             metrics.sweep(timer.as_str(), SweepResult::Failed);
             metrics.set_timer_failing(timer.as_str(), Statements::Sweep, !e.is_row_fault());
-            tracing::warn!(error = %e, %timer, "sweep failed; next one in {pause:?}");
+            let transient = !e.is_permanent();
+            let next = if transient {
+                pause.min(worker.ctx.settings.sweeper.catch_up_interval)
+            } else {
+                pause
+            };
+            tracing::warn!(error = %e, %timer, "sweep failed; next one in {next:?}");
+            transient
         }
-    }
+    };
     match store.set_aside_count().await {
         Ok(n) => metrics.set_set_aside_rows(timer.as_str(), n),
         Err(e) => tracing::debug!(error = %e, %timer, "cannot count the rows set aside"),
@@ -178,6 +196,7 @@ async fn sweep_timer(
         Ok(n) => tracing::info!(rows = n, %timer, "forgot rows set aside that left their status"),
         Err(e) => tracing::debug!(error = %e, %timer, "cannot prune the rows set aside"),
     }
+    transient
 }
 
 fn log_sweep(swept: &Swept, timer: &str, catching_up: bool) {

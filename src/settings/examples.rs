@@ -181,7 +181,7 @@ fn mall_runs_the_four_clocks_of_oms_order_setting() {
         ],
     );
     for timer in &timers {
-        assert_eq!(timer.time_zone, "+08:00", "{}", timer.name);
+        assert_eq!(timer.time_zone.as_deref(), Some("+08:00"), "{}", timer.name);
         assert_eq!(timer.release, Release::None, "{}", timer.name);
     }
     // Stock, coupon and points back on cancel; one review row per line.

@@ -71,9 +71,14 @@ pub struct OrdersMapping {
     /// An extra SQL condition an order must meet to be cancelled
     /// (`delete_status = 0`); empty for none.
     pub guard: String,
-    /// Session time zone, for zone-less `DATETIME`/`TIMESTAMP` columns:
-    /// `UTC` or an offset such as `+08:00`.
-    pub time_zone: String,
+    /// The zone the shop writes its zone-less deadlines in (`DATETIME`,
+    /// `timestamp without time zone`, and what `NOW()` makes of epochs):
+    /// `UTC`, an offset such as `+08:00`, or a name (`America/New_York`),
+    /// set as the service's session zone. `None` (not set): the database's
+    /// own default for new sessions, the zone its `NOW()` writes in
+    /// (`store::zones` reads it, and refuses when the server's sessions do
+    /// not agree on one).
+    pub time_zone: Option<String>,
     /// Extra columns set by the cancelling UPDATE; values are SQL
     /// expressions.
     pub set: BTreeMap<String, String>,
@@ -103,7 +108,7 @@ impl Default for OrdersMapping {
             deadline: "expires_at".into(),
             deadline_unit: DeadlineUnit::Time,
             guard: String::new(),
-            time_zone: "UTC".into(),
+            time_zone: None,
             set: BTreeMap::from([
                 ("cancelled_at".to_owned(), "now()".to_owned()),
                 ("cancel_reason".to_owned(), "'payment timeout'".to_owned()),

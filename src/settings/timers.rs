@@ -145,8 +145,9 @@ pub struct Timer {
     pub deadline_unit: DeadlineUnit,
     /// An extra SQL condition (empty: none).
     pub guard: String,
-    /// Session time zone for zone-less columns.
-    pub time_zone: String,
+    /// The zone its zone-less deadlines are read in (`[orders].time_zone`):
+    /// `None`, the database's own session default.
+    pub time_zone: Option<String>,
     /// Extra columns set by the flip.
     pub set: BTreeMap<String, String>,
     /// Statements run once per flipped row, in the same transaction.
@@ -350,7 +351,7 @@ impl Settings {
             deadline: t.deadline.clone(),
             deadline_unit: t.deadline_unit,
             guard: t.guard.clone(),
-            time_zone: t.time_zone.clone().unwrap_or_else(|| o.time_zone.clone()),
+            time_zone: t.time_zone.clone().or_else(|| o.time_zone.clone()),
             set: t.set.clone(),
             also: t.also.clone(),
             also_keys: t.also_keys.clone(),
@@ -520,7 +521,7 @@ mod tests {
         let timers = s.timers().unwrap();
         let receive = &timers[1];
         assert_eq!(receive.table, "oms_order");
-        assert_eq!(receive.time_zone, "+08:00");
+        assert_eq!(receive.time_zone.as_deref(), Some("+08:00"));
         assert_eq!(receive.event, "order.auto_receive");
         assert_eq!(receive.watch, Some(Duration::from_secs(60)));
         assert_eq!(receive.release, Release::None);

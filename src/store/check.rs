@@ -10,6 +10,7 @@ use super::ids::IdColumn;
 use super::outbox::Mapped;
 use super::shape::{self, OrdersColumns, SchemaReport};
 use super::sql::{Check, Prepared, SqlDialect, SqlStore, first_column_type, tables_shape};
+use super::zones::{self, DeadlineKind, ZoneReport};
 use super::{Dialect, StoreError, releases, shop};
 use crate::settings::{Release, TimerKey};
 
@@ -33,7 +34,7 @@ impl<D: SqlDialect> SqlStore<D> {
         }
         let orders_columns = D::columns(self, &t.table).await?;
         let orders = shape::check_orders_columns(t, &orders_columns)?;
-        self.check_deadline_type().await?;
+        let zone = self.read_zone(self.check_deadline_type().await?).await?;
         self.check_codes_differ(&orders).await?;
         let items_columns = match t.release {
             Release::Grpc => Some(D::columns(self, &t.items.table).await?),
@@ -45,12 +46,12 @@ impl<D: SqlDialect> SqlStore<D> {
             .transpose()?;
         let sql = D::statements(self, &orders).await?;
         let items_base = items.as_ref().map(|(_, base)| base.as_str());
-        let mapped = shop::mapped::<D>(t, &orders, items_base);
+        let mapped = shop::mapped::<D>(t, &orders, items_base, zone.shifts());
         // The statements first: a placeholder in the guard would make the
         // count fail with a less helpful error.
         let also_params = self.check_statements(&mapped).await?;
         let also_keys = self.check_also_keys().await?;
-        let unpaid = self.count_waiting(&mapped).await?;
+        let (waiting, due, newest) = self.count_waiting(&mapped).await?;
         let unvacuumed = D::unvacuumed(self, &[&t.table, shape::OUTBOX]).await?;
         let shape = tables_shape(t, &orders_columns, items_columns.as_ref());
         Ok(Prepared {
@@ -62,14 +63,22 @@ impl<D: SqlDialect> SqlStore<D> {
             items_id: items.map(|(column, _)| column),
             also_params,
             also_keys,
-            report: SchemaReport::new(D::DIALECT, &self.timer, orders, unpaid, unvacuumed),
+            report: SchemaReport::new(
+                D::DIALECT,
+                &self.timer,
+                orders,
+                (waiting, due),
+                unvacuumed,
+                zone,
+                newest,
+            ),
         })
     }
 
     /// The deadline is a time, or a number when `deadline_unit` says it
     /// counts since the epoch ([`shape::check_deadline_type`]); the type is
     /// the server's description of the expression, read without running it.
-    async fn check_deadline_type(&self) -> Result<(), StoreError> {
+    async fn check_deadline_type(&self) -> Result<DeadlineKind, StoreError> {
         let t = &self.timer;
         let query = format!(
             "SELECT {} FROM {} AS o WHERE 1 = 0",
@@ -92,6 +101,20 @@ impl<D: SqlDialect> SqlStore<D> {
                 problem: t.problem(problem),
             },
             other => other,
+        })?;
+        Ok(shape::deadline_kind(D::DIALECT, t, &type_name))
+    }
+
+    /// Which zone the deadline is read in, and why (`zones::decide`): the
+    /// configured one, or the server's default for new sessions, unless
+    /// the deadline is zone-less and the server's sessions disagree.
+    async fn read_zone(&self, deadline: DeadlineKind) -> Result<ZoneReport, StoreError> {
+        let facts = D::zone_facts(self).await?;
+        zones::decide(self.timer.time_zone.as_deref(), deadline, &facts).map_err(|problem| {
+            StoreError::Schema {
+                key: self.timer.key(TimerKey::TimeZone),
+                problem: self.timer.problem(problem),
+            }
         })
     }
 
@@ -150,7 +173,7 @@ impl<D: SqlDialect> SqlStore<D> {
     /// first order due. A failure waiting can fix (the connection, a lock
     /// or statement timeout) is not a mistake in the mapping and stays
     /// transient.
-    async fn count_waiting(&self, mapped: &Mapped) -> Result<(i64, i64), StoreError> {
+    async fn count_waiting(&self, mapped: &Mapped) -> Result<(i64, i64, Option<i64>), StoreError> {
         self.count_rows(mapped).await.map_err(|error| {
             if !error.is_permanent() {
                 return error;

@@ -171,11 +171,11 @@ pub(crate) fn connect_timers(
             sqlx::Pool<<D as sql::SqlDialect>::Db>,
             sqlx::Pool<<D as sql::SqlDialect>::Db>,
         );
-        let mut pools: HashMap<&str, Pools<D>> = HashMap::new();
+        let mut pools: HashMap<Option<&str>, Pools<D>> = HashMap::new();
         let mut stores: Vec<Store> = Vec::with_capacity(timers.len());
         for timer in timers {
-            let zone = timer.time_zone.as_str();
-            let (on, own) = match pools.get(zone) {
+            let zone = timer.time_zone.as_deref();
+            let (on, own) = match pools.get(&zone) {
                 Some(p) => p.clone(),
                 None => {
                     let p = sql::SqlStore::<D>::pools(url, pool, zone)?;
@@ -183,7 +183,7 @@ pub(crate) fn connect_timers(
                     p
                 }
             };
-            let store: Store = Arc::new(sql::SqlStore::<D>::on_pool(on, own, timer));
+            let store: Store = Arc::new(sql::SqlStore::<D>::on_pool(url, on, own, timer));
             stores.push(Arc::new(bounded::Bounded::new(store, pool.client_timeout)));
         }
         Ok(stores)

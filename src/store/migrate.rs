@@ -54,7 +54,7 @@ impl<D: SqlDialect> SqlStore<D> {
 
 /// A connection of its own to `url` (to migrate and contract).
 async fn connect<D: SqlDialect>(url: &SecretUrl) -> Result<Conn<D>, StoreError> {
-    Ok(Conn::<D>::connect_with(&D::connect_options(url, "UTC")?).await?)
+    Ok(Conn::<D>::connect_with(&D::connect_options(url, Some("UTC"))?).await?)
 }
 
 /// Whether the one boolean `query` returns is true.

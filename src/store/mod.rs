@@ -57,6 +57,7 @@ mod sql;
 mod state;
 mod tls;
 mod values;
+pub(crate) mod zones;
 
 pub use connect::{PoolSettings, migrate};
 pub use connect::{ShopSchema, connect_lazy, connect_timer};

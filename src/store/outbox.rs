@@ -73,8 +73,11 @@ pub(crate) trait Vocabulary {
     fn shop_time(n: usize) -> String;
 
     /// The shop's clock, in the session's zone its deadlines are written
-    /// in: `now()`, `NOW(6)`.
-    const SHOP_NOW: &'static str;
+    /// in: `now()`, `NOW(6)`. `shifts`: the zone changes its offset during
+    /// the year, so a wall-clock time can be ambiguous (the hour repeated
+    /// in autumn) or skipped (in spring): then a time no zone-less deadline
+    /// at or before it is due before its later instant (`zones`).
+    fn shop_now(shifts: bool) -> String;
     /// `expr` as text.
     fn text(expr: &str) -> String;
     /// `expr` as a 64-bit integer.
@@ -83,8 +86,9 @@ pub(crate) trait Vocabulary {
     fn count_if(condition: &str) -> String;
     /// The deadline `deadline` (in the session's zone) as UTC microseconds
     /// since the epoch, NULL unless `usable`: never a value the driver
-    /// cannot represent.
-    fn epoch_micros(deadline: &str, usable: &str) -> String;
+    /// cannot represent. `shifts` as for [`Vocabulary::shop_now`]: then the
+    /// instant the deadline is due by [`Vocabulary::shop_now`].
+    fn epoch_micros(deadline: &str, usable: &str, shifts: bool) -> String;
     /// A digest of the whole row `o` (whose columns are `columns`): what
     /// tells a row set aside from the same row changed since.
     fn row_digest(columns: &[String]) -> String;

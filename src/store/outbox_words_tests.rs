@@ -134,7 +134,7 @@ fn mapped<V: Vocabulary>() -> (Timer, Mapped) {
         status_type: "text".into(),
         all: vec!["id".into(), "status".into()],
     };
-    let mapped = shop::mapped::<V>(&timer, &orders, Some("bigint"));
+    let mapped = shop::mapped::<V>(&timer, &orders, Some("bigint"), false);
     (timer, mapped)
 }
 

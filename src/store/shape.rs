@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::catalog::{Columns, TypeClass};
 use super::ids::IdColumn;
+use super::zones::{self, DeadlineKind, ZoneReport};
 use super::{Dialect, Page, RowCursor, StoreError};
 use crate::message::OrderId;
 use crate::settings::{
@@ -100,10 +101,22 @@ pub(crate) fn quote(dialect: Dialect, path: &str) -> String {
 /// The deadline as SQL: a quoted column, or the operator's expression.
 pub(crate) fn deadline_sql(dialect: Dialect, timer: &Timer) -> String {
     let raw = raw_deadline_sql(dialect, timer);
-    // Seconds since the epoch a timestamp can hold (years 1 to 9999):
-    // PostgreSQL's `to_timestamp` fails past them, for the whole
-    // statement; MySQL's `FROM_UNIXTIME` answers NULL.
+    // Seconds since the epoch a timestamp can hold (PostgreSQL: years 1 to
+    // 9999; its `to_timestamp` fails past them, for the whole statement),
+    // a `DATETIME` from the year 1000. A count before 1970, or 0, is an
+    // instant like any other (due long ago) on both dialects: MySQL's
+    // `FROM_UNIXTIME` answers NULL for a negative one (never due), so the
+    // instant is counted from 1970 in UTC, where adding is exact, and then
+    // shown in the session's zone as every zone-less time is.
     let (min, max) = (-62_135_596_800_i64, 253_402_300_799_i64);
+    let mysql_min = -30_610_224_000_i64;
+    let mysql = |bound: &str, per_unit: &str| {
+        format!(
+            "(CASE WHEN {raw} BETWEEN {mysql_min}{bound} AND {max}{bound} THEN \
+             CONVERT_TZ(TIMESTAMP'1970-01-01 00:00:00' + INTERVAL (({raw}) * {per_unit}) MICROSECOND, \
+                        '+00:00', @@session.time_zone) END)"
+        )
+    };
     match (dialect, timer.deadline_unit) {
         (_, DeadlineUnit::Time) => raw,
         (Dialect::Postgres, DeadlineUnit::Seconds) => {
@@ -112,8 +125,8 @@ pub(crate) fn deadline_sql(dialect: Dialect, timer: &Timer) -> String {
         (Dialect::Postgres, DeadlineUnit::Milliseconds) => format!(
             "(CASE WHEN {raw} BETWEEN {min}000 AND {max}000 THEN to_timestamp({raw} / 1000.0) END)"
         ),
-        (Dialect::MySql, DeadlineUnit::Seconds) => format!("FROM_UNIXTIME({raw})"),
-        (Dialect::MySql, DeadlineUnit::Milliseconds) => format!("FROM_UNIXTIME({raw} / 1000)"),
+        (Dialect::MySql, DeadlineUnit::Seconds) => mysql("", "1000000"),
+        (Dialect::MySql, DeadlineUnit::Milliseconds) => mysql("000", "1000"),
     }
 }
 
@@ -155,6 +168,22 @@ impl DeadlineType {
             "" | "NULL" | "UNKNOWN" | "VOID" => Self::Unknown,
             _ => Self::Other,
         }
+    }
+}
+
+/// What a deadline of the type `type_name` (as the driver names it) is on
+/// `dialect`: an instant (`timestamptz`, MySQL's `TIMESTAMP`, a count
+/// since the epoch), or a wall-clock time with no zone (`DATETIME`,
+/// PostgreSQL's `timestamp`, a `date`; also a type the driver does not
+/// name, to be safe).
+pub(crate) fn deadline_kind(dialect: Dialect, timer: &Timer, type_name: &str) -> DeadlineKind {
+    let name = type_name.to_ascii_uppercase();
+    let base = name.split([' ', '(']).next().unwrap_or("");
+    match (timer.deadline_unit, dialect, base) {
+        (DeadlineUnit::Seconds | DeadlineUnit::Milliseconds, _, _)
+        | (DeadlineUnit::Time, Dialect::Postgres, "TIMESTAMPTZ")
+        | (DeadlineUnit::Time, Dialect::MySql, "TIMESTAMP") => DeadlineKind::Instant,
+        (DeadlineUnit::Time, _, _) => DeadlineKind::ZoneLess,
     }
 }
 
@@ -446,6 +475,11 @@ pub struct SchemaReport {
     /// (PostgreSQL with autovacuum off, for the server or the table): the
     /// start-up log warns, and `schema check` says so.
     pub unvacuumed: Vec<String>,
+    /// Which zone the deadline is read in, and why.
+    pub zone: ZoneReport,
+    /// The warning when every waiting row is overdue by an hour or more
+    /// although the deadline has no zone (`zones::overdue_warning`).
+    pub zone_warning: Option<String>,
 }
 
 impl SchemaReport {
@@ -456,8 +490,12 @@ impl SchemaReport {
         columns: OrdersColumns,
         waiting: (i64, i64),
         unvacuumed: Vec<String>,
+        zone: ZoneReport,
+        newest_us: Option<i64>,
     ) -> Self {
         let o = timer;
+        let now_us = chrono::Utc::now().timestamp_micros();
+        let zone_warning = zones::overdue_warning(&zone, waiting.0, newest_us, now_us);
         Self {
             dialect,
             timer: timer.name.to_string(),
@@ -473,6 +511,8 @@ impl SchemaReport {
             release: timer.release,
             items: (timer.release == Release::Grpc).then(|| timer.items.table.clone()),
             unvacuumed,
+            zone,
+            zone_warning,
         }
     }
 }
@@ -491,6 +531,7 @@ impl fmt::Display for SchemaReport {
             self.table, self.id_type, self.id_kind, self.status_type
         )?;
         writeln!(f, "deadline: {}", self.deadline)?;
+        writeln!(f, "zone:     {}", self.zone)?;
         if !self.guard.is_empty() {
             writeln!(f, "guard:    {}", self.guard)?;
         }
@@ -499,6 +540,16 @@ impl fmt::Display for SchemaReport {
             "waiting:  {} rows in status {}, {} of them overdue",
             self.waiting.0, self.flip.0, self.waiting.1
         )?;
+        if let Some(warning) = &self.zone_warning {
+            writeln!(f, "WARNING:  {warning}")?;
+        }
+        if self.zone.differs_from_utc_default() {
+            writeln!(
+                f,
+                "note:     before 0.3.0 these deadlines were read in UTC (the old default); \
+                 set time_zone = \"UTC\" to keep that reading"
+            )?;
+        }
         writeln!(f, "also:     {} statement(s) prepared", self.also)?;
         match (&self.release, &self.items) {
             (Release::Grpc, Some(items)) => write!(f, "release:  gRPC, items from {items}")?,
@@ -620,9 +671,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("remove [orders].deadline_unit"), "{err}");
-        assert_eq!(
-            deadline_sql(Dialect::MySql, &timer),
-            "FROM_UNIXTIME((UNIX_TIMESTAMP(create_time) + 1800))"
+        let mysql = deadline_sql(Dialect::MySql, &timer);
+        assert!(
+            mysql.contains(
+                "INTERVAL (((UNIX_TIMESTAMP(create_time) + 1800)) * 1000000) MICROSECOND"
+            ) && mysql.contains("BETWEEN -30610224000 AND 253402300799"),
+            "{mysql}"
         );
         timer.deadline = "add_time".into();
         timer.deadline_unit = DeadlineUnit::Milliseconds;

@@ -29,9 +29,10 @@ use super::sql::{Check, ItemRow, PageRow, Prepared, SqlDialect, SqlStore};
 use super::{RowFacts, SET_ASIDE_HOURLY_TRIES, StoreError};
 use crate::settings::{Timer, TimerKey};
 
-/// Rows in the `from` status passing the guard, and how many are due.
+/// Rows in the `from` status passing the guard, how many are due, and
+/// when the newest is (UTC microseconds).
 const COUNT: &str = "\
-SELECT count(*), {count_due} FROM {table} AS o WHERE {status} = {from} AND {guard}";
+SELECT count(*), {count_due}, max({expires}) FROM {table} AS o WHERE {status} = {from} AND {guard}";
 
 /// The sweeper's page: overdue rows in (deadline, id) order after the
 /// cursor, leaving out the rows this timer flipped before (their outbox
@@ -151,16 +152,22 @@ pub(super) const TEMPLATES: [(&str, &str); 13] = templates![
 /// The words of `timer`'s mapping in dialect `D`, over the orders table's
 /// `orders` columns and, when the items are read, the base type of the
 /// items table's order id column.
+///
+/// `shifts`: the session's zone changes its offset during the year
+/// (`zones::ZoneReport::shifts`), so zone-less deadlines are compared as
+/// the dialect compares them there (`Vocabulary::shop_now`).
 pub(super) fn mapped<D: Vocabulary>(
     timer: &Timer,
     orders: &OrdersColumns,
     items_id_base: Option<&str>,
+    shifts: bool,
 ) -> Mapped {
     let q = |s: &str| shape::quote(D::DIALECT, s);
     let row_id = format!("o.{}", q(&timer.id));
     let deadline = shape::deadline_sql(D::DIALECT, timer);
     let usable = shape::usable_deadline_sql(&deadline);
-    let due = format!("({deadline} <= {} AND {usable})", D::SHOP_NOW);
+    let shop_now = D::shop_now(shifts);
+    let due = format!("({deadline} <= {shop_now} AND {usable})");
     let set: String = (timer.set.iter())
         .map(|(column, value)| format!(", {} = {value}", q(column)))
         .collect();
@@ -174,14 +181,14 @@ pub(super) fn mapped<D: Vocabulary>(
             ("status", format!("o.{}", q(&timer.status))),
             ("status_column", q(&timer.status)),
             ("set", set),
-            ("expires", D::epoch_micros(&deadline, &usable)),
+            ("expires", D::epoch_micros(&deadline, &usable, shifts)),
             ("count_due", D::count_if(&due)),
             ("due", due),
             ("deadline", deadline),
             ("usable", usable),
             ("guard", shape::guard_sql(timer)),
             ("digest_of_row", D::row_digest(&orders.all)),
-            ("shop_now", D::SHOP_NOW.to_owned()),
+            ("shop_now", shop_now),
             ("items_table", q(&i.table)),
             ("item_order_id_text", D::text(&item_order_id)),
             ("item_order_id", item_order_id),
@@ -268,12 +275,15 @@ impl<D: SqlDialect> SqlStore<D> {
         D::execute(&mut *self.pool.acquire().await?, statement).await
     }
 
-    /// Rows in the `from` status passing the guard, and how many of them
-    /// are overdue.
-    pub(super) async fn count_rows(&self, mapped: &Mapped) -> Result<(i64, i64), StoreError> {
+    /// Rows in the `from` status passing the guard, how many of them are
+    /// overdue, and the newest one's deadline (UTC microseconds).
+    pub(super) async fn count_rows(
+        &self,
+        mapped: &Mapped,
+    ) -> Result<(i64, i64, Option<i64>), StoreError> {
         let values = [("from", Value::Status(&self.timer.from))];
         let rows = self.rows_with(mapped, COUNT, &values).await?;
-        Ok(rows.into_iter().next().unwrap_or((0, 0)))
+        Ok(rows.into_iter().next().unwrap_or((0, 0, None)))
     }
 
     /// `(id, deadline)` of rows in the `from` status overdue by more than

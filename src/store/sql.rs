@@ -28,6 +28,7 @@ use super::outbox::{self, Mapped, OwnRow, OwnTables, Statement, Vocabulary};
 use super::parked::{self, NewParked, ParkedFilter, ParkedRow};
 use super::releases::Expansion;
 use super::shape::{self, OrdersColumns, SchemaReport};
+use super::zones::ZoneFacts;
 use super::{
     Dialect, HistoryCursor, HistoryRow, NextAttempt, OrderFacts, OrderFailure, OrderItem,
     OrderState, OrderStore, OutboxFailure, Page, PoolSettings, RowCursor, SetAsideRow, StoreError,
@@ -50,19 +51,20 @@ pub(crate) trait SqlDialect:
     type Statements: fmt::Debug + Send + Sync;
 
     /// A pool on `url` of `pool`'s size, connecting lazily, whose sessions
-    /// read zone-less times in `time_zone` and wait for locks and
-    /// statements at most `pool`'s timeouts.
+    /// read zone-less times in `time_zone` (`None`: the server's default
+    /// for new sessions, left as it is) and wait for locks and statements
+    /// at most `pool`'s timeouts.
     fn pool(
         url: &SecretUrl,
         pool: PoolSettings,
-        time_zone: &str,
+        time_zone: Option<&str>,
     ) -> Result<Pool<Self::Db>, StoreError>;
 
     /// How to connect to `url`, with sessions that read zone-less times in
-    /// `time_zone`.
+    /// `time_zone` (`None`: the server's default).
     fn connect_options(
         url: &SecretUrl,
-        time_zone: &str,
+        time_zone: Option<&str>,
     ) -> Result<<Conn<Self> as sqlx::Connection>::Options, StoreError>;
 
     /// Creates the database `url` names if it does not exist.
@@ -82,6 +84,14 @@ pub(crate) trait SqlDialect:
     /// What the migrations keep for the previous release
     /// ([`super::releases`]).
     const EXPANSIONS: &'static [Expansion];
+
+    /// The time zones as [`super::zones`] needs them: the zone of a
+    /// session of the store's pool and its offsets, the zone a session of
+    /// the server's own defaults starts in, and the zones other sessions
+    /// of the database start in.
+    fn zone_facts(
+        store: &SqlStore<Self>,
+    ) -> impl Future<Output = Result<ZoneFacts, StoreError>> + Send;
 
     /// A table's columns; empty when there is no such table.
     fn columns(
@@ -234,6 +244,9 @@ pub(crate) struct ItemRow {
 /// mapping, and what the schema check found (once).
 #[derive(Debug)]
 pub(crate) struct SqlStore<D: SqlDialect> {
+    /// The database, for the one session of the server's own defaults the
+    /// check opens to read its time zones (`store::zones`).
+    pub(super) url: SecretUrl,
     /// The shop's tables: the cancel transaction, the scans, the items.
     pub(super) pool: Pool<D::Db>,
     /// The service's own tables (outbox marks, leases, the watch, the rows
@@ -309,15 +322,21 @@ impl<D: SqlDialect> SqlStore<D> {
         pool: PoolSettings,
         timer: &Timer,
     ) -> Result<Self, StoreError> {
-        let (pool, own) = Self::pools(url, pool, &timer.time_zone)?;
-        Ok(Self::on_pool(pool, own, timer))
+        let (pool, own) = Self::pools(url, pool, timer.time_zone.as_deref())?;
+        Ok(Self::on_pool(url, pool, own, timer))
     }
 
     /// The store of `timer` on existing pools (whose sessions read
     /// zone-less times in the timer's time zone): `pool` for the shop's
     /// tables, `own` for the service's.
-    pub(crate) fn on_pool(pool: Pool<D::Db>, own: Pool<D::Db>, timer: &Timer) -> Self {
+    pub(crate) fn on_pool(
+        url: &SecretUrl,
+        pool: Pool<D::Db>,
+        own: Pool<D::Db>,
+        timer: &Timer,
+    ) -> Self {
         Self {
+            url: url.clone(),
             pool,
             own,
             timer: timer.clone(),
@@ -334,7 +353,7 @@ impl<D: SqlDialect> SqlStore<D> {
     pub(crate) fn pools(
         url: &SecretUrl,
         pool: PoolSettings,
-        time_zone: &str,
+        time_zone: Option<&str>,
     ) -> Result<Pools<D>, StoreError> {
         let own = PoolSettings {
             max_connections: OWN_CONNECTIONS,
@@ -387,7 +406,7 @@ impl<D: SqlDialect> SqlStore<D> {
                         "the server does not know the time zone {:?} ({other}): write it as an \
                      offset such as \"+08:00\", or load the server's time zone tables \
                      (mariadb-tzinfo-to-sql /usr/share/zoneinfo | mariadb mysql)",
-                        self.timer.time_zone
+                        self.timer.time_zone.as_deref().unwrap_or_default()
                     )),
                 }
             }

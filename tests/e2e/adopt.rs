@@ -168,7 +168,7 @@ fn mall_mapping() -> (OrdersMapping, InventorySettings) {
         deadline: "create_time + INTERVAL (SELECT normal_order_overtime FROM oms_order_setting WHERE id = 1) MINUTE".into(),
         deadline_unit: order_timeout::settings::DeadlineUnit::Time,
         guard: "delete_status = 0".into(),
-        time_zone: "+08:00".into(),
+        time_zone: Some("+08:00".into()),
         set: BTreeMap::from([("modify_time".to_owned(), "NOW()".to_owned())]),
         also: vec![
             "UPDATE pms_sku_stock s JOIN oms_order_item i ON i.product_sku_id = s.id \

@@ -36,3 +36,4 @@ mod timers;
 mod tls;
 mod upgrade;
 mod worked_configs;
+mod zones;

@@ -112,6 +112,7 @@ matrix! {
             integer_deadlines_are_refused_as_times_and_work_with_their_unit,
             a_widened_id_column_is_read_again_without_a_restart,
             an_unknown_time_zone_is_refused_naming_the_key,
+            negative_and_zero_epochs_are_instants_due_long_ago,
         },
         in scans {
             scans_read_past_rows_that_are_no_orders,

@@ -87,6 +87,10 @@ fn databases(
             // MySQL's now() has whole seconds; the demo measures lateness
             // in milliseconds from this column.
             orders.set.insert("cancelled_at".into(), "NOW(6)".into());
+            // The demo writes the reference shop's DATETIMEs in UTC (from
+            // this host's clock), whatever zone the server's sessions
+            // start in.
+            orders.time_zone = Some("UTC".into());
             Ok((
                 Settings {
                     database_url: orders_url,

@@ -34,6 +34,7 @@ pub mod measure;
 pub mod netns;
 pub mod partition;
 pub mod private_broker;
+pub mod private_mariadb;
 pub mod private_pg;
 pub mod scratch;
 pub mod shop;

@@ -20,6 +20,7 @@ use crate::store::outbox::{self, OwnRow, Statement, Value, Vocabulary};
 use crate::store::releases::{self, Expansion};
 use crate::store::shape::{self, OrdersColumns};
 use crate::store::sql::{Prepared, SqlDialect, SqlStore, parameter_count, pool_options};
+use crate::store::zones::ZoneFacts;
 use crate::store::{Dialect, PoolSettings, StoreError};
 
 mod statements;
@@ -140,17 +141,23 @@ impl SqlDialect for MySql {
          WHERE table_schema = DATABASE() AND table_name = 'order_timeout_cancel_outbox')";
     const EXPANSIONS: &'static [Expansion] = &[releases::KEPT_FOR_0_1_0_MYSQL];
 
+    /// `time_zone` set as the session's `time_zone`; `None` sets none, so
+    /// that the session keeps the server's (`@@global.time_zone`).
     fn connect_options(
         url: &SecretUrl,
-        time_zone: &str,
+        time_zone: Option<&str>,
     ) -> Result<MySqlConnectOptions, StoreError> {
         super::mysql_options(url).map(|o| {
             o.log_statements(tracing::log::LevelFilter::Trace)
-                .timezone(Some(mysql_time_zone(time_zone)))
+                .timezone(time_zone.map(mysql_time_zone))
         })
     }
 
-    fn pool(url: &SecretUrl, pool: PoolSettings, time_zone: &str) -> Result<MySqlPool, StoreError> {
+    fn pool(
+        url: &SecretUrl,
+        pool: PoolSettings,
+        time_zone: Option<&str>,
+    ) -> Result<MySqlPool, StoreError> {
         Ok(pool_options::<Self>(pool)
             // READ COMMITTED: the cancel transaction's locking read of outbox
             // rows that do not exist yet takes no gap locks, so two batches
@@ -169,7 +176,7 @@ impl SqlDialect for MySql {
     }
 
     async fn create_database(url: &SecretUrl) -> Result<(), StoreError> {
-        let options = Self::connect_options(url, "UTC")?;
+        let options = Self::connect_options(url, Some("UTC"))?;
         let Some(name) = options.get_database().map(str::to_owned) else {
             return Ok(());
         };
@@ -187,6 +194,54 @@ impl SqlDialect for MySql {
         let mut migrator = sqlx::migrate!("./migrations/mysql");
         migrator.dangerous_set_table_name("order_timeout_migrations");
         Ok(migrator.run(conn).await?)
+    }
+
+    /// The pool's `time_zone` (`SYSTEM` with the server's system zone)
+    /// and its offsets; then, on a session opened with no zone set, the
+    /// zone it starts in, and the server's `time_zone` when that differs
+    /// (an `init_connect` that sets one, which runs for users without
+    /// `SUPER` only).
+    async fn zone_facts(store: &MySqlStore) -> Result<ZoneFacts, StoreError> {
+        const NAMED: &str = "CAST(IF(@@session.time_zone = 'SYSTEM', \
+             CONCAT('SYSTEM (', @@system_time_zone, ')'), @@session.time_zone) AS CHAR)";
+        let offset = |month: &str| {
+            format!(
+                "CAST(COALESCE(TIMESTAMPDIFF(SECOND, \
+                     CONCAT(YEAR(UTC_TIMESTAMP()), '-{month}-15 12:00:00'), \
+                     CONVERT_TZ(CONCAT(YEAR(UTC_TIMESTAMP()), '-{month}-15 12:00:00'), \
+                                '+00:00', @@session.time_zone)), 0) AS SIGNED)"
+            )
+        };
+        let (session, january, july): (String, i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {NAMED}, {}, {}",
+            offset("01"),
+            offset("07")
+        )))
+        .fetch_one(&store.pool)
+        .await?;
+        let mut plain = Self::connect_options(&store.url, None)?.connect().await?;
+        let (server, global): (String, String) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {NAMED}, CAST(IF(@@global.time_zone = 'SYSTEM', \
+                 CONCAT('SYSTEM (', @@system_time_zone, ')'), @@global.time_zone) AS CHAR)"
+        )))
+        .fetch_one(&mut plain)
+        .await?;
+        let _ = plain.close().await;
+        let others = if global == server {
+            Vec::new()
+        } else {
+            vec![(
+                "the server's time_zone, where sessions of users with SUPER start".to_owned(),
+                global,
+            )]
+        };
+        let seconds = |s: i64| i32::try_from(s).unwrap_or(0);
+        Ok(ZoneFacts {
+            session,
+            offsets: (seconds(january), seconds(july)),
+            server,
+            others,
+        })
     }
 
     async fn columns(store: &MySqlStore, table: &str) -> Result<Columns, StoreError> {
@@ -381,7 +436,28 @@ impl Vocabulary for MySql {
         "CONVERT_TZ(?, '+00:00', @@session.time_zone)".to_owned()
     }
 
-    const SHOP_NOW: &'static str = "NOW(6)";
+    /// MySQL compares wall-clock times: where the session's zone shifts,
+    /// `NOW(6)` in the first pass of the hour repeated in autumn (01:10
+    /// summer time) is after a deadline of 01:40 written in the second pass
+    /// (an hour later), and in spring a deadline in the skipped hour
+    /// (02:29, written by `NOW() + INTERVAL 30 MINUTE` at 01:59) is before
+    /// the first time after the skip (03:00). So the clock it is compared
+    /// with is the earliest of now, an hour ahead less an hour and an hour
+    /// ago plus an hour, each converted from UTC (which is never
+    /// ambiguous): no deadline is due before its later instant; around a
+    /// change of offset one is due up to an hour late. A zone without
+    /// shifts compares with `NOW(6)`.
+    fn shop_now(shifts: bool) -> String {
+        if !shifts {
+            return "NOW(6)".to_owned();
+        }
+        "LEAST(NOW(6), \
+         CONVERT_TZ(UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, '+00:00', @@session.time_zone) \
+           - INTERVAL 1 HOUR, \
+         CONVERT_TZ(UTC_TIMESTAMP(6) - INTERVAL 1 HOUR, '+00:00', @@session.time_zone) \
+           + INTERVAL 1 HOUR)"
+            .to_owned()
+    }
 
     fn text(expr: &str) -> String {
         format!("CAST({expr} AS CHAR)")
@@ -395,10 +471,27 @@ impl Vocabulary for MySql {
         format!("CAST(COALESCE(SUM({condition}), 0) AS SIGNED)")
     }
 
-    fn epoch_micros(deadline: &str, usable: &str) -> String {
+    /// Where the zone shifts, the instant [`Vocabulary::shop_now`] makes
+    /// the deadline due: the latest of its conversion to UTC, an hour
+    /// later's less an hour and an hour earlier's plus an hour (MySQL
+    /// converts an ambiguous time to one of its instants, a skipped one to
+    /// the end of the skip), so that a deadline read as not yet due is
+    /// never reported past.
+    fn epoch_micros(deadline: &str, usable: &str, shifts: bool) -> String {
+        let utc = |d: &str| format!("CONVERT_TZ({d}, @@session.time_zone, '+00:00')");
+        let instant = if shifts {
+            format!(
+                "GREATEST({}, {} - INTERVAL 1 HOUR, {} + INTERVAL 1 HOUR)",
+                utc(deadline),
+                utc(&format!("{deadline} + INTERVAL 1 HOUR")),
+                utc(&format!("{deadline} - INTERVAL 1 HOUR"))
+            )
+        } else {
+            utc(deadline)
+        };
         format!(
             "CASE WHEN {usable} THEN TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', \
-             CONVERT_TZ({deadline}, @@session.time_zone, '+00:00')) END"
+             {instant}) END"
         )
     }
 

@@ -20,6 +20,7 @@ use crate::store::outbox::{NewOutboxRow, OwnRow, Statement, Value, Vocabulary};
 use crate::store::releases::{self, Expansion};
 use crate::store::shape::{self, OrdersColumns};
 use crate::store::sql::{Prepared, SqlDialect, SqlStore, pool_options};
+use crate::store::zones::ZoneFacts;
 use crate::store::{Dialect, PoolSettings, StoreError};
 
 mod also;
@@ -48,6 +49,151 @@ fn pg_time_zone(time_zone: &str) -> String {
     }
 }
 
+/// Sets the session's `TimeZone` to `zone` (the timer's `time_zone`, in
+/// PostgreSQL's form), or, with none, to the zone a session of this role
+/// starts in on this database when it names none itself
+/// ([`default_zones`]): the zone the shop's own sessions (and their
+/// `localtimestamp`) run in. Run on every new connection of a pool.
+async fn set_session_zone(conn: &mut sqlx::PgConnection, zone: Option<&str>) -> sqlx::Result<()> {
+    let zone = match zone {
+        Some(zone) => zone.to_owned(),
+        None => default_zones(conn).await?.service.0,
+    };
+    sqlx::query("SELECT set_config('TimeZone', $1, false)")
+        .bind(zone)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The zones sessions start in on this database when the client names none
+/// (sqlx always names UTC, so the service has to work it out): for the
+/// service's own role, and for every other role whose sessions start
+/// elsewhere.
+struct DefaultZones {
+    /// The service's role's: the zone and where it comes from.
+    service: (String, String),
+    /// Other roles' (each role with a `timezone` of its own, and "other
+    /// roles"): whose, and the zone.
+    others: Vec<(String, String)>,
+}
+
+/// PostgreSQL's order, most specific first: `ALTER ROLE r IN DATABASE d
+/// SET timezone`, `ALTER ROLE r SET`, `ALTER DATABASE d SET`, `ALTER ROLE
+/// ALL SET`, then the server's configuration (`postgresql.conf`, `ALTER
+/// SYSTEM`), read from `pg_file_settings` where the role may; else its
+/// `log_timezone` (initdb writes both from the machine's zone).
+async fn default_zones(conn: &mut sqlx::PgConnection) -> sqlx::Result<DefaultZones> {
+    // (role, or none for every role; this database only; zone)
+    let settings: Vec<(Option<String>, bool, String)> = sqlx::query_as(
+        "SELECT r.rolname::text, s.setdatabase <> 0, substr(c, 10) \
+           FROM pg_db_role_setting s \
+           LEFT JOIN pg_roles r ON r.oid = s.setrole AND s.setrole <> 0 \
+          CROSS JOIN LATERAL unnest(s.setconfig) AS c \
+          WHERE lower(c) LIKE 'timezone=%' \
+            AND s.setdatabase IN (0, (SELECT oid FROM pg_database \
+                                       WHERE datname = current_database()))",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let me: String = sqlx::query_scalar("SELECT current_user::text")
+        .fetch_one(&mut *conn)
+        .await?;
+    let server = server_zone(conn).await?;
+    let service = effective_zone(&settings, Some(&me), &server);
+    let mut others = Vec::new();
+    let mut roles: Vec<&str> = (settings.iter())
+        .filter_map(|(role, _, _)| role.as_deref())
+        .filter(|role| *role != me)
+        .collect();
+    roles.sort_unstable();
+    roles.dedup();
+    for role in roles {
+        let (zone, _) = effective_zone(&settings, Some(role), &server);
+        others.push((format!("role {role}"), zone));
+    }
+    let (zone, _) = effective_zone(&settings, None, &server);
+    others.push(("other roles".to_owned(), zone));
+    Ok(DefaultZones { service, others })
+}
+
+/// The zone of the server's configuration (`postgresql.conf`, `ALTER
+/// SYSTEM`) and where it was read: `pg_file_settings` where the role may
+/// read it (its built-in default, GMT, when no file sets one), else the
+/// server's `log_timezone`.
+async fn server_zone(conn: &mut sqlx::PgConnection) -> sqlx::Result<(String, String)> {
+    let readable: bool = sqlx::query_scalar(
+        "SELECT has_function_privilege('pg_show_all_file_settings()', 'EXECUTE')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let file: Option<String> = if readable {
+        sqlx::query_scalar(
+            "SELECT setting FROM pg_file_settings \
+              WHERE lower(name) = 'timezone' AND error IS NULL \
+              ORDER BY seqno DESC LIMIT 1",
+        )
+        .fetch_optional(&mut *conn)
+        .await?
+    } else {
+        None
+    };
+    Ok(match (readable, file) {
+        (_, Some(zone)) => (zone, "the server's configuration".to_owned()),
+        (true, None) => {
+            let boot: String =
+                sqlx::query_scalar("SELECT boot_val FROM pg_settings WHERE name = 'TimeZone'")
+                    .fetch_one(&mut *conn)
+                    .await?;
+            (boot, "the server's built-in default".to_owned())
+        }
+        (false, None) => {
+            let log: String = sqlx::query_scalar("SELECT current_setting('log_timezone')")
+                .fetch_one(&mut *conn)
+                .await?;
+            (
+                log,
+                "the server's log_timezone: this role may not read its timezone setting".to_owned(),
+            )
+        }
+    })
+}
+
+/// The zone a session of `role` (none: a role without settings of its
+/// own) starts in, and where it comes from, by PostgreSQL's precedence.
+fn effective_zone(
+    settings: &[(Option<String>, bool, String)],
+    role: Option<&str>,
+    server: &(String, String),
+) -> (String, String) {
+    let find = |of_role: bool, this_db: bool| {
+        settings.iter().find(|(r, db, _)| {
+            *db == this_db
+                && match (of_role, r.as_deref(), role) {
+                    (true, Some(r), Some(role)) => r == role,
+                    (true, _, _) => false,
+                    (false, r, _) => r.is_none(),
+                }
+        })
+    };
+    let steps = [
+        (true, true, "the role's setting in this database"),
+        (true, false, "the role's setting"),
+        (false, true, "the database's setting"),
+        (false, false, "the setting of every role"),
+    ];
+    for (of_role, this_db, whose) in steps {
+        if let Some((_, _, zone)) = find(of_role, this_db) {
+            let whose = match role {
+                Some(role) if of_role => format!("{whose} (role {role})"),
+                _ => whose.to_owned(),
+            };
+            return (zone.clone(), whose);
+        }
+    }
+    server.clone()
+}
+
 /// A timeout as PostgreSQL's milliseconds, at least 1 (0 would mean no
 /// timeout at all) and at most the largest it takes (`INT_MAX`, 24.8 days:
 /// a larger one refuses the connection).
@@ -62,9 +208,13 @@ impl SqlDialect for Postgres {
     const FRESH: &'static str = "SELECT to_regclass('order_timeout_cancel_outbox') IS NULL";
     const EXPANSIONS: &'static [Expansion] = &[releases::OUTBOX_ORDER_ID_UNIQUE];
 
-    fn connect_options(url: &SecretUrl, time_zone: &str) -> Result<PgConnectOptions, StoreError> {
+    fn connect_options(
+        url: &SecretUrl,
+        time_zone: Option<&str>,
+    ) -> Result<PgConnectOptions, StoreError> {
         super::pg_options(url).map(|o| {
-            o.log_statements(tracing::log::LevelFilter::Trace)
+            let o = o
+                .log_statements(tracing::log::LevelFilter::Trace)
                 // Plan every execution with its real parameters. With cached
                 // generic plans, a connection that prepared the cancel
                 // statement while `orders`/the outbox were nearly empty
@@ -72,11 +222,12 @@ impl SqlDialect for Postgres {
                 // on a fresh database: one seq scan of each table per batch,
                 // cancellations capped near 700/s). Planning costs well under
                 // a millisecond per statement.
-                .options([
-                    ("plan_cache_mode", "force_custom_plan"),
-                    // Zone-less `timestamp` columns are read in this zone.
-                    ("TimeZone", &pg_time_zone(time_zone)),
-                ])
+                .options([("plan_cache_mode", "force_custom_plan")]);
+            // The zone is set after connecting ([`set_session_zone`]): sqlx
+            // sends `TimeZone=UTC` in the start-up packet, which outranks
+            // any zone given in `options` and the role's and database's own.
+            let _ = time_zone;
+            o
         })
     }
 
@@ -88,7 +239,11 @@ impl SqlDialect for Postgres {
     /// then, releasing its row locks, rather than when the client's close
     /// finally reaches it (tens of seconds after the network heals). The
     /// service never leaves a transaction idle between its statements.
-    fn pool(url: &SecretUrl, pool: PoolSettings, time_zone: &str) -> Result<PgPool, StoreError> {
+    fn pool(
+        url: &SecretUrl,
+        pool: PoolSettings,
+        time_zone: Option<&str>,
+    ) -> Result<PgPool, StoreError> {
         let options = Self::connect_options(url, time_zone)?.options([
             ("lock_timeout", millis(pool.lock_timeout)),
             ("statement_timeout", millis(pool.statement_timeout)),
@@ -97,11 +252,17 @@ impl SqlDialect for Postgres {
                 millis(pool.client_timeout),
             ),
         ]);
-        Ok(pool_options::<Self>(pool).connect_lazy_with(options))
+        let zone = time_zone.map(pg_time_zone);
+        Ok(pool_options::<Self>(pool)
+            .after_connect(move |conn, _| {
+                let zone = zone.clone();
+                Box::pin(async move { set_session_zone(conn, zone.as_deref()).await })
+            })
+            .connect_lazy_with(options))
     }
 
     async fn create_database(url: &SecretUrl) -> Result<(), StoreError> {
-        let options = Self::connect_options(url, "UTC")?;
+        let options = Self::connect_options(url, Some("UTC"))?;
         let name = options.get_database().unwrap_or("postgres").to_owned();
         let admin = options.database("postgres");
         let mut conn = sqlx::PgConnection::connect_with(&admin).await?;
@@ -127,6 +288,35 @@ impl SqlDialect for Postgres {
         let mut migrator = sqlx::migrate!("./migrations/postgres");
         migrator.dangerous_set_table_name("order_timeout_migrations");
         Ok(migrator.run(conn).await?)
+    }
+
+    /// The pool's `TimeZone` and its offsets; then the zone a session of
+    /// the service's role starts in on this database, and the zones other
+    /// roles' sessions start in where they differ ([`default_zones`]).
+    async fn zone_facts(store: &PgStore) -> Result<ZoneFacts, StoreError> {
+        let (session, january, july): (String, i32, i32) = sqlx::query_as(
+            "SELECT current_setting('TimeZone'), \
+                    extract(timezone FROM make_timestamptz( \
+                        extract(year FROM now())::int, 1, 15, 12, 0, 0))::int4, \
+                    extract(timezone FROM make_timestamptz( \
+                        extract(year FROM now())::int, 7, 15, 12, 0, 0))::int4",
+        )
+        .fetch_one(&store.pool)
+        .await?;
+        let mut conn = store.pool.acquire().await?;
+        let zones = default_zones(&mut conn).await?;
+        drop(conn);
+        let others = zones
+            .others
+            .into_iter()
+            .filter(|(_, zone)| !zone.eq_ignore_ascii_case(&zones.service.0))
+            .collect();
+        Ok(ZoneFacts {
+            session,
+            offsets: (january, july),
+            server: format!("{} ({})", zones.service.0, zones.service.1),
+            others,
+        })
     }
 
     async fn columns(store: &PgStore, table: &str) -> Result<Columns, StoreError> {
@@ -295,7 +485,13 @@ impl Vocabulary for Postgres {
         format!("${n}::timestamptz")
     }
 
-    const SHOP_NOW: &'static str = "now()";
+    /// PostgreSQL compares a zone-less `timestamp` with `now()` as the
+    /// instant it stands for in the session's zone, an ambiguous or skipped
+    /// wall-clock time as the later one: nothing to add where the zone
+    /// shifts.
+    fn shop_now(_shifts: bool) -> String {
+        "now()".to_owned()
+    }
 
     fn text(expr: &str) -> String {
         format!("({expr})::text")
@@ -309,7 +505,7 @@ impl Vocabulary for Postgres {
         format!("count(*) FILTER (WHERE {condition})")
     }
 
-    fn epoch_micros(deadline: &str, usable: &str) -> String {
+    fn epoch_micros(deadline: &str, usable: &str, _shifts: bool) -> String {
         format!(
             "CASE WHEN {usable} THEN \
              (extract(epoch FROM ({deadline})::timestamptz) * 1000000)::int8 END"

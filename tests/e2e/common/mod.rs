@@ -410,6 +410,10 @@ impl TestEnv {
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
         if dialect == Dialect::MySql {
             settings.orders.set = mysql_orders_set();
+            // The reference shop's DATETIMEs hold UTC: the harness writes
+            // them from this host's clock, as instants (`set_deadline`),
+            // whatever zone the server's sessions start in.
+            settings.orders.time_zone = Some("UTC".into());
         }
         if release.is_none() {
             declare_topology(&settings).await.expect("declare topology");

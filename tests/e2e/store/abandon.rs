@@ -317,6 +317,74 @@ pub(super) async fn integer_deadlines_are_refused_as_times_and_work_with_their_u
     assert!(wait > secs(3_500) && wait <= secs(3_600), "{wait}");
 }
 
+/// Negative and zero epochs (before or at 1970-01-01 00:00:00 UTC) are
+/// instants like any other, due long ago: cancelled, on both dialects and
+/// with either unit (MariaDB's `FROM_UNIXTIME` of a negative number is
+/// NULL, so such a row used to be never due there while PostgreSQL
+/// cancelled it).
+pub(super) async fn negative_and_zero_epochs_are_instants_due_long_ago(f: &Fixture) {
+    f.exec("ALTER TABLE orders ADD COLUMN add_time BIGINT NULL")
+        .await;
+    for (order, epoch) in [("epoch-neg", -100), ("epoch-zero", 0), ("epoch-later", 0)] {
+        f.insert(order, "UNPAID", secs(3_600)).await;
+        let at = if order == "epoch-later" {
+            // An hour from now, as an epoch: the control that stays.
+            (Utc::now().timestamp() + 3_600).to_string()
+        } else {
+            epoch.to_string()
+        };
+        f.exec(&format!(
+            "UPDATE orders SET add_time = {at} WHERE id = '{order}'"
+        ))
+        .await;
+    }
+    for (deadline, unit) in [
+        ("add_time", settings::DeadlineUnit::Seconds),
+        ("add_time * 1000", settings::DeadlineUnit::Milliseconds),
+    ] {
+        let mut schema = ShopSchema::default();
+        schema.orders.deadline = deadline.into();
+        schema.orders.deadline_unit = unit;
+        let store = f.store_with(&schema);
+        store.prepare().await.unwrap();
+        // The sweeper's view: both old rows are overdue, oldest first, at
+        // their instants; the control is not.
+        let page = store.overdue(Duration::ZERO, None, 10).await.unwrap();
+        let due: Vec<(&str, i64)> = (page.rows.iter())
+            .map(|(o, at)| (o.as_str(), at.timestamp()))
+            .collect();
+        assert_eq!(due, [("epoch-neg", -100), ("epoch-zero", 0)], "{unit:?}");
+        // Backfill's view: every row, with its instant.
+        let page = store.waiting_page(None, 10).await.unwrap();
+        let all: Vec<(&str, i64)> = (page.rows.iter())
+            .map(|(o, at)| (o.as_str(), at.timestamp()))
+            .filter(|(o, _)| *o != "epoch-later")
+            .collect();
+        assert_eq!(all, [("epoch-neg", -100), ("epoch-zero", 0)], "{unit:?}");
+        if unit == settings::DeadlineUnit::Milliseconds {
+            let states = store
+                .cancel_due(
+                    &[id("epoch-neg"), id("epoch-zero"), id("epoch-later")],
+                    LEASE,
+                )
+                .await
+                .unwrap();
+            for (order, state) in states {
+                match order.as_str() {
+                    "epoch-later" => assert!(
+                        matches!(state, OrderState::NotYetDue { .. }),
+                        "{order}: {state:?}"
+                    ),
+                    _ => assert!(
+                        matches!(&state, OrderState::Cancelled(c) if c.just_now),
+                        "{order}: {state:?}"
+                    ),
+                }
+            }
+        }
+    }
+}
+
 /// The shop widens the id columns while the service runs (`varchar(16)`
 /// to `varchar(32)`): an id that fits only the new type is asked about and
 /// cancelled, never called unknown, and its items are read, never dropped
@@ -364,7 +432,7 @@ pub(super) async fn a_widened_id_column_is_read_again_without_a_restart(f: &Fixt
 /// and the way out, instead of a bare server error retried for ever.
 pub(super) async fn an_unknown_time_zone_is_refused_naming_the_key(f: &Fixture) {
     let mut schema = ShopSchema::default();
-    schema.orders.time_zone = "Mars/Olympus".into();
+    schema.orders.time_zone = Some("Mars/Olympus".into());
     let err = f.store_with(&schema).prepare().await.unwrap_err();
     let text = err.to_string();
     assert!(err.is_config(), "{text}");

@@ -101,16 +101,20 @@ VALUES (1,  1, 1001, 21, 'iPhone 15', 11, 2, 30, 0,  false, 0, 1),
        (36, 3, 3005, 22, 'AirPods',   13, 1, 0,  0,  false, 0, 1);
 "#;
 
-/// A pool on the test's database whose sessions are in yudao's zone.
+/// A pool on the test's database whose sessions are in yudao's zone (set
+/// after connecting: sqlx's start-up `TimeZone=UTC` outranks one given in
+/// `options`).
 async fn yudao_pool(env: &TestEnv) -> PgPool {
     let options: PgConnectOptions = env.settings.database_url.expose().parse().unwrap();
     PgPoolOptions::new()
         .max_connections(2)
-        .connect_with(
-            options
-                .options([("TimeZone", "Asia/Shanghai")])
-                .disable_statement_logging(),
-        )
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(&mut *conn, "SET TimeZone = 'Asia/Shanghai'").await?;
+                Ok(())
+            })
+        })
+        .connect_with(options.disable_statement_logging())
         .await
         .unwrap()
 }
