@@ -146,7 +146,9 @@ if $needs_broker; then
     # Each flag once.
     read -r -a services <<<"$(printf '%s\n' "${services[@]}" | sort -u | tr '\n' ' ')"
     section "services: scripts/ensure-services.sh ${services[*]}"
-    scripts/ensure-services.sh "${services[@]}"
+    # Without the lock's descriptor: a server it starts (the 4.x test node) outlives this
+    # run, and would hold the lock for ever, keeping every later run waiting.
+    scripts/ensure-services.sh "${services[@]}" 8>&-
     # The publishers' toolchains and the 4.x test node were just made ready: their tests
     # must run, not skip.
     if [[ " ${services[*]} " == *" --publishers "* ]]; then export ORDER_TIMEOUT_REQUIRE_PUBLISHERS=1; fi
