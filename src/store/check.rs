@@ -21,6 +21,7 @@ impl<D: SqlDialect> SqlStore<D> {
     pub(super) async fn check(&self) -> Result<Prepared<D>, StoreError> {
         let t = &self.timer;
         shape::check_orders_identifiers(t)?;
+        D::check_zone(self).await?;
         let outbox = D::columns(self, shape::OUTBOX).await?;
         shape::check_outbox_columns(&outbox, D::OUTBOX_COLUMNS)?;
         shape::check_set_aside(&D::columns(self, shape::SET_ASIDE).await?)?;

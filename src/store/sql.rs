@@ -93,6 +93,12 @@ pub(crate) trait SqlDialect:
         store: &SqlStore<Self>,
     ) -> impl Future<Output = Result<ZoneFacts, StoreError>> + Send;
 
+    /// Whether the server knows the configured `time_zone` (none
+    /// configured: nothing to know), asked on a connection of its own
+    /// before the pool's first: a pool whose sessions cannot set their zone
+    /// only times out, which would hide the reason.
+    fn check_zone(store: &SqlStore<Self>) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// A table's columns; empty when there is no such table.
     fn columns(
         store: &SqlStore<Self>,

@@ -244,6 +244,12 @@ impl SqlDialect for MySql {
         })
     }
 
+    /// MySQL sets the zone when it connects (sqlx's `timezone`): an
+    /// unknown one fails the connection itself, 1298.
+    async fn check_zone(_: &MySqlStore) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     async fn columns(store: &MySqlStore, table: &str) -> Result<Columns, StoreError> {
         let (schema, name) = shape::split_table(table);
         let columns: Vec<Column> = sqlx::query_as(

@@ -319,6 +319,19 @@ impl SqlDialect for Postgres {
         })
     }
 
+    async fn check_zone(store: &PgStore) -> Result<(), StoreError> {
+        let Some(zone) = store.timer.time_zone.as_deref() else {
+            return Ok(());
+        };
+        let mut plain = Self::connect_options(&store.url, None)?.connect().await?;
+        let set = sqlx::query("SELECT set_config('TimeZone', $1, false)")
+            .bind(pg_time_zone(zone))
+            .execute(&mut plain)
+            .await;
+        let _ = plain.close().await;
+        set.map(drop).map_err(StoreError::from)
+    }
+
     async fn columns(store: &PgStore, table: &str) -> Result<Columns, StoreError> {
         let columns: Vec<Column> = sqlx::query_as(
             r#"
