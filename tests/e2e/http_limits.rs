@@ -310,7 +310,14 @@ async fn health_answers_while_slow_connections_hold_every_console_slot() {
     .await;
     let addr = service.http_addr;
     let mut held = slow_connections(addr, 30).await;
-    // 20 hold the slots, 10 hold health-only spares: probes still answer.
+    // 20 hold the slots, 10 hold health-only spares, once the server has
+    // accepted them all (a loaded machine takes its time): until then a
+    // console request takes a free slot and is answered.
+    env.eventually(WAIT, "every slot held", || async {
+        http_get(addr, "/console").await.0 == 503
+    })
+    .await;
+    // Probes still answer.
     for path in ["/healthz", "/readyz", "/metrics"] {
         let started = Instant::now();
         let (status, _) = http_get(addr, path).await;
@@ -342,7 +349,9 @@ async fn console_requests_past_the_concurrency_limit_are_refused_at_once() {
     let env = TestEnv::new().await;
     let service = service(&env, |s| {
         s.http.console_concurrency = 1;
-        s.http.request_timeout = Duration::from_secs(2);
+        // Long enough for a loaded machine's polls to see the slot held
+        // (with 2 s, all of them missed it while clusters booted beside).
+        s.http.request_timeout = Duration::from_secs(8);
     })
     .await;
     let addr = service.http_addr;
@@ -371,7 +380,7 @@ async fn console_requests_past_the_concurrency_limit_are_refused_at_once() {
     );
     // The slow one is answered at the request timeout, and frees its slot.
     let mut raw = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut raw)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), slow.read_to_end(&mut raw)).await;
     let raw = String::from_utf8_lossy(&raw);
     assert!(raw.starts_with("HTTP/1.1 503"), "{raw}");
     assert_eq!(http_get(addr, "/console").await.0, 200);
